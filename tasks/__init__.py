@@ -1,0 +1,35 @@
+"""Task registry for the CLI: `--task` name -> `TaskSpec`.
+
+Each module listed in `_MODULES` defines `TASKS`, a list of `TaskSpec`s. The
+modules only describe tasks; no data is read at import time.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Dict
+
+from tff_cluster.task import TaskSpec
+
+_MODULES = ("synthetic",)
+
+
+def registry() -> Dict[str, TaskSpec]:
+  tasks: Dict[str, TaskSpec] = {}
+  for module in _MODULES:
+    for spec in importlib.import_module(f"tasks.{module}").TASKS:
+      if spec.name in tasks:
+        raise ValueError(f"task {spec.name!r} is defined twice")
+      tasks[spec.name] = spec
+  return tasks
+
+
+def task_names():
+  return sorted(registry())
+
+
+def get_task(name: str) -> TaskSpec:
+  tasks = registry()
+  if name not in tasks:
+    raise KeyError(f"unknown task {name!r}; valid: {', '.join(sorted(tasks))}")
+  return tasks[name]

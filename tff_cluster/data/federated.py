@@ -1,0 +1,110 @@
+"""The one client-data container every task returns.
+
+A `FederatedData` holds each client's train and test arrays in memory (numpy),
+in a fixed client order, plus each client's ground-truth cluster when the
+partition defines one. `train_client_data()` / `test_client_data()` give the
+same data as `tff.simulation.datasets.ClientData` for TFF pipelines; the
+algorithms read the arrays directly to build their per-round datasets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+Arrays = Tuple[np.ndarray, np.ndarray]  # (x, y)
+
+
+class DataError(ValueError):
+  """Bad or missing input data. The message is one line meant for the user."""
+
+
+@dataclasses.dataclass
+class FederatedData:
+  """Per-client train/test arrays.
+
+  Attributes:
+    client_ids: client ids, in the order every other per-client array uses.
+    train: client id -> (x, y) training arrays.
+    test: client id -> (x, y) test arrays (same ids as `train`).
+    num_classes: number of labels (2 for binary tasks).
+    true_clusters: int array aligned with `client_ids` (ground-truth cluster of
+      each client), or None when the partition defines none.
+    description: one line on where the data came from (provenance).
+  """
+  client_ids: List[str]
+  train: Dict[str, Arrays]
+  test: Dict[str, Arrays]
+  num_classes: int
+  true_clusters: Optional[np.ndarray] = None
+  description: str = ""
+
+  def __post_init__(self):
+    if set(self.train) != set(self.client_ids) or set(self.test) != set(
+        self.client_ids):
+      raise DataError("train, test and client_ids must name the same clients")
+    for split_name, split in (("train", self.train), ("test", self.test)):
+      for cid, (x, y) in split.items():
+        if len(x) != len(y):
+          raise DataError(
+              f"client {cid!r} {split_name}: {len(x)} inputs but {len(y)} labels")
+    if self.true_clusters is not None:
+      self.true_clusters = np.asarray(self.true_clusters, dtype=np.int64)
+      if self.true_clusters.shape != (len(self.client_ids),):
+        raise DataError("true_clusters must have one entry per client")
+
+  @property
+  def num_clients(self) -> int:
+    return len(self.client_ids)
+
+  def num_train_samples(self) -> np.ndarray:
+    return np.array([len(self.train[c][1]) for c in self.client_ids], np.int64)
+
+  def num_test_samples(self) -> np.ndarray:
+    return np.array([len(self.test[c][1]) for c in self.client_ids], np.int64)
+
+  def subset(self, client_ids: Sequence[str]) -> "FederatedData":
+    index = {c: i for i, c in enumerate(self.client_ids)}
+    clusters = None
+    if self.true_clusters is not None:
+      clusters = self.true_clusters[[index[c] for c in client_ids]]
+    return FederatedData(list(client_ids), {c: self.train[c] for c in client_ids},
+                         {c: self.test[c] for c in client_ids}, self.num_classes,
+                         clusters, self.description)
+
+  def train_client_data(self) -> tff.simulation.datasets.ClientData:
+    """Training data as a TFF `ClientData` (elements `{'x': ..., 'y': ...}`)."""
+    return _to_client_data(self.client_ids, self.train)
+
+  def test_client_data(self) -> tff.simulation.datasets.ClientData:
+    """Test data as a TFF `ClientData` (same client ids as the training data)."""
+    return _to_client_data(self.client_ids, self.test)
+
+
+def _to_client_data(client_ids, split):
+  # In-memory ClientData: datasets are built from the numpy arrays on demand.
+  def dataset_fn(client_id: str) -> tf.data.Dataset:
+    x, y = split[client_id]
+    return tf.data.Dataset.from_tensor_slices({"x": x, "y": y})
+  return tff.simulation.datasets.ClientData.from_clients_and_fn(
+      list(client_ids), dataset_fn)
+
+
+def split_train_test(x: np.ndarray, y: np.ndarray, rng: np.random.Generator,
+                     train_fraction: float = 0.9) -> Tuple[Arrays, Arrays]:
+  """Shuffles one client's samples and splits them train/test (LEAF: 90/10).
+
+  The training share is `int(train_fraction * n)`, moved so that each side
+  gets at least one sample when n >= 2.
+  """
+  n = len(y)
+  order = rng.permutation(n)
+  n_train = int(train_fraction * n)
+  if n >= 2:
+    n_train = min(max(n_train, 1), n - 1)
+  tr, te = order[:n_train], order[n_train:]
+  return (x[tr], y[tr]), (x[te], y[te])

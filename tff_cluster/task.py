@@ -1,0 +1,54 @@
+"""What a task is: a data source + partition, a model, a loss and defaults.
+
+Task modules live in the top-level `tasks/` folder of a checkout (used by the
+CLI); each defines one `TaskSpec`. The library only knows this interface.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping, Optional
+
+import tensorflow as tf
+
+from tff_cluster.data.federated import FederatedData
+
+
+@dataclasses.dataclass(frozen=True)
+class DataOptions:
+  """Settings a task's data loader may read (from CLI flags or code).
+
+  `num_clients=None` means the task's own default. `extra` carries task-specific
+  settings (e.g. a partition's number of clusters) by name.
+  """
+  seed: int = 0
+  num_clients: Optional[int] = None
+  data_dir: Optional[str] = None
+  synthetic_alpha: float = 1.0
+  synthetic_beta: float = 1.0
+  glove_path: Optional[str] = None
+  extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+  """One `--task`.
+
+  Attributes:
+    name: the `--task` value.
+    description: one line for `--help`: data, partition, model.
+    load_data: builds the federated data from `DataOptions`.
+    model_fn: builds a fresh, built (variables created) Keras model.
+    loss: `'sparse_ce_logits'` (multi-class, model outputs logits) or
+      `'binary_probs'` (one sigmoid output).
+    defaults: default hyper-parameters: rounds, clients_per_round,
+      local_epochs, batch_size, client_lr, mu, num_clients (and any others).
+    source: the paper/setting the defaults come from.
+  """
+  name: str
+  description: str
+  load_data: Callable[[DataOptions], FederatedData]
+  model_fn: Callable[[], tf.keras.Model]
+  loss: str
+  defaults: Mapping[str, Any]
+  source: str = ""
