@@ -6,7 +6,12 @@ its variables exist before any TFF computation or tf.function touches them.
 
 from __future__ import annotations
 
+from typing import Tuple
+
+import numpy as np
 import tensorflow as tf
+
+from tff_cluster.data.federated import DataError
 
 SPARSE_CE_LOGITS = "sparse_ce_logits"
 BINARY_PROBS = "binary_probs"
@@ -45,3 +50,113 @@ def num_correct(kind: str, y_true: tf.Tensor, y_pred: tf.Tensor) -> tf.Tensor:
   return tf.reduce_sum(
       tf.cast(tf.equal(pred, tf.reshape(tf.cast(y_true, tf.int32), [-1])),
               tf.float32))
+
+
+def count_trainable(model: tf.keras.Model) -> int:
+  """Number of trainable parameters (scalars) of a built model."""
+  return int(sum(int(np.prod(v.shape)) for v in model.trainable_variables))
+
+
+def mlp(input_dim: int, hidden: int, num_classes: int,
+        name: str = "mlp") -> tf.keras.Model:
+  """One-hidden-layer perceptron (ReLU), logits out.
+
+  The 2NN-style MLPs of FedAvg/FedGroup/pFedMo: MNIST 784-128-10 has 101,770
+  parameters; FEMNIST 784-512-62 has 433,726; EMNIST-letters 784-512-26 has
+  415,258.
+  """
+  inputs = tf.keras.Input(shape=(input_dim,), dtype=tf.float32)
+  h = tf.keras.layers.Dense(hidden, activation="relu", name="hidden")(inputs)
+  logits = tf.keras.layers.Dense(num_classes, name="logits")(h)
+  return tf.keras.Model(inputs, logits, name=name)
+
+
+def fmnist_cnn(input_shape: Tuple[int, ...] = (784,),
+               name: str = "fmnist_cnn") -> tf.keras.Model:
+  """FMNIST CNN: 2 x (conv5x5 'same' + BatchNorm + ReLU + maxpool2), dense 10.
+
+  The small Fashion-MNIST CNN of clustered-FL experiments: 16 then 32 filters, 29,034 trainable parameters (BatchNorm's moving mean and
+  variance are not trainable). Images arrive flat (784) and are reshaped to
+  28 x 28 x 1; any input_shape with 784 entries works.
+  """
+  inputs = tf.keras.Input(shape=input_shape, dtype=tf.float32)
+  h = tf.keras.layers.Reshape((28, 28, 1))(inputs)
+  for filters in (16, 32):
+    h = tf.keras.layers.Conv2D(filters, 5, padding="same")(h)
+    h = tf.keras.layers.BatchNormalization()(h)
+    h = tf.keras.layers.ReLU()(h)
+    h = tf.keras.layers.MaxPool2D(2)(h)
+  h = tf.keras.layers.Flatten()(h)
+  logits = tf.keras.layers.Dense(10, name="logits")(h)
+  return tf.keras.Model(inputs, logits, name=name)
+
+
+def cifar10_cnn(input_shape: Tuple[int, ...] = (32, 32, 3),
+                name: str = "cifar10_cnn") -> tf.keras.Model:
+  """The LeNet-style CIFAR-10 CNN many FL papers use (PyTorch tutorial net).
+
+  conv5x5 6 (valid) + ReLU + maxpool2, conv5x5 16 + ReLU + maxpool2, dense
+  120 ReLU, 84 ReLU, 10 logits: 62,006 parameters. Inputs may also come flat
+  (3,072 entries); they are reshaped to 32 x 32 x 3.
+  """
+  inputs = tf.keras.Input(shape=input_shape, dtype=tf.float32)
+  h = tf.keras.layers.Reshape((32, 32, 3))(inputs)
+  h = _lenet_body(h, first_padding="valid")
+  logits = tf.keras.layers.Dense(10, name="logits")(h)
+  return tf.keras.Model(inputs, logits, name=name)
+
+
+def lenet5(input_shape: Tuple[int, ...] = (784,), num_classes: int = 10,
+           name: str = "lenet5") -> tf.keras.Model:
+  """LeNet-5 (LeCun et al. 1998) on 28 x 28 x 1 images, logits out.
+
+  conv5x5 6 'same' ReLU, maxpool2, conv5x5 16 valid ReLU, maxpool2, dense 120,
+  84, num_classes: 61,706 parameters with 10 classes. Images arrive flat (784)
+  and are reshaped to 28 x 28 x 1.
+  """
+  inputs = tf.keras.Input(shape=input_shape, dtype=tf.float32)
+  h = tf.keras.layers.Reshape((28, 28, 1))(inputs)
+  h = _lenet_body(h, first_padding="same")
+  logits = tf.keras.layers.Dense(num_classes, name="logits")(h)
+  return tf.keras.Model(inputs, logits, name=name)
+
+
+def _lenet_body(h: tf.Tensor, first_padding: str) -> tf.Tensor:
+  # Shared by LeNet-5 and the CIFAR-10 CNN: they differ only in the input and
+  # the first convolution's padding.
+  h = tf.keras.layers.Conv2D(6, 5, padding=first_padding, activation="relu")(h)
+  h = tf.keras.layers.MaxPool2D(2)(h)
+  h = tf.keras.layers.Conv2D(16, 5, padding="valid", activation="relu")(h)
+  h = tf.keras.layers.MaxPool2D(2)(h)
+  h = tf.keras.layers.Flatten()(h)
+  h = tf.keras.layers.Dense(120, activation="relu")(h)
+  return tf.keras.layers.Dense(84, activation="relu")(h)
+
+
+def sent140_lstm(embedding_matrix: np.ndarray, seq_len: int = 25,
+                 name: str = "sent140_lstm") -> tf.keras.Model:
+  """Sent140 stacked LSTM of LEAF / FedGroup, sigmoid probability out.
+
+  Token ids [seq_len] -> frozen Embedding (the given [vocab, 300] matrix, e.g.
+  GloVe) -> LSTM 100 (sequences) -> LSTM 100 -> dense 30 ReLU -> dense 1
+  sigmoid. Train with loss kind BINARY_PROBS. 243,861 trainable parameters
+  (FedGroup's count); the embedding adds vocab * 300 frozen ones.
+  """
+  embedding_matrix = np.asarray(embedding_matrix, dtype=np.float32)
+  if embedding_matrix.ndim != 2:
+    raise DataError(
+        f"embedding_matrix must be 2-D [vocab, dim], got shape "
+        f"{embedding_matrix.shape}; pass the GloVe matrix")
+  vocab, dim = embedding_matrix.shape
+  inputs = tf.keras.Input(shape=(seq_len,), dtype=tf.int32)
+  # A Constant initializer (not set_weights) so the matrix is also there when
+  # the model is built inside a graph (TFF computations).
+  h = tf.keras.layers.Embedding(
+      vocab, dim,
+      embeddings_initializer=tf.keras.initializers.Constant(embedding_matrix),
+      trainable=False, name="embedding")(inputs)
+  h = tf.keras.layers.LSTM(100, return_sequences=True)(h)
+  h = tf.keras.layers.LSTM(100)(h)
+  h = tf.keras.layers.Dense(30, activation="relu")(h)
+  probs = tf.keras.layers.Dense(1, activation="sigmoid", name="probs")(h)
+  return tf.keras.Model(inputs, probs, name=name)

@@ -1,0 +1,139 @@
+"""LEAF FEMNIST (per-writer handwriting) and label-subset / rotated views.
+
+Data: LEAF's FEMNIST JSON (`--data_dir` holding train/*.json and test/*.json,
+made by LEAF's `./preprocess.sh -s niid --sf 0.05 -k 0 -t sample`); each
+writer is one client with LEAF's own train/test split. Pixels stay in LEAF's
+convention (floats in [0, 1], 1.0 = background).
+
+Model: the MLP 784-512-<classes> FedGroup uses for FEMNIST. Defaults follow
+FedGroup (Duan et al., "FedGroup: Efficient Clustered Federated Learning via
+Decomposed Data-Driven Measure"): lr 0.003, batch 10, 10 local epochs, 20
+clients per round, and FedProx's mu = 1.
+
+Views (same writers, relabelled; a writer left without train or test samples
+in a view is dropped):
+  femnist_digits   labels 0-9 only (10 classes)
+  femnist_upper    labels 10-35 -> 0-25 (upper-case letters)
+  femnist_lower    labels 36-61 -> 0-25 (lower-case letters)
+  rotated_femnist_digits  digits view; writers dealt evenly to m clusters
+                   (DataOptions.extra['num_clusters'], default 4) and cluster
+                   k's images rotated by 90*k degrees (IFCA-style rotations on
+                   real writers); true_clusters = the rotation cluster.
+`DataOptions.num_clients` keeps a seeded random subset of the writers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tff_cluster import models
+from tff_cluster.data import leaf
+from tff_cluster.data.federated import DataError, FederatedData
+from tff_cluster.data.partition import ROTATIONS, rotate_images
+from tff_cluster.task import DataOptions, TaskSpec
+
+DEFAULTS = dict(rounds=200, clients_per_round=20, local_epochs=10, batch_size=10,
+                client_lr=0.003, mu=1.0, num_clients=None)  # None: all writers
+
+SOURCE = "FedGroup (Duan et al.) FEMNIST setting; LEAF FEMNIST data"
+HIDDEN = 512
+
+# name -> (first raw label, number of classes) of the label-range views.
+VIEWS = {"femnist_digits": (0, 10), "femnist_upper": (10, 26),
+         "femnist_lower": (36, 26)}
+
+
+def load_femnist(options: DataOptions) -> FederatedData:
+  """All 62 classes, one client per writer."""
+  return leaf.sample_clients(leaf.load_femnist(options.data_dir, seed=options.seed),
+                             options.num_clients, options.seed)
+
+
+def label_view(data: FederatedData, first: int, num_classes: int,
+               name: str) -> FederatedData:
+  """Keeps labels first..first+num_classes-1, relabelled to 0..num_classes-1.
+
+  Writers without train or test samples in the range are dropped (they could
+  be neither trained nor evaluated).
+  """
+  def select(x, y):
+    keep = (y >= first) & (y < first + num_classes)
+    return x[keep], (y[keep] - first).astype(y.dtype)
+
+  ids, train, test = [], {}, {}
+  for cid in data.client_ids:
+    tr, te = select(*data.train[cid]), select(*data.test[cid])
+    if len(tr[1]) and len(te[1]):
+      ids.append(cid)
+      train[cid], test[cid] = tr, te
+  if not ids:
+    raise DataError(f"{name}: no writer has train and test samples with labels "
+                    f"{first}..{first + num_classes - 1}")
+  return FederatedData(ids, train, test, num_classes, description=(
+      f"{data.description}; view {name}: labels {first}-{first + num_classes - 1}"
+      f" -> 0-{num_classes - 1}, {len(ids)} writers"))
+
+
+def _load_view(options: DataOptions, name: str) -> FederatedData:
+  first, num_classes = VIEWS[name]
+  return label_view(load_femnist(options), first, num_classes, name)
+
+
+def rotate_writers(data: FederatedData, num_clusters: int, seed: int
+                   ) -> FederatedData:
+  """Deals writers evenly to `num_clusters` clusters (seeded) and rotates
+  cluster k's train and test images by ROTATIONS[k] = 90*k degrees."""
+  if not 1 <= num_clusters <= len(ROTATIONS):
+    raise DataError(f"num_clusters must be 1..{len(ROTATIONS)} for rotation "
+                    f"clusters, got {num_clusters}")
+  rng = np.random.default_rng(seed)
+  # Shuffled round-robin: cluster sizes differ by at most one.
+  clusters = rng.permutation(data.num_clients) % num_clusters
+  train, test = {}, {}
+  for cid, k in zip(data.client_ids, clusters):
+    for split, src in ((train, data.train), (test, data.test)):
+      x, y = src[cid]
+      split[cid] = (rotate_images(x, ROTATIONS[k]), y)
+  return FederatedData(list(data.client_ids), train, test, data.num_classes,
+                       true_clusters=clusters, description=(
+                           f"{data.description}; writers in {num_clusters} "
+                           f"rotation clusters {list(ROTATIONS[:num_clusters])}"))
+
+
+def load_rotated_digits(options: DataOptions) -> FederatedData:
+  m = int(options.extra.get("num_clusters", 4))
+  return rotate_writers(_load_view(options, "femnist_digits"), m, options.seed)
+
+
+def _mlp(num_classes: int):
+  return lambda: models.mlp(leaf.IMAGE_PIXELS, HIDDEN, num_classes)
+
+
+def _view_spec(name: str, what: str) -> TaskSpec:
+  return TaskSpec(
+      name=name,
+      description=f"LEAF FEMNIST writers, {what} only, MLP 784-512-"
+                  f"{VIEWS[name][1]} (--data_dir with train/ and test/)",
+      load_data=lambda options: _load_view(options, name),
+      model_fn=_mlp(VIEWS[name][1]), loss=models.SPARSE_CE_LOGITS,
+      defaults=DEFAULTS, source=SOURCE)
+
+
+TASKS = [
+    TaskSpec(
+        name="femnist",
+        description="LEAF FEMNIST, one client per writer, 62 classes, MLP "
+                    "784-512-62 (--data_dir with train/ and test/)",
+        load_data=load_femnist, model_fn=_mlp(leaf.FEMNIST_NUM_CLASSES),
+        loss=models.SPARSE_CE_LOGITS, defaults=DEFAULTS, source=SOURCE),
+    _view_spec("femnist_digits", "digits 0-9"),
+    _view_spec("femnist_upper", "upper-case letters (10-35 -> 0-25)"),
+    _view_spec("femnist_lower", "lower-case letters (36-61 -> 0-25)"),
+    TaskSpec(
+        name="rotated_femnist_digits",
+        description="LEAF FEMNIST digit writers in m rotation clusters (extra "
+                    "num_clusters, default 4; 0/90/180/270 deg), MLP 784-512-10",
+        load_data=load_rotated_digits, model_fn=_mlp(10),
+        loss=models.SPARSE_CE_LOGITS, defaults=DEFAULTS,
+        source=SOURCE + "; rotations as in Ghosh et al. (IFCA)"),
+]

@@ -1,0 +1,358 @@
+"""Clustering maths of FedGroup, as plain numpy / TensorFlow functions.
+
+Duan et al., "FedGroup: Efficient Clustered Federated Learning via Decomposed
+Data-Driven Measure" (arXiv:2010.06870). Nothing in here touches TFF: the
+FedGroup algorithm module calls these on the server side (numpy) or inside its
+TensorFlow computations (`inter_group_step`).
+
+Notation follows the paper:
+
+* ΔW, shape [n, d]: one flattened client update Δw_i per row.
+* m: the number of groups (`num_groups`).
+* V, shape [m, d]: the top-m right singular vectors of ΔW (the paper's truncated
+  SVD of ΔWᵀ), i.e. the m dominant update directions in parameter space.
+* EDC(i, j) = ‖cos(Δw_i, V) − cos(Δw_j, V)‖₂ — Euclidean distance of
+  decomposed cosine similarity.
+* MADC(i, j) = 1/(n−2) Σ_{z≠i,j} |S(i,z) − S(j,z)| with S the pairwise cosine
+  similarity — mean absolute difference of pairwise cosine similarity.
+
+Equation numbers differ between the arXiv versions of the paper, so the
+docstrings name each definition rather than an equation number.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import tensorflow as tf
+from sklearn import cluster as sk_cluster
+from sklearn import metrics as sk_metrics
+
+MEASURES = ("edc", "madc")
+
+
+# --------------------------------------------------------------------------- #
+# Flattening and cosine similarity.
+# --------------------------------------------------------------------------- #
+
+
+def flatten_weights(weights: Sequence[np.ndarray]) -> np.ndarray:
+  """Concatenates the ravelled arrays of one model into a float64 vector [d].
+
+  This is the flattened Δw_i (or w_j) that every FedGroup measure works on.
+  """
+  arrays = [np.asarray(w, dtype=np.float64).ravel() for w in weights]
+  if not arrays:
+    raise ValueError("flatten_weights got no arrays; pass a non-empty list of "
+                     "per-layer arrays")
+  return np.concatenate(arrays)
+
+
+def flatten_stacked(stacked: Sequence[np.ndarray]) -> np.ndarray:
+  """Flattens per-layer arrays of shape [n, ...] into one float64 matrix [n, d].
+
+  Row i is `flatten_weights` of the i-th slice of every layer, so the layer
+  order (and within a layer, C order) is the same as for `flatten_weights`.
+  """
+  arrays = [np.asarray(w, dtype=np.float64) for w in stacked]
+  if not arrays:
+    raise ValueError("flatten_stacked got no arrays; pass a non-empty list of "
+                     "per-layer arrays with a leading dimension n")
+  if any(a.ndim == 0 for a in arrays):
+    raise ValueError("flatten_stacked needs arrays with a leading dimension n; "
+                     "got a scalar")
+  n = arrays[0].shape[0]
+  if any(a.shape[0] != n for a in arrays):
+    sizes = [a.shape[0] for a in arrays]
+    raise ValueError(f"flatten_stacked: leading dimensions differ {sizes}; all "
+                     "layers must stack the same n models")
+  return np.concatenate([a.reshape(n, -1) for a in arrays], axis=1)
+
+
+def _as_matrix(x: np.ndarray, name: str) -> np.ndarray:
+  x = np.asarray(x, dtype=np.float64)
+  if x.ndim != 2:
+    raise ValueError(f"{name} must be a 2-D array [rows, d]; got shape "
+                     f"{x.shape}")
+  if not np.all(np.isfinite(x)):
+    raise ValueError(f"{name} contains NaN or inf; updates must be finite")
+  return x
+
+
+def _unit_rows(x: np.ndarray) -> np.ndarray:
+  """Rows scaled to unit norm; zero rows stay zero (so their cosines are 0)."""
+  norms = np.linalg.norm(x, axis=1, keepdims=True)
+  safe = np.where(norms > 0.0, norms, 1.0)
+  return x / safe
+
+
+def cosine_similarity_matrix(a: np.ndarray,
+                             b: np.ndarray | None = None) -> np.ndarray:
+  """Cosine similarity of every row of `a` with every row of `b` (default `a`).
+
+  Returns [len(a), len(b)]. The paper's S(i, j) = cos(Δw_i, Δw_j). A zero row
+  has no direction, so its similarity with anything (itself included) is 0
+  rather than NaN. Values are clipped to [-1, 1] against round-off.
+  """
+  a = _as_matrix(a, "a")
+  b = a if b is None else _as_matrix(b, "b")
+  if a.shape[1] != b.shape[1]:
+    raise ValueError(f"a and b must have the same number of columns; got "
+                     f"{a.shape[1]} and {b.shape[1]}")
+  return np.clip(_unit_rows(a) @ _unit_rows(b).T, -1.0, 1.0)
+
+
+# --------------------------------------------------------------------------- #
+# EDC: Euclidean distance of decomposed cosine similarity.
+# --------------------------------------------------------------------------- #
+
+
+def _check_num_groups(num_groups: int, upper: int, what: str) -> int:
+  if isinstance(num_groups, bool) or not isinstance(num_groups,
+                                                    (int, np.integer)):
+    raise ValueError(f"num_groups must be an int; got {num_groups!r}")
+  if not 1 <= num_groups <= upper:
+    raise ValueError(f"num_groups must be in [1, {upper}] ({what}); got "
+                     f"{num_groups}")
+  return int(num_groups)
+
+
+def edc_features(updates: np.ndarray, num_groups: int) -> np.ndarray:
+  """Decomposed cosine similarity: cos(Δw_i, v_k) for the top-m directions.
+
+  Implements the decomposition step of the paper's EDC measure: V holds the m
+  leading right singular vectors of ΔW [n, d] (= the left singular vectors of
+  the paper's truncated SVD of ΔWᵀ), and the result is the [n, m] matrix of
+  cosines between each client update and each direction. Euclidean distance
+  between its rows is EDC(i, j).
+
+  Sign convention: a singular vector is only defined up to sign, so each
+  direction is flipped so that its largest-magnitude component is positive
+  (the first such component on a tie). That makes the features deterministic;
+  the EDC distances do not depend on it, since flipping v_k negates column k
+  for every client alike.
+
+  Uses an exact (LAPACK) SVD: deterministic and fine for n up to a few hundred
+  clients and d up to ~500k parameters. Requires 1 <= m <= min(n, d).
+  """
+  updates = _as_matrix(updates, "updates")
+  n, d = updates.shape
+  m = _check_num_groups(num_groups, min(n, d), "at most min(n, d) directions")
+  # Right singular vectors of ΔW == left singular vectors of ΔWᵀ: the SVD of
+  # the short-and-wide ΔW costs O(n² d), never O(d²).
+  _, _, vt = np.linalg.svd(updates, full_matrices=False)
+  directions = vt[:m]
+  pivot = np.argmax(np.abs(directions), axis=1)
+  signs = np.sign(directions[np.arange(m), pivot])
+  directions = directions * np.where(signs == 0.0, 1.0, signs)[:, None]
+  return cosine_similarity_matrix(updates, directions)
+
+
+def edc_cluster(updates: np.ndarray, num_groups: int, seed: int) -> np.ndarray:
+  """Clusters client updates with K-Means++ on the EDC features.
+
+  K-Means in the [n, m] decomposed-cosine space minimises squared EDC, the
+  paper's clustering step; seeded with n_init=10 restarts for stability.
+  Returns int labels in 0..m-1.
+  """
+  features = edc_features(updates, num_groups)
+  kmeans = sk_cluster.KMeans(n_clusters=int(num_groups), init="k-means++",
+                             n_init=10, random_state=seed)
+  return kmeans.fit_predict(features).astype(np.int64)
+
+
+# --------------------------------------------------------------------------- #
+# MADC: mean absolute difference of pairwise cosine similarity.
+# --------------------------------------------------------------------------- #
+
+
+def madc_matrix(updates: np.ndarray) -> np.ndarray:
+  """MADC(i, j) = 1/(n−2) Σ_{z≠i,j} |S(i,z) − S(j,z)|, the paper's MADC measure.
+
+  S is `cosine_similarity_matrix(updates)`. Returns a symmetric [n, n] matrix
+  with a zero diagonal. Requires n >= 3 (there must be a third client z).
+  """
+  updates = _as_matrix(updates, "updates")
+  n = updates.shape[0]
+  if n < 3:
+    raise ValueError(f"madc_matrix needs at least 3 updates (rows); got {n}")
+  s = cosine_similarity_matrix(updates)
+  out = np.zeros((n, n), dtype=np.float64)
+  idx = np.arange(n)
+  # One row of the result at a time: an [n, n] slab instead of an [n, n, n]
+  # tensor, so a few hundred clients stay cheap in memory.
+  for i in range(n):
+    diff = np.abs(s[i][None, :] - s)  # diff[j, z] = |S(i,z) − S(j,z)|
+    diff[:, i] = 0.0  # drop z == i
+    diff[idx, idx] = 0.0  # drop z == j
+    out[i] = diff.sum(axis=1) / (n - 2)
+  out[idx, idx] = 0.0
+  # Each entry is computed from both ends; averaging removes round-off skew.
+  return 0.5 * (out + out.T)
+
+
+def madc_cluster(updates: np.ndarray, num_groups: int) -> np.ndarray:
+  """Complete-linkage agglomerative clustering on the precomputed MADC matrix.
+
+  Returns int labels in 0..m-1. Deterministic (no seed needed).
+  """
+  updates = _as_matrix(updates, "updates")
+  n = updates.shape[0]
+  m = _check_num_groups(num_groups, n, "at most one group per update")
+  distances = madc_matrix(updates)
+  agg = sk_cluster.AgglomerativeClustering(n_clusters=m, metric="precomputed",
+                                           linkage="complete")
+  return agg.fit_predict(distances).astype(np.int64)
+
+
+def cluster_updates(updates: np.ndarray, num_groups: int, measure: str,
+                    seed: int) -> np.ndarray:
+  """Groups client updates with the chosen FedGroup measure ('edc' or 'madc')."""
+  if measure == "edc":
+    return edc_cluster(updates, num_groups, seed)
+  if measure == "madc":
+    return madc_cluster(updates, num_groups)
+  raise ValueError(f"unknown measure {measure!r}; valid: {', '.join(MEASURES)}")
+
+
+# --------------------------------------------------------------------------- #
+# Newcomer cold start.
+# --------------------------------------------------------------------------- #
+
+
+def assign_many(updates: np.ndarray, group_updates: np.ndarray) -> np.ndarray:
+  """Cold start for several clients: `assign_by_direction` row by row.
+
+  g*_i = argmin_j (1 − cos(Δw_j, Δw_i)) / 2, the paper's newcomer assignment
+  (Δw_j: group j's update direction). Ties go to the lowest group index; a zero
+  update (cosine 0 with every group) therefore joins group 0.
+  """
+  updates = _as_matrix(updates, "updates")
+  group_updates = _as_matrix(group_updates, "group_updates")
+  if group_updates.shape[0] == 0:
+    raise ValueError("group_updates has no rows; need at least one group")
+  if updates.shape[1] != group_updates.shape[1]:
+    raise ValueError(f"updates and group_updates must have the same length d; "
+                     f"got {updates.shape[1]} and {group_updates.shape[1]}")
+  distance = (1.0 - cosine_similarity_matrix(updates, group_updates)) / 2.0
+  return np.argmin(distance, axis=1).astype(np.int64)  # first min on ties
+
+
+def assign_by_direction(update: np.ndarray, group_updates: np.ndarray) -> int:
+  """Cold start for one client: g* = argmin_j (1 − cos(Δw_j, Δw_i)) / 2.
+
+  `update` is the newcomer's flattened Δw_i [d]; `group_updates` [m, d] holds
+  one update direction per group. Ties go to the lowest index.
+  """
+  update = np.asarray(update, dtype=np.float64)
+  if update.ndim != 1:
+    raise ValueError(f"update must be a 1-D array [d]; got shape "
+                     f"{update.shape}")
+  return int(assign_many(update[None, :], group_updates)[0])
+
+
+# --------------------------------------------------------------------------- #
+# Inter-group aggregation.
+# --------------------------------------------------------------------------- #
+
+
+def inter_group_step(stacked_weights: Sequence[tf.Tensor],
+                     eta: float) -> list[tf.Tensor]:
+  """FedGroup inter-group aggregation, in TensorFlow (graph-mode safe).
+
+  w_j ← w_j + η Σ_{l≠j} (w_l − w_j) / ‖w_l − w_j‖, the paper's inter-group
+  aggregation rule, for all m groups at once from the old weights.
+
+  `stacked_weights` is a list of per-layer tensors, each [m, ...] (group j's
+  model is slice j of every layer). ‖·‖ is the Euclidean norm of the whole
+  flattened model, i.e. over all layers jointly. A pair at distance 0 has no
+  direction and contributes nothing (no NaN). η = 0 returns the weights
+  unchanged. Uses only TF ops, so it runs inside tf.function / TFF
+  tensorflow computations.
+  """
+  if not stacked_weights:
+    raise ValueError("inter_group_step got no tensors; pass a non-empty list "
+                     "of per-layer tensors [m, ...]")
+  layers = [tf.convert_to_tensor(w) for w in stacked_weights]
+  for w in layers:
+    if w.shape.rank == 0:
+      raise ValueError("inter_group_step needs tensors with a leading group "
+                       "dimension m; got a scalar")
+    if not w.dtype.is_floating:
+      raise ValueError(f"inter_group_step needs floating-point weights; got "
+                       f"{w.dtype.name}")
+  static_m = {w.shape[0] for w in layers if w.shape[0] is not None}
+  if len(static_m) > 1:
+    raise ValueError(f"inter_group_step: leading dimensions differ "
+                     f"{sorted(static_m)}; all layers must stack the same m "
+                     "groups")
+
+  def pairwise_diff(w):
+    # diff[j, l, :] = w_l − w_j for one layer flattened to [m, k].
+    flat = tf.reshape(w, [tf.shape(w)[0], -1])
+    return flat[tf.newaxis, :, :] - flat[:, tf.newaxis, :]
+
+  # Squared distances summed over layers in float64 so the joint norm of a
+  # large model does not lose precision; [m, m] is tiny.
+  sq_dist = tf.add_n([
+      tf.cast(tf.reduce_sum(tf.square(pairwise_diff(w)), axis=-1), tf.float64)
+      for w in layers
+  ])
+  dist = tf.sqrt(sq_dist)
+  # 1/‖w_l − w_j‖, with 0 for identical pairs (incl. the diagonal l == j).
+  inv = tf.math.divide_no_nan(tf.ones_like(dist), dist)
+
+  out = []
+  for w in layers:
+    coeff = tf.cast(inv, w.dtype)
+    # Σ_l inv[j, l] (w_l − w_j), from the old weights of every group.
+    step = tf.reduce_sum(coeff[:, :, tf.newaxis] * pairwise_diff(w), axis=1)
+    step = tf.reshape(step, tf.shape(w))
+    # A Python float goes straight to the layer dtype: tf.cast(0.3, float64)
+    # would round it through float32 first.
+    eta_w = (tf.cast(eta, w.dtype) if tf.is_tensor(eta)
+             else tf.constant(eta, dtype=w.dtype))
+    out.append(w + eta_w * step)
+  return out
+
+
+def inter_group_step_np(flat: np.ndarray, eta: float) -> np.ndarray:
+  """Numpy reference of `inter_group_step` on flattened models [m, d]."""
+  flat = _as_matrix(flat, "flat")
+  diff = flat[None, :, :] - flat[:, None, :]  # diff[j, l] = w_l − w_j
+  dist = np.linalg.norm(diff, axis=-1)
+  inv = np.divide(1.0, dist, out=np.zeros_like(dist), where=dist > 0.0)
+  return flat + eta * np.einsum("jl,jld->jd", inv, diff)
+
+
+# --------------------------------------------------------------------------- #
+# Clustering quality.
+# --------------------------------------------------------------------------- #
+
+
+def _check_labels(true, pred) -> tuple[np.ndarray, np.ndarray]:
+  true = np.asarray(true).ravel()
+  pred = np.asarray(pred).ravel()
+  if true.shape != pred.shape:
+    raise ValueError(f"true and pred must have the same length; got "
+                     f"{true.size} and {pred.size}")
+  if true.size == 0:
+    raise ValueError("true and pred are empty; need at least one label")
+  return true, pred
+
+
+def adjusted_rand_index(true, pred) -> float:
+  """Adjusted Rand index of two labelings (1 = identical up to renaming)."""
+  true, pred = _check_labels(true, pred)
+  return float(sk_metrics.adjusted_rand_score(true, pred))
+
+
+def purity(true, pred) -> float:
+  """Purity = (1/n) Σ_clusters max_class |cluster ∩ class|."""
+  true, pred = _check_labels(true, pred)
+  _, true_idx = np.unique(true, return_inverse=True)
+  _, pred_idx = np.unique(pred, return_inverse=True)
+  counts = np.zeros((pred_idx.max() + 1, true_idx.max() + 1), dtype=np.int64)
+  np.add.at(counts, (pred_idx, true_idx), 1)
+  return float(counts.max(axis=1).sum() / true.size)

@@ -1,0 +1,248 @@
+"""Centralized image datasets: MNIST, Fashion-MNIST, CIFAR-10 (pooled arrays).
+
+The tasks partition the pooled train+test images over clients themselves and
+split each client 90/10 (LEAF-style), so these loaders return one (x, y) pair:
+
+* MNIST / Fashion-MNIST: x float32 [70000, 784] in [0, 1] (0 = background,
+  the Keras/idx convention, unlike LEAF FEMNIST), y int64 0-9.
+* CIFAR-10: x float32 [60000, 32, 32, 3] in [0, 1] (channels last), y 0-9.
+
+Sources, in order:
+1. `data_dir` given: MNIST/Fashion-MNIST read the original idx files (LeCun's
+   / Zalando's names, `.gz` or uncompressed). No checksums are checked:
+   redistributed copies (e.g. Debian's dataset-fashion-mnist) are re-gzipped
+   and differ byte-wise from upstream. The idx magic numbers, dimensions and
+   counts are validated instead. CIFAR-10 reads the python-pickle batches
+   (`cifar-10-batches-py/data_batch_1..5`, `test_batch`).
+2. No `data_dir`: `tf.keras.datasets.<name>.load_data()`, which uses the
+   Keras cache (~/.keras/datasets) and downloads when it is empty; a failed
+   download becomes one DataError line saying what to do offline.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import pickle
+from typing import Optional, Tuple
+
+import numpy as np
+
+from tff_cluster.data.federated import DataError
+
+IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+             "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+CIFAR10_DIR = "cifar-10-batches-py"
+CIFAR10_FILES = tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch",)
+
+# idx magic: 0x00 0x00 <type 0x08 = uint8> <number of dimensions>.
+_IDX_IMAGES_MAGIC = 0x00000803
+_IDX_LABELS_MAGIC = 0x00000801
+
+# The Keras cache locations (keras/src/datasets/*.py, TF 2.14).
+_KERAS_CACHE = {
+    "mnist": "~/.keras/datasets/mnist.npz",
+    "fashion_mnist": "~/.keras/datasets/fashion-mnist/ (the four idx .gz files)",
+    "cifar10": "~/.keras/datasets/cifar-10-batches-py/ (the extracted "
+               "cifar-10-python.tar.gz)",
+}
+
+
+# ---------------------------------------------------------------------------
+# idx files (MNIST, Fashion-MNIST).
+
+
+def _find_idx(data_dir: str, stem: str) -> Optional[str]:
+  # Upstream names are `<stem>.gz`; some mirrors ship them uncompressed, and
+  # the raw MNIST tarballs use `<stem with the last '-' as '.'>`.
+  for name in (stem + ".gz", stem, stem.replace("-idx", ".idx") + ".gz",
+               stem.replace("-idx", ".idx")):
+    path = os.path.join(data_dir, name)
+    if os.path.isfile(path):
+      return path
+  return None
+
+
+def _read_bytes(path: str) -> bytes:
+  with open(path, "rb") as f:
+    head = f.read(2)
+  try:
+    if head == b"\x1f\x8b":  # gzip magic: decide by content, not by name.
+      with gzip.open(path, "rb") as f:
+        return f.read()
+    with open(path, "rb") as f:
+      return f.read()
+  except (OSError, EOFError) as e:
+    raise DataError(f"{path}: cannot read ({e})") from e
+
+
+def read_idx(path: str) -> np.ndarray:
+  """Reads one idx file (uint8 data, 1 or 3 dimensions) into a uint8 array.
+
+  Validates the magic number and that the file holds exactly the number of
+  bytes its header announces.
+  """
+  raw = _read_bytes(path)
+  if len(raw) < 8:
+    raise DataError(f"{path}: too short for an idx file ({len(raw)} bytes)")
+  magic = int.from_bytes(raw[:4], "big")
+  if magic not in (_IDX_IMAGES_MAGIC, _IDX_LABELS_MAGIC):
+    raise DataError(f"{path}: bad idx magic number 0x{magic:08x} (expected "
+                    f"0x{_IDX_IMAGES_MAGIC:08x} for images or "
+                    f"0x{_IDX_LABELS_MAGIC:08x} for labels)")
+  ndim = magic & 0xFF
+  header = 4 + 4 * ndim
+  dims = tuple(int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big")
+               for i in range(ndim))
+  expected = int(np.prod(dims))
+  if len(raw) - header != expected:
+    raise DataError(f"{path}: header says {dims} ({expected} bytes of data) "
+                    f"but the file has {len(raw) - header}")
+  return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(dims)
+
+
+def read_idx_dir(data_dir: str) -> Tuple[Tuple[np.ndarray, np.ndarray],
+                                         Tuple[np.ndarray, np.ndarray]]:
+  """Reads the four MNIST-style idx files of `data_dir`.
+
+  Returns ((x_train, y_train), (x_test, y_test)) as uint8 arrays, images
+  [n, 28, 28] (whatever rows x cols the header gives).
+  """
+  expected = ", ".join(f"{s}.gz" for s in IDX_FILES)
+  if not os.path.isdir(data_dir):
+    raise DataError(f"{data_dir} does not exist: expected a directory with "
+                    f"{expected} (.gz or uncompressed)")
+  paths = {stem: _find_idx(data_dir, stem) for stem in IDX_FILES}
+  missing = [f"{s}.gz" for s, p in paths.items() if p is None]
+  if missing:
+    raise DataError(f"{data_dir}: missing {', '.join(missing)}: expected "
+                    f"{expected} (.gz or uncompressed)")
+  arrays = {}
+  for stem, path in paths.items():
+    arr = read_idx(path)
+    want = 3 if "images" in stem else 1
+    if arr.ndim != want:
+      raise DataError(f"{path}: expected a {want}-d idx file "
+                      f"({'images' if want == 3 else 'labels'}), got shape "
+                      f"{arr.shape}")
+    arrays[stem] = arr
+  out = []
+  for split in ("train", "t10k"):
+    x = arrays[f"{split}-images-idx3-ubyte"]
+    y = arrays[f"{split}-labels-idx1-ubyte"]
+    if len(x) != len(y):
+      raise DataError(f"{data_dir}: {split} has {len(x)} images but {len(y)} "
+                      f"labels")
+    out.append((x, y))
+  return out[0], out[1]
+
+
+# ---------------------------------------------------------------------------
+# CIFAR-10 pickles.
+
+
+def read_cifar10_dir(data_dir: str) -> Tuple[Tuple[np.ndarray, np.ndarray],
+                                             Tuple[np.ndarray, np.ndarray]]:
+  """Reads CIFAR-10's python batches from `data_dir` or its
+  `cifar-10-batches-py/` subfolder. Images uint8 [n, 32, 32, 3]."""
+  folder = data_dir
+  if not os.path.isfile(os.path.join(folder, CIFAR10_FILES[0])):
+    folder = os.path.join(data_dir, CIFAR10_DIR)
+  expected = (f"{CIFAR10_DIR}/{{{','.join(CIFAR10_FILES)}}} (the extracted "
+              f"https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz)")
+  missing = [f for f in CIFAR10_FILES
+             if not os.path.isfile(os.path.join(folder, f))]
+  if missing:
+    raise DataError(f"{data_dir}: missing CIFAR-10 batches "
+                    f"{', '.join(missing)}: expected {expected}")
+  xs, ys = [], []
+  for name in CIFAR10_FILES:
+    path = os.path.join(folder, name)
+    try:
+      with open(path, "rb") as f:
+        batch = pickle.load(f, encoding="bytes")
+      data, labels = batch[b"data"], batch[b"labels"]
+    except (OSError, pickle.UnpicklingError, EOFError, KeyError, TypeError) as e:
+      raise DataError(f"{path}: not a CIFAR-10 python batch ({e!r})") from e
+    data = np.asarray(data, dtype=np.uint8)
+    if data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or len(data) != len(labels):
+      raise DataError(f"{path}: expected [n, 3072] images and n labels, got "
+                      f"{data.shape} and {len(labels)}")
+    # Stored channel-major (3, 32, 32): Keras models want channels last.
+    xs.append(data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
+    ys.append(np.asarray(labels, dtype=np.uint8))
+  return ((np.concatenate(xs[:-1]), np.concatenate(ys[:-1])), (xs[-1], ys[-1]))
+
+
+# ---------------------------------------------------------------------------
+# Public loaders.
+
+
+def _keras_load(name: str):
+  import tensorflow as tf  # deferred: only this path needs Keras.
+  module = {"mnist": tf.keras.datasets.mnist,
+            "fashion_mnist": tf.keras.datasets.fashion_mnist,
+            "cifar10": tf.keras.datasets.cifar10}[name]
+  try:
+    return module.load_data()
+  except Exception as e:  # Keras raises a bare Exception on URL failures.
+    reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+    if name == "cifar10":
+      offline = f"pass --data_dir with {CIFAR10_DIR}/ (data_batch_1..5, test_batch)"
+    else:
+      offline = f"pass --data_dir with the four idx files ({', '.join(IDX_FILES)}, .gz)"
+    raise DataError(f"could not load {name} through Keras ({reason}): {offline}, "
+                    f"or pre-place the Keras cache {_KERAS_CACHE[name]}") from e
+
+
+def _pool(train, test, num_classes: int, where: str):
+  x = np.concatenate([train[0], test[0]])
+  y = np.concatenate([np.asarray(train[1]).reshape(-1),
+                      np.asarray(test[1]).reshape(-1)]).astype(np.int64)
+  if len(y) and (y.min() < 0 or y.max() >= num_classes):
+    raise DataError(f"{where}: labels outside 0..{num_classes - 1}")
+  return x, y
+
+
+def load_mnist_like(name: str, data_dir: Optional[str] = None
+                    ) -> Tuple[np.ndarray, np.ndarray]:
+  """MNIST or Fashion-MNIST, train+test pooled.
+
+  Returns x float32 [70000, 784] in [0, 1] (0 = background), y int64 0-9.
+  """
+  if name not in ("mnist", "fashion_mnist"):
+    raise ValueError(f"unknown dataset {name!r}")
+  if data_dir:
+    train, test = read_idx_dir(os.path.expanduser(data_dir))
+    where = data_dir
+  else:
+    train, test = _keras_load(name)
+    where = f"Keras {name}"
+  x, y = _pool(train, test, 10, where)
+  if x.ndim != 3 or x.shape[1:] != (28, 28):
+    raise DataError(f"{where}: expected 28x28 images, got {x.shape[1:]}")
+  return (x.reshape(len(x), -1).astype(np.float32) / 255.0), y
+
+
+def load_mnist(data_dir: Optional[str] = None):
+  """MNIST pooled: x float32 [70000, 784] in [0, 1], y int64 0-9."""
+  return load_mnist_like("mnist", data_dir)
+
+
+def load_fashion_mnist(data_dir: Optional[str] = None):
+  """Fashion-MNIST pooled: x float32 [70000, 784] in [0, 1], y int64 0-9."""
+  return load_mnist_like("fashion_mnist", data_dir)
+
+
+def load_cifar10(data_dir: Optional[str] = None):
+  """CIFAR-10 pooled: x float32 [60000, 32, 32, 3] in [0, 1], y int64 0-9."""
+  if data_dir:
+    train, test = read_cifar10_dir(os.path.expanduser(data_dir))
+    where = data_dir
+  else:
+    train, test = _keras_load("cifar10")
+    where = "Keras cifar10"
+  x, y = _pool(train, test, 10, where)
+  if x.shape[1:] != (32, 32, 3):
+    raise DataError(f"{where}: expected 32x32x3 images, got {x.shape[1:]}")
+  return x.astype(np.float32) / 255.0, y
