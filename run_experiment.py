@@ -164,7 +164,10 @@ def run(settings: dict) -> dict:
 
   task = _TASKS[settings["task"]]
   algo = _ALGOS[settings["algo"]]
-  results.check_output_dir(settings["output_dir"], settings["overwrite"])
+  try:
+    results.check_output_dir(settings["output_dir"], settings["overwrite"])
+  except results.OutputDirError as e:
+    raise UsageError(str(e)) from None
   options = DataOptions(seed=settings["seed"], num_clients=settings["num_clients"],
                         data_dir=settings["data_dir"],
                         synthetic_alpha=settings["synthetic_alpha"],
@@ -233,6 +236,7 @@ def main(argv) -> int:
     _print_help()
     return 0
   settings = {}
+  FLAGS.unparse_flags()  # main() may be called more than once in one process
   try:
     rest = FLAGS(argv)
   except flags.Error as e:

@@ -11,7 +11,7 @@ from typing import Dict
 
 from tff_cluster.task import TaskSpec
 
-_MODULES = ("synthetic",)
+_MODULES = ("synthetic", "femnist", "sent140", "mnist", "fmnist", "cifar10")
 
 
 def registry() -> Dict[str, TaskSpec]:

@@ -187,6 +187,20 @@ def test_madc_cluster_recovers_groups_and_is_scale_invariant(seed):
                              atol=1e-12)
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_madc_cluster_is_complete_linkage(seed):
+  # Against scipy's complete-linkage hierarchy cut at 3 clusters, on random
+  # updates with no cluster structure (where single/average linkage differ).
+  from scipy.cluster import hierarchy
+  from scipy.spatial import distance
+  updates = np.random.default_rng(seed + 20).normal(size=(14, 5))
+  tree = hierarchy.linkage(distance.squareform(cl.madc_matrix(updates)),
+                           method="complete")
+  expected = hierarchy.fcluster(tree, t=3, criterion="maxclust")
+  labels = cl.madc_cluster(updates, 3)
+  assert cl.adjusted_rand_index(expected, labels) == 1.0
+
+
 def test_cluster_updates_dispatches_and_rejects_unknown_measure():
   updates, true = _grouped_updates(5)
   np.testing.assert_array_equal(cl.cluster_updates(updates, 3, "edc", 5),

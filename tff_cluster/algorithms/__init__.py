@@ -42,6 +42,11 @@ ALGORITHMS: Dict[str, AlgorithmSpec] = {
                       "fedavg"),
         AlgorithmSpec("fedprox", "FedProx: FedAvg with proximal term (mu/2)||w - w_t||^2",
                       "fedprox", uses_mu=True),
+        AlgorithmSpec("fedgroup", "FedGroup: EDC/MADC group cold start, group-wise "
+                      "FedAvg, newcomer cold start", "fedgroup", options=_FEDGROUP_OPTIONS),
+        AlgorithmSpec("fedgrouprox", "FedGrouProx: FedGroup with proximal term "
+                      "(mu/2)||w - w_group||^2", "fedgrouprox", uses_mu=True,
+                      options=_FEDGROUP_OPTIONS),
     ]
 }
 

@@ -89,7 +89,8 @@ def load_emnist(only_digits: bool = True, cache_dir: Optional[str] = None,
         f"{EMNIST_DB_FILE} in {where} (or pass that folder as the cache "
         f"directory); delete a partial {EMNIST_DB_FILE} there first") from e
   num_classes = 10 if only_digits else 62
-  ids = [c for c in train_cd.client_ids if c in set(test_cd.client_ids)]
+  test_ids = set(test_cd.client_ids)
+  ids = [c for c in train_cd.client_ids if c in test_ids]
   if num_clients is not None and num_clients < len(ids):
     rng = np.random.default_rng(seed)
     ids = [ids[i] for i in sorted(rng.choice(len(ids), num_clients,

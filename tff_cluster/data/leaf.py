@@ -438,6 +438,9 @@ def load_sent140(path: str, glove_path: Optional[str], seed: int = 0,
   The GloVe file is checked before the JSON is parsed so a missing file fails
   fast. Only words occurring in the tweets are kept from GloVe.
   """
+  # Fail fast, before parsing JSON: a missing data path, then a missing GloVe.
+  if not path or not os.path.exists(os.path.expanduser(str(path))):
+    read_leaf(path, SENT140_HINT)  # raises the DataError naming the files.
   if not glove_path or not os.path.isfile(os.path.expanduser(str(glove_path))):
     load_glove(glove_path, dim)  # raises the DataError naming the file.
   raw = read_leaf(path, SENT140_HINT)

@@ -1,0 +1,89 @@
+"""Tests of the model builders: parameter counts, shapes, forward passes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tff_cluster import models
+from tff_cluster.data.federated import DataError
+
+# (builder, expected trainable parameters, input shape, output width)
+CASES = {
+    "mclr_synthetic": (lambda: models.mclr(60, 10), 610, (60,), 10),
+    "mclr_mnist": (lambda: models.mclr(784, 10), 7_850, (784,), 10),
+    "mclr_femnist": (lambda: models.mclr(784, 62), 48_670, (784,), 62),
+    "mclr_letters": (lambda: models.mclr(784, 26), 20_410, (784,), 26),
+    "mlp_mnist": (lambda: models.mlp(784, 128, 10), 101_770, (784,), 10),
+    "mlp_femnist": (lambda: models.mlp(784, 512, 62), 433_726, (784,), 62),
+    "mlp_letters": (lambda: models.mlp(784, 512, 26), 415_258, (784,), 26),
+    "fmnist_cnn": (models.fmnist_cnn, 29_034, (784,), 10),
+    "cifar10_cnn": (models.cifar10_cnn, 62_006, (32, 32, 3), 10),
+    "lenet5": (models.lenet5, 61_706, (784,), 10),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_counts_shapes_forward(name):
+  build, expected, in_shape, out_dim = CASES[name]
+  model = build()
+  assert models.count_trainable(model) == expected
+  assert model.output_shape == (None, out_dim)
+  x = np.random.default_rng(0).random((3,) + in_shape).astype(np.float32)
+  logits = model(x, training=False).numpy()
+  assert logits.shape == (3, out_dim)
+  assert np.all(np.isfinite(logits))
+  # Logits, not probabilities: rows need not sum to one.
+  loss = models.per_example_loss(models.SPARSE_CE_LOGITS, np.array([0, 1, 2]),
+                                 logits)
+  assert loss.shape == (3,)
+
+
+def test_count_trainable_skips_frozen_and_batchnorm_stats():
+  model = models.fmnist_cnn()
+  # BatchNorm moving mean/variance (2 x (16 + 32) = 96) are not trainable.
+  assert model.count_params() - models.count_trainable(model) == 96
+
+
+def test_flat_and_image_inputs_agree():
+  flat = models.lenet5()
+  image = models.lenet5(input_shape=(28, 28, 1))
+  image.set_weights(flat.get_weights())
+  x = np.random.default_rng(1).random((2, 784)).astype(np.float32)
+  np.testing.assert_allclose(flat(x).numpy(),
+                             image(x.reshape(2, 28, 28, 1)).numpy(), rtol=1e-5,
+                             atol=1e-5)
+
+
+def test_sent140_lstm_frozen_embedding():
+  rng = np.random.default_rng(0)
+  matrix = rng.normal(size=(50, 300)).astype(np.float32)
+  model = models.sent140_lstm(matrix)
+  assert models.count_trainable(model) == 243_861
+  assert model.count_params() == 243_861 + 50 * 300
+  emb = model.get_layer("embedding")
+  assert not emb.trainable
+  np.testing.assert_array_equal(emb.get_weights()[0], matrix)
+  tokens = rng.integers(0, 50, size=(4, 25)).astype(np.int32)
+  probs = model(tokens).numpy()
+  assert probs.shape == (4, 1)
+  assert np.all((probs > 0) & (probs < 1))
+  loss = models.per_example_loss(models.BINARY_PROBS, np.array([0, 1, 1, 0]),
+                                 probs)
+  assert loss.shape == (4,)
+
+
+def test_sent140_lstm_built_in_graph_keeps_matrix():
+  # TFF builds models inside graphs: the matrix must come with the initializer.
+  matrix = np.arange(10 * 300, dtype=np.float32).reshape(10, 300)
+  with tf.Graph().as_default():
+    model = models.sent140_lstm(matrix, seq_len=5)
+    init = model.get_layer("embedding").embeddings.initial_value
+    with tf.compat.v1.Session() as sess:
+      np.testing.assert_array_equal(sess.run(init), matrix)
+
+
+def test_sent140_lstm_bad_matrix():
+  with pytest.raises(DataError, match="2-D"):
+    models.sent140_lstm(np.zeros(300))
