@@ -8,6 +8,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import datetime  # noqa: E402
 import json  # noqa: E402
+import re  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
@@ -148,6 +149,21 @@ def _flag_values() -> dict:
   return {name: FLAGS[name].value for name in names}
 
 
+def _flag_error_message(error: Exception) -> str:
+  """absl's parse error as one line naming the bad input and what is valid."""
+  if isinstance(error, flags.UnrecognizedFlagError):
+    known = sorted(f.name for f in FLAGS.get_flags_for_module(__name__))
+    return (f"unknown flag --{error.flagname}; valid: "
+            f"{', '.join('--' + n for n in known)} (see --help)")
+  match = re.match(r"flag --(\w+)=(.*?): ", str(error))
+  if isinstance(error, flags.IllegalFlagValueError) and match and match.group(1) in FLAGS:
+    name, value = match.groups()
+    valid = FLAGS[name].parser.syntactic_help or (
+        "true or false" if FLAGS[name].boolean else "see --help")
+    return f"invalid --{name}={value}; valid: {valid}"
+  return f"{str(error).splitlines()[0]} (see --help)"
+
+
 def _fail(message: str, code: int = 2) -> "NoReturn":  # noqa: F821
   print(f"run_experiment.py: error: {message}", file=sys.stderr)
   sys.exit(code)
@@ -240,7 +256,7 @@ def main(argv) -> int:
   try:
     rest = FLAGS(argv)
   except flags.Error as e:
-    _fail(f"{str(e).splitlines()[0]} (see --help)")
+    _fail(_flag_error_message(e))
   if len(rest) > 1:
     _fail(f"unexpected argument {rest[1]!r}; flags are written --name=value (see --help)")
   logging.set_verbosity(logging.WARNING)

@@ -23,6 +23,28 @@ def _load(options: DataOptions, iid: bool):
       seed=options.seed)
 
 
+def _load_clusters(options: DataOptions):
+  """Clients of cluster c share (W_c, b_c) ~ N(u_c, 1) and input mean v_c ~ N(B_c, 1).
+
+  u_c ~ N(0, alpha^2), B_c ~ N(0, beta^2) as in Synthetic(alpha, beta), drawn per
+  cluster instead of per client; sizes and the 90/10 split as in `synthetic`.
+  """
+  import numpy as np
+  num_clients = options.num_clients or DEFAULTS["num_clients"]
+  m = int(options.extra.get("num_clusters", 5))
+  rng = np.random.default_rng([options.seed, 1])
+  clusters = np.arange(num_clients) % m
+  rng.shuffle(clusters)
+  u = rng.normal(0.0, options.synthetic_alpha, m)
+  b_mean = rng.normal(0.0, options.synthetic_beta, m)
+  w = rng.normal(u[:, None, None], 1.0, (m, NUM_FEATURES, NUM_CLASSES))
+  b = rng.normal(u[:, None], 1.0, (m, NUM_CLASSES))
+  v = rng.normal(b_mean[:, None], 1.0, (m, NUM_FEATURES))
+  return generate_synthetic(num_clients=num_clients, alpha=options.synthetic_alpha,
+                            beta=options.synthetic_beta, seed=options.seed,
+                            true_clusters=clusters, cluster_models=(w, b, v))
+
+
 TASKS = [
     TaskSpec(
         name="synthetic",
@@ -36,4 +58,10 @@ TASKS = [
         load_data=lambda options: _load(options, iid=True),
         model_fn=_mclr, loss=models.SPARSE_CE_LOGITS, defaults=DEFAULTS,
         source="FedProx synthetic IID generator"),
+    TaskSpec(
+        name="synthetic_clusters",
+        description="Synthetic with 5 true clusters (clients of a cluster share model and inputs), MCLR",
+        load_data=_load_clusters,
+        model_fn=_mclr, loss=models.SPARSE_CE_LOGITS, defaults=DEFAULTS,
+        source="cluster-structured variant of the FedProx generator (ground truth for ARI)"),
 ]

@@ -91,17 +91,43 @@ def test_edc_features_on_axis_aligned_updates():
                              atol=1e-12)
 
 
-def test_edc_features_match_brute_force_on_random_data():
+def _edc_features_by_svd(updates, m):
+  """Brute force: np.linalg.svd, sign convention, explicit cosine loop."""
+  _, _, vt = np.linalg.svd(updates, full_matrices=False)
+  out = np.zeros((len(updates), m))
+  for k in range(m):
+    v = vt[k] * np.sign(vt[k][np.argmax(np.abs(vt[k]))])
+    for i, u in enumerate(updates):
+      out[i, k] = u @ v / np.linalg.norm(u) / np.linalg.norm(v)
+  return out
+
+
+@pytest.mark.parametrize("spread", [1.0, 1e3])
+def test_edc_features_match_svd_on_random_data(spread):
+  # spread: client update norms span [1, spread] (the Gram route squares the
+  # condition number, so check it against the SVD on uneven scales too).
   rng = np.random.default_rng(1)
   updates = rng.normal(size=(9, 40))
+  updates *= np.geomspace(1.0, spread, 9)[:, None]
   features = cl.edc_features(updates, 4)
-  _, _, vt = np.linalg.svd(updates, full_matrices=False)
-  brute = np.array([[u @ v / np.linalg.norm(u) / np.linalg.norm(v)
-                     for v in vt[:4]] for u in updates])
-  np.testing.assert_allclose(np.abs(features), np.abs(brute), atol=1e-10)
+  np.testing.assert_allclose(features, _edc_features_by_svd(updates, 4),
+                             atol=1e-9)
   # Sign-deterministic: negating every update negates every feature.
   np.testing.assert_allclose(cl.edc_features(-updates, 4), -features,
-                             atol=1e-10)
+                             atol=1e-9)
+
+
+def test_edc_features_rank_deficient_and_zero_update():
+  # ΔWᵀΔW = diag(5, 25, 0): directions e1 (s²=25), e0 (s²=5), then a null
+  # direction (rank 2 < m = 3) orthogonal to every update, so its column is 0;
+  # the zero update has cosine 0 with every direction.
+  updates = np.array([[1., 0., 0.], [2., 0., 0.], [0., 5., 0.],
+                      [0., 0., 0.]])
+  expected = np.array([[0., 1., 0.], [0., 1., 0.], [1., 0., 0.],
+                       [0., 0., 0.]])
+  features = cl.edc_features(updates, 3)
+  np.testing.assert_allclose(features, expected, atol=1e-7)
+  assert np.all(np.isfinite(features))
 
 
 @pytest.mark.parametrize("num_groups", [0, 4, 2.0, True])

@@ -133,20 +133,36 @@ def edc_features(updates: np.ndarray, num_groups: int) -> np.ndarray:
   the EDC distances do not depend on it, since flipping v_k negates column k
   for every client alike.
 
-  Uses an exact (LAPACK) SVD: deterministic and fine for n up to a few hundred
-  clients and d up to ~500k parameters. Requires 1 <= m <= min(n, d).
+  Computation: the exact (deterministic, non-randomised) SVD through the n x n
+  Gram matrix G = ΔW ΔWᵀ = U S² Uᵀ. Then ΔW V_mᵀ = U_m S_m, so
+  cos(Δw_i, v_k) = U[i, k] s_k / ‖Δw_i‖ without ever forming V in full. Why not
+  np.linalg.svd(ΔW): for n=200, d=500k it takes ~140 s on 2 cores and 800 MB
+  for Vᵀ, against ~2 s for the Gram product. The Gram route squares the
+  condition number, which only matters when s_m/s_1 < ~1e-6 (client update
+  norms differing by ~10⁶); a direction with s_k = 0 (rank(ΔW) < m) gets
+  cosine 0 with every update, as any null-space direction would.
+
+  Requires 1 <= m <= min(n, d).
   """
   updates = _as_matrix(updates, "updates")
   n, d = updates.shape
   m = _check_num_groups(num_groups, min(n, d), "at most min(n, d) directions")
-  # Right singular vectors of ΔW == left singular vectors of ΔWᵀ: the SVD of
-  # the short-and-wide ΔW costs O(n² d), never O(d²).
-  _, _, vt = np.linalg.svd(updates, full_matrices=False)
-  directions = vt[:m]
-  pivot = np.argmax(np.abs(directions), axis=1)
-  signs = np.sign(directions[np.arange(m), pivot])
-  directions = directions * np.where(signs == 0.0, 1.0, signs)[:, None]
-  return cosine_similarity_matrix(updates, directions)
+  gram = updates @ updates.T
+  eigvals, eigvecs = np.linalg.eigh(gram)  # ascending eigenvalues
+  top = np.arange(n - 1, n - 1 - m, -1)
+  s = np.sqrt(np.clip(eigvals[top], 0.0, None))  # singular values s_1..s_m
+  u = eigvecs[:, top]
+  # Directions up to positive scale: s_k v_k = ΔWᵀ u_k. Only their signs are
+  # needed, and the scale s_k > 0 changes neither argmax|.| nor sign.
+  scaled_dirs = u.T @ updates  # [m, d]
+  pivot = np.argmax(np.abs(scaled_dirs), axis=1)
+  signs = np.sign(scaled_dirs[np.arange(m), pivot])
+  signs = np.where(signs == 0.0, 1.0, signs)
+  projections = u * (s * signs)[None, :]  # ΔW V_mᵀ = U_m S_m, sign-fixed
+  norms = np.linalg.norm(updates, axis=1, keepdims=True)
+  # A zero update has no direction: cosine 0 with everything.
+  features = projections / np.where(norms > 0.0, norms, 1.0)
+  return np.clip(features, -1.0, 1.0)
 
 
 def edc_cluster(updates: np.ndarray, num_groups: int, seed: int) -> np.ndarray:

@@ -293,10 +293,11 @@ def _assemble(path, raw, parser, num_classes, *, name, seed, train_fraction,
     one_sided = set(only_train + only_test)
     if one_sided and unmatched == "error":
       side = "train" if only_train else "test"
+      example = (only_train or only_test)[0]
       raise DataError(
           f"{path}: {len(one_sided)} users are in only one split (e.g. "
-          f"{(only_train or only_test)[0]!r} only in {side}/); clustered FL needs every client "
-          f"in both: make the data with LEAF's '-t sample' split, or load with "
+          f"{example!r} only in {side}/); clustered FL needs every client in "
+          f"both: make the data with LEAF's '-t sample' split, or load with "
           f"unmatched='drop' or 'split'")
     if one_sided and unmatched == "drop":
       warnings.warn(f"{path}: dropping {len(one_sided)} users that are in only "
@@ -391,6 +392,9 @@ def load_glove(path: str, dim: int = 300, words: Optional[Iterable[str]] = None
   vectors = [np.zeros(dim, np.float32)]  # row 0: padding.
   with open(path, "r", encoding="utf-8", errors="replace") as f:
     for lineno, line in enumerate(f, 1):
+      # Cheap skip of unwanted words (400k lines in glove.6B) before splitting.
+      if keep is not None and line.split(" ", 1)[0] not in keep:
+        continue
       parts = line.rstrip("\n").rstrip(" ").split(" ")
       if len(parts) < dim + 1:
         if not line.strip():
@@ -446,8 +450,8 @@ def load_sent140(path: str, glove_path: Optional[str], seed: int = 0,
   raw = read_leaf(path, SENT140_HINT)
   train_raw, test_raw = raw
   words = set()
-  for raw in (train_raw, test_raw or {}):
-    for user, (x, _) in raw.items():
+  for split in (train_raw, test_raw or {}):
+    for user, (x, _) in split.items():
       for row in x:
         words.update(tokenize(_tweet_text(user, row)))
   vocab, embedding = load_glove(glove_path, dim, words=words)

@@ -42,7 +42,8 @@ def generate_synthetic(num_clients: int = 100, alpha: float = 1.0,
     seed: seed of everything drawn here.
     true_clusters: optional cluster id per client; clients of one cluster then
       share the (W, b) given in `cluster_models` (a cluster-structured variant).
-    cluster_models: (W [m, 60, 10], b [m, 10]) used with `true_clusters`.
+    cluster_models: (W [m, 60, 10], b [m, 10], v [m, 60]) used with
+      `true_clusters`: the model and input mean of each cluster.
   """
   if num_clients < 1:
     raise DataError(f"--num_clients must be >= 1, got {num_clients}")
@@ -66,8 +67,7 @@ def generate_synthetic(num_clients: int = 100, alpha: float = 1.0,
       b = rng.normal(u_k, 1.0, NUM_CLASSES)
       v = rng.normal(b_mean, 1.0, NUM_FEATURES)
       if true_clusters is not None:
-        w = cluster_models[0][true_clusters[k]]
-        b = cluster_models[1][true_clusters[k]]
+        w, b, v = (part[true_clusters[k]] for part in cluster_models)
     x = v + rng.normal(size=(sizes[k], NUM_FEATURES)) * np.sqrt(sigma_diag)
     y = np.argmax(x @ w + b, axis=1)
     cid = f"f_{k:05d}"

@@ -1,0 +1,149 @@
+"""Test helpers: finding TFF `worker_binary` processes and watching a command's."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Dict, Optional, Sequence, Set, Tuple
+
+WORKER_NAME = b"worker_binary"
+
+
+def _read_stat(pid: int) -> Optional[Tuple[str, int]]:
+  """(state, ppid) of a process, or None if it is gone."""
+  try:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+      raw = f.read().decode("ascii", "replace")
+  except OSError:
+    return None
+  # The command name (field 2) is in parentheses and may hold spaces.
+  fields = raw[raw.rindex(")") + 2:].split()
+  return fields[0], int(fields[1])
+
+
+def _is_worker(pid: int) -> bool:
+  try:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+      return WORKER_NAME in f.read()
+  except OSError:
+    return False
+
+
+def worker_pids() -> Set[int]:
+  """Live (not zombie) processes whose command line contains `worker_binary`."""
+  found = set()
+  for name in os.listdir("/proc"):
+    if not name.isdigit():
+      continue
+    pid = int(name)
+    stat = _read_stat(pid)
+    if stat is None or stat[0] in ("Z", "X"):
+      continue
+    if _is_worker(pid):
+      found.add(pid)
+  return found
+
+
+def _is_descendant(pid: int, ancestor: int) -> bool:
+  for _ in range(64):
+    stat = _read_stat(pid)
+    if stat is None:
+      return False
+    pid = stat[1]
+    if pid == ancestor:
+      return True
+    if pid <= 1:
+      return False
+  return False
+
+
+def descendant_workers(ancestor: int) -> Set[int]:
+  """Live `worker_binary` processes below `ancestor` in the process tree."""
+  return {pid for pid in worker_pids() if _is_descendant(pid, ancestor)}
+
+
+def wait_until_gone(pids: Set[int], timeout: float = 5.0) -> Set[int]:
+  """Polls until none of `pids` is a live worker; returns the survivors."""
+  deadline = time.monotonic() + timeout
+  while True:
+    alive = set(pids) & worker_pids()
+    if not alive or time.monotonic() > deadline:
+      return alive
+    time.sleep(0.05)
+
+
+def _default_sigint():
+  # A shell's background job may run pytest with SIGINT ignored, and a Python
+  # started with SIGINT ignored never raises KeyboardInterrupt: restore it.
+  signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def run_watching_workers(
+    cmd: Sequence[str], *, timeout: float = 120.0,
+    send_signal: Optional[int] = None, signal_delay: float = 0.0,
+    cwd: Optional[str] = None, env: Optional[Dict[str, str]] = None,
+) -> Tuple[int, str, str, Set[int]]:
+  """Runs `cmd` (stdout and stderr piped) and records its worker processes.
+
+  While the command runs, /proc is polled for `worker_binary` processes whose
+  parent chain leads to the command. With `send_signal`, that signal goes to
+  the command `signal_delay` seconds after its first worker is seen (never if
+  none is seen).
+
+  Returns (returncode, stdout, stderr, worker pids seen). Raises
+  `subprocess.TimeoutExpired` (after killing the command) if the command, or
+  anything still holding its stdout/stderr open, outlives `timeout`.
+  """
+  env = dict(os.environ if env is None else env)
+  env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+  proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          stdin=subprocess.DEVNULL, cwd=cwd, env=env, text=True,
+                          preexec_fn=_default_sigint)
+  seen: Set[int] = set()
+  done = threading.Event()
+
+  def watch():
+    first_seen = None
+    signalled = False
+    while not done.is_set() and proc.poll() is None:
+      pids = descendant_workers(proc.pid)
+      seen.update(pids)
+      if pids and first_seen is None:
+        first_seen = time.monotonic()
+      if (send_signal is not None and not signalled and first_seen is not None
+          and time.monotonic() - first_seen >= signal_delay):
+        try:
+          proc.send_signal(send_signal)
+        except ProcessLookupError:
+          pass
+        signalled = True
+      time.sleep(0.02)
+
+  watcher = threading.Thread(target=watch, daemon=True)
+  watcher.start()
+  try:
+    out, err = proc.communicate(timeout=timeout)
+  except subprocess.TimeoutExpired:
+    # Kill what this call started (a surviving worker may hold the pipes).
+    for pid in [proc.pid, *seen]:
+      try:
+        os.kill(pid, signal.SIGKILL)
+      except ProcessLookupError:
+        pass
+    try:
+      proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+      pass
+    raise
+  finally:
+    done.set()
+    watcher.join()
+  return proc.returncode, out, err, seen
+
+
+def python_cmd(*args: str) -> list:
+  return [sys.executable, *args]

@@ -1,0 +1,337 @@
+"""The task registry: specs, models, and the real-data tasks' partitions.
+
+FEMNIST views and the Fashion-MNIST tasks load the real files from
+../shared/data (skipped, saying why, only when that folder is absent); the
+other tasks run on small files written to tmp_path.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tasks
+from tasks import femnist as femnist_tasks
+from tasks import sent140 as sent140_tasks
+from tff_cluster import models
+from tff_cluster.data import leaf, vision
+from tff_cluster.data.federated import DataError
+from tff_cluster.data.partition import rotate_images
+from tff_cluster.task import DataOptions
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+FEMNIST_DIR = SHARED / "femnist_leaf"
+FMNIST_DIR = SHARED / "fashion_mnist"
+
+DEFAULT_KEYS = {"rounds", "clients_per_round", "local_epochs", "batch_size",
+                "client_lr", "mu", "num_clients"}
+
+# Classes of the tasks whose data must come from files (the others are
+# generated, so the test loads them to ask).
+EXPECTED_CLASSES = {
+    "femnist": 62, "femnist_digits": 10, "femnist_upper": 26,
+    "femnist_lower": 26, "rotated_femnist_digits": 10, "mnist": 10,
+    "fmnist": 10, "rotated_fmnist": 10, "fmnist_clusterwise_dir": 10,
+    "fmnist_clusterwise_class": 10, "cifar10": 10, "sent140": 2}
+
+REGISTRY = tasks.registry()
+
+
+# ---------------------------------------------------------------------------
+# Small files in the real formats.
+
+
+def write_json(path: Path, users: dict) -> None:
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(json.dumps({
+      "users": list(users), "num_samples": [len(y) for _, y in users.values()],
+      "user_data": {u: {"x": x, "y": y} for u, (x, y) in users.items()}}))
+
+
+def write_sent140(root: Path) -> tuple:
+  def tweet(text):
+    return ["1", "Mon Apr 06 22:19:45 PDT 2009", "NO_QUERY", "user", text]
+  write_json(root / "train" / "t.json", {
+      "u1": ([tweet("love it"), tweet("hate it")], [1, 0]),
+      "u2": ([tweet("so good")], [1])})
+  write_json(root / "test" / "t.json", {
+      "u1": ([tweet("love")], [1]), "u2": ([tweet("bad")], [0])})
+  glove = root / "glove.6B.300d.txt"
+  glove.write_text("".join(f"{w} " + " ".join(["0.1"] * 300) + "\n"
+                           for w in ("love", "hate", "good", "it")))
+  return str(root), str(glove)
+
+
+def write_mnist_idx(folder: Path, n_train: int = 1800, n_test: int = 200) -> None:
+  rng = np.random.default_rng(0)
+  folder.mkdir(parents=True, exist_ok=True)
+  for split, n in (("train", n_train), ("t10k", n_test)):
+    for kind, arr in (("images", rng.integers(0, 256, (n, 28, 28))),
+                      ("labels", np.arange(n) % 10)):
+      dims = "idx3" if kind == "images" else "idx1"
+      header = (0x800 | arr.ndim).to_bytes(4, "big") + b"".join(
+          d.to_bytes(4, "big") for d in arr.shape)
+      (folder / f"{split}-{kind}-{dims}-ubyte.gz").write_bytes(
+          gzip.compress(header + arr.astype(np.uint8).tobytes()))
+
+
+def write_cifar(folder: Path, per_batch: int = 100) -> None:
+  folder = folder / vision.CIFAR10_DIR
+  folder.mkdir(parents=True)
+  rng = np.random.default_rng(0)
+  for name in vision.CIFAR10_FILES:
+    with open(folder / name, "wb") as f:
+      pickle.dump({b"data": rng.integers(0, 256, (per_batch, 3072)).astype(
+          np.uint8), b"labels": list(np.arange(per_batch) % 10)}, f)
+
+
+# ---------------------------------------------------------------------------
+# Every task.
+
+
+def test_registry_has_the_tasks():
+  assert set(EXPECTED_CLASSES) <= set(REGISTRY)
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_spec(name):
+  spec = REGISTRY[name]
+  assert spec.name == name
+  assert isinstance(spec.description, str) and spec.description.strip()
+  assert "\n" not in spec.description
+  assert spec.source.strip()
+  assert DEFAULT_KEYS <= set(spec.defaults)
+  assert spec.loss in models.LOSSES
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_model_output_matches_classes(name, tmp_path, monkeypatch):
+  spec = REGISTRY[name]
+  if name == "sent140":  # its vocabulary comes from the data
+    monkeypatch.setitem(sent140_tasks._EMBEDDING, "matrix", None)
+    with pytest.raises(DataError, match="load the data"):
+      spec.model_fn()
+    data_dir, glove = write_sent140(tmp_path)
+    spec.load_data(DataOptions(data_dir=data_dir, glove_path=glove))
+  num_classes = EXPECTED_CLASSES.get(name)
+  if num_classes is None:
+    num_classes = spec.load_data(DataOptions(num_clients=3)).num_classes
+  model = spec.model_fn()
+  want = 1 if spec.loss == models.BINARY_PROBS else num_classes
+  assert model.output_shape[-1] == want
+
+
+def test_sent140_task(tmp_path, monkeypatch):
+  monkeypatch.setitem(sent140_tasks._EMBEDDING, "matrix", None)
+  data_dir, glove = write_sent140(tmp_path)
+  spec = REGISTRY["sent140"]
+  data = spec.load_data(DataOptions(data_dir=data_dir, glove_path=glove))
+  assert data.num_clients == 2 and data.num_classes == 2
+  x, _ = data.train["u1"]
+  probs = spec.model_fn()(x).numpy()
+  assert probs.shape == (2, 1) and np.all((probs > 0) & (probs < 1))
+  assert spec.load_data(DataOptions(data_dir=data_dir, glove_path=glove,
+                                    num_clients=1)).num_clients == 1
+
+
+@pytest.mark.parametrize("name,options,expected", [
+    ("femnist", DataOptions(), "pass --data_dir.*train/\\*.json and test/\\*.json"),
+    ("femnist_upper", DataOptions(data_dir="/nonexistent/femnist"),
+     "train/\\*.json and test/\\*.json.*preprocess.sh -s niid --sf 0.05"),
+    ("sent140", DataOptions(), "train/\\*.json and test/\\*.json"),
+    ("fmnist", DataOptions(data_dir="/nonexistent/fmnist"),
+     "train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz"),
+    ("mnist", DataOptions(data_dir="/nonexistent/mnist"),
+     "train-images-idx3-ubyte.gz.*FedProx's MNIST JSON"),
+    ("cifar10", DataOptions(data_dir="/nonexistent/cifar"),
+     "cifar-10-batches-py/.*test_batch"),
+])
+def test_missing_data_is_one_data_error_line(name, options, expected):
+  with pytest.raises(DataError, match=expected) as e:
+    REGISTRY[name].load_data(options)
+  assert "\n" not in str(e.value)
+
+
+def test_sent140_missing_glove(tmp_path):
+  data_dir, _ = write_sent140(tmp_path)
+  with pytest.raises(DataError, match="glove.6B.300d.txt"):
+    REGISTRY["sent140"].load_data(DataOptions(data_dir=data_dir))
+
+
+# ---------------------------------------------------------------------------
+# FEMNIST on the real data.
+
+
+@pytest.fixture(scope="module")
+def real_femnist():
+  if not FEMNIST_DIR.exists():
+    pytest.skip(f"real data {FEMNIST_DIR} absent (../shared/data)")
+  return leaf.load_femnist(str(FEMNIST_DIR))
+
+
+@pytest.fixture
+def femnist_cached(real_femnist, monkeypatch):
+  # The view tasks read the real files through the module's one load.
+  monkeypatch.setattr(leaf, "load_femnist", lambda path, seed=0: real_femnist)
+  return DataOptions(data_dir=str(FEMNIST_DIR))
+
+
+def test_femnist_task(real_femnist, monkeypatch):
+  data = REGISTRY["femnist"].load_data(DataOptions(data_dir=str(FEMNIST_DIR)))
+  assert data.num_clients == 51 and data.num_classes == 62
+  logits = REGISTRY["femnist"].model_fn()(data.train[data.client_ids[0]][0][:4])
+  assert logits.shape == (4, 62)
+  monkeypatch.setattr(leaf, "load_femnist", lambda path, seed=0: real_femnist)
+  sub = REGISTRY["femnist"].load_data(
+      DataOptions(data_dir=str(FEMNIST_DIR), num_clients=10, seed=1))
+  assert sub.num_clients == 10 and set(sub.client_ids) <= set(data.client_ids)
+
+
+@pytest.mark.parametrize("name", sorted(femnist_tasks.VIEWS))
+def test_femnist_views_relabel(real_femnist, name):
+  first, num_classes = femnist_tasks.VIEWS[name]
+  view = femnist_tasks.label_view(real_femnist, first, num_classes, name)
+  assert view.num_classes == num_classes
+  raw_total = 0
+  for cid in real_femnist.client_ids:
+    for split in ("train", "test"):
+      raw_y = getattr(real_femnist, split)[cid][1]
+      raw_counts = np.bincount(raw_y, minlength=62)[first:first + num_classes]
+      if cid in view.client_ids:
+        y = getattr(view, split)[cid][1]
+        assert y.min() >= 0 and y.max() < num_classes
+        np.testing.assert_array_equal(np.bincount(y, minlength=num_classes),
+                                      raw_counts)
+        raw_total += raw_counts.sum()
+      else:  # dropped: nothing to train or to evaluate on in this view
+        other = "test" if split == "train" else "train"
+        other_y = getattr(real_femnist, other)[cid][1]
+        assert raw_counts.sum() == 0 or not np.any(
+            (other_y >= first) & (other_y < first + num_classes))
+  assert raw_total == (view.num_train_samples().sum() +
+                       view.num_test_samples().sum()) > 0
+  x, _ = view.train[view.client_ids[0]]
+  np.testing.assert_array_equal(x, real_femnist.train[view.client_ids[0]][0][
+      (real_femnist.train[view.client_ids[0]][1] >= first) &
+      (real_femnist.train[view.client_ids[0]][1] < first + num_classes)])
+
+
+def test_femnist_upper_task_loads(femnist_cached):
+  data = REGISTRY["femnist_upper"].load_data(femnist_cached)
+  ys = np.concatenate([data.train[c][1] for c in data.client_ids])
+  assert data.num_classes == 26 and ys.min() >= 0 and ys.max() <= 25
+  assert len(np.unique(ys)) == 26
+
+
+@pytest.mark.parametrize("m", [4, 2])
+def test_rotated_femnist_digits(real_femnist, femnist_cached, m):
+  options = DataOptions(data_dir=str(FEMNIST_DIR), seed=5,
+                        extra={} if m == 4 else {"num_clusters": m})
+  data = REGISTRY["rotated_femnist_digits"].load_data(options)
+  assert data.num_classes == 10
+  assert sorted(set(data.true_clusters.tolist())) == list(range(m))
+  assert np.ptp(np.bincount(data.true_clusters)) <= 1
+  digits = femnist_tasks.label_view(real_femnist, 0, 10, "femnist_digits")
+  assert data.client_ids == digits.client_ids
+  for cid, k in zip(data.client_ids, data.true_clusters):
+    np.testing.assert_array_equal(
+        data.test[cid][0], rotate_images(digits.test[cid][0], 90 * k))
+    np.testing.assert_array_equal(data.train[cid][1], digits.train[cid][1])
+
+
+# ---------------------------------------------------------------------------
+# Fashion-MNIST on the real data (70k images: loaded once for the module).
+
+
+@pytest.fixture(scope="module")
+def fmnist_pooled():
+  if not FMNIST_DIR.exists():
+    pytest.skip(f"real data {FMNIST_DIR} absent (../shared/data)")
+  return vision.load_fashion_mnist(str(FMNIST_DIR))
+
+
+@pytest.fixture
+def fmnist_options(fmnist_pooled, monkeypatch):
+  # The tasks read the real directory once per module, not once per task.
+  from tasks import fmnist as fmnist_tasks
+  monkeypatch.setattr(fmnist_tasks, "_pooled", lambda options: fmnist_pooled)
+  return DataOptions(data_dir=str(FMNIST_DIR))
+
+
+def _labels_per_client(data):
+  return [set(np.concatenate([data.train[c][1], data.test[c][1]]).tolist())
+          for c in data.client_ids]
+
+
+def test_fmnist_default_partition(fmnist_options):
+  data = REGISTRY["fmnist"].load_data(fmnist_options)
+  assert data.num_clients == 200 and data.num_classes == 10
+  assert all(len(s) == 2 for s in _labels_per_client(data))
+  assert (data.num_train_samples() + data.num_test_samples()).sum() == 70000
+  x, _ = data.train[data.client_ids[0]]
+  assert REGISTRY["fmnist"].model_fn()(x[:3]).shape == (3, 10)
+
+
+def test_rotated_fmnist(fmnist_options, fmnist_pooled):
+  data = REGISTRY["rotated_fmnist"].load_data(fmnist_options)
+  assert data.num_clients == 200
+  assert np.all(np.bincount(data.true_clusters) == 50)  # m = 4
+  # A 90-degree cluster's images are rotated copies of pooled images.
+  x, _ = data.train[data.client_ids[int(np.flatnonzero(data.true_clusters == 1)[0])]]
+  back = rotate_images(x[:5], 270).astype(np.float32)
+  pooled = fmnist_pooled[0]
+  for img in back:
+    assert np.any(np.all(pooled == img, axis=1))
+
+
+def test_fmnist_clusterwise(fmnist_options):
+  dir_data = REGISTRY["fmnist_clusterwise_dir"].load_data(fmnist_options)
+  assert dir_data.num_clients == 200
+  assert sorted(set(dir_data.true_clusters.tolist())) == list(range(5))
+  cls = REGISTRY["fmnist_clusterwise_class"].load_data(fmnist_options)
+  assert cls.num_clients == 200 and np.all(np.bincount(cls.true_clusters) == 40)
+  per_client = _labels_per_client(cls)
+  assert all(len(s) == 2 for s in per_client)
+  for k in range(5):  # a cluster's clients draw from its 3 classes
+    union = set().union(*[s for s, c in zip(per_client, cls.true_clusters) if c == k])
+    assert len(union) <= 3
+
+
+# ---------------------------------------------------------------------------
+# MNIST and CIFAR-10 on generated files.
+
+
+def test_mnist_from_idx(tmp_path):
+  write_mnist_idx(tmp_path)
+  data = REGISTRY["mnist"].load_data(DataOptions(data_dir=str(tmp_path),
+                                                 num_clients=50))
+  assert data.num_clients == 50 and data.num_classes == 10
+  assert all(len(s) == 2 for s in _labels_per_client(data))
+  assert REGISTRY["mnist"].defaults["client_lr"] == 0.03
+  assert REGISTRY["mnist"].defaults["num_clients"] == 1000
+
+
+def test_mnist_from_fedprox_json(tmp_path):
+  users = {f"f_{i:05d}": ([[0.5] * 784] * 3, [i % 10, (i + 1) % 10, i % 10])
+           for i in range(4)}
+  write_json(tmp_path / "train" / "mytrain.json", users)
+  write_json(tmp_path / "test" / "mytest.json", users)
+  data = REGISTRY["mnist"].load_data(DataOptions(data_dir=str(tmp_path)))
+  assert data.num_clients == 4 and data.num_train_samples().sum() == 12
+
+
+def test_cifar10_task(tmp_path):
+  write_cifar(tmp_path)
+  spec = REGISTRY["cifar10"]
+  data = spec.load_data(DataOptions(data_dir=str(tmp_path), num_clients=10,
+                                    extra={"concentration": 0.3}))
+  assert data.num_clients == 10
+  assert (data.num_train_samples() + data.num_test_samples()).sum() == 600
+  x, _ = data.train[data.client_ids[0]]
+  assert x.shape[1:] == (32, 32, 3)
+  assert spec.model_fn()(x[:2]).shape == (2, 10)
