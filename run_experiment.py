@@ -50,6 +50,8 @@ flags.DEFINE_string("data_dir", None, "Directory with the task's data files.")
 flags.DEFINE_float("synthetic_alpha", 1.0, "Synthetic(alpha, beta): model heterogeneity.")
 flags.DEFINE_float("synthetic_beta", 1.0, "Synthetic(alpha, beta): input heterogeneity.")
 flags.DEFINE_string("glove_path", None, "GloVe text file for sent140 (glove.6B.300d.txt).")
+flags.DEFINE_multi_string("task_arg", [], "Task-specific setting NAME=VALUE, repeatable "
+                          "(e.g. --task_arg=num_clusters=4 for cluster-structured tasks).")
 flags.DEFINE_integer("eval_every", 1, "Evaluate every this many rounds (and the last).")
 flags.DEFINE_string("output_dir", None, "Results directory (default: "
                     "results/<task>_<algo>_<timestamp>).")
@@ -67,7 +69,7 @@ flags.DEFINE_float("group_agg_lr", 0.0, "FedGroup: inter-group aggregation rate 
 flags.DEFINE_string("cold_start", "default", "FedGroup cold start: default, rcc "
                     "(random cluster centres) or rac (random assignment of clients).")
 flags.DEFINE_float("newcomer_fraction", 0.0, "FedGroup: fraction of clients held "
-                   "out of pre-training and of the first 10%% of rounds.")
+                   "out of pre-training and of the first 10% of rounds.")
 
 _COMMON = ("rounds", "clients_per_round", "local_epochs", "batch_size", "client_lr",
            "mu", "num_clients")
@@ -94,6 +96,9 @@ def resolve_settings(values) -> dict:
     if settings.get(name) is None:
       settings[name] = task.defaults.get(name)
   if not algo.uses_mu:
+    if values.get("mu") is not None:
+      print(f"warning: --mu ignored by --algo={algo.name} (no proximal term)",
+            file=sys.stderr)
     settings["mu"] = 0.0
 
   def require(name, ok, valid):
@@ -135,6 +140,8 @@ def resolve_settings(values) -> dict:
             file=sys.stderr)
     for name in _ALGO_FLAG_DEFAULTS:
       settings.pop(name, None)
+  settings["task_args"] = _parse_task_args(values.get("task_arg") or [])
+  settings.pop("task_arg", None)
   if settings["output_dir"] is None:
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     settings["output_dir"] = os.path.join(
@@ -142,9 +149,42 @@ def resolve_settings(values) -> dict:
   return settings
 
 
+class _ReadTracker(dict):
+  """The task's extra settings; remembers which names the task actually read."""
+
+  def __init__(self, *args):
+    super().__init__(*args)
+    self.read = set()
+
+  def __getitem__(self, key):
+    self.read.add(key)
+    return super().__getitem__(key)
+
+  def get(self, key, default=None):
+    self.read.add(key)
+    return super().get(key, default)
+
+
+def _parse_task_args(items) -> dict:
+  out = {}
+  for item in items:
+    name, sep, raw = item.partition("=")
+    if not sep or not name:
+      raise UsageError(f"invalid --task_arg={item}; valid: NAME=VALUE, e.g. num_clusters=4")
+    value = raw
+    for cast in (int, float):
+      try:
+        value = cast(raw)
+        break
+      except ValueError:
+        pass
+    out[name] = value
+  return out
+
+
 def _flag_values() -> dict:
   names = ["algo", "task", "seed", "data_dir", "synthetic_alpha", "synthetic_beta",
-           "glove_path", "eval_every", "output_dir", "overwrite", "progress",
+           "glove_path", "task_arg", "eval_every", "output_dir", "overwrite", "progress",
            *_COMMON, *_ALGO_FLAG_DEFAULTS]
   return {name: FLAGS[name].value for name in names}
 
@@ -188,7 +228,8 @@ def run(settings: dict) -> dict:
                         data_dir=settings["data_dir"],
                         synthetic_alpha=settings["synthetic_alpha"],
                         synthetic_beta=settings["synthetic_beta"],
-                        glove_path=settings["glove_path"])
+                        glove_path=settings["glove_path"],
+                        extra=_ReadTracker(settings["task_args"]))
   load_start = time.perf_counter()
   with warnings.catch_warnings():
     warnings.simplefilter("always")
@@ -197,6 +238,10 @@ def run(settings: dict) -> dict:
     except DataError as e:
       raise UsageError(str(e)) from None
   load_seconds = time.perf_counter() - load_start
+  unused = sorted(set(options.extra) - options.extra.read)
+  if unused:
+    raise UsageError(f"--task_arg {', '.join(unused)} is not a setting of --task={task.name}; "
+                     "see the task module's docstring for its settings")
   if settings["clients_per_round"] > data.num_clients:
     raise UsageError(
         f"invalid --clients_per_round={settings['clients_per_round']}: the task has "

@@ -5,10 +5,9 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
-from typing import Dict, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, Optional, Sequence, Set, Tuple
 
 WORKER_NAME = b"worker_binary"
 
@@ -85,14 +84,15 @@ def _default_sigint():
 def run_watching_workers(
     cmd: Sequence[str], *, timeout: float = 120.0,
     send_signal: Optional[int] = None, signal_delay: float = 0.0,
+    ready: Optional[Callable[[], bool]] = None,
     cwd: Optional[str] = None, env: Optional[Dict[str, str]] = None,
 ) -> Tuple[int, str, str, Set[int]]:
   """Runs `cmd` (stdout and stderr piped) and records its worker processes.
 
   While the command runs, /proc is polled for `worker_binary` processes whose
   parent chain leads to the command. With `send_signal`, that signal goes to
-  the command `signal_delay` seconds after its first worker is seen (never if
-  none is seen).
+  the command `signal_delay` seconds after its first worker is seen and, if
+  given, `ready()` is true (never if no worker is seen).
 
   Returns (returncode, stdout, stderr, worker pids seen). Raises
   `subprocess.TimeoutExpired` (after killing the command) if the command, or
@@ -115,7 +115,8 @@ def run_watching_workers(
       if pids and first_seen is None:
         first_seen = time.monotonic()
       if (send_signal is not None and not signalled and first_seen is not None
-          and time.monotonic() - first_seen >= signal_delay):
+          and time.monotonic() - first_seen >= signal_delay
+          and (ready is None or ready())):
         try:
           proc.send_signal(send_signal)
         except ProcessLookupError:
@@ -145,5 +146,38 @@ def run_watching_workers(
   return proc.returncode, out, err, seen
 
 
-def python_cmd(*args: str) -> list:
-  return [sys.executable, *args]
+# Small settings for CLI runs: Synthetic(1, 1), 20 clients, a few seconds of training.
+SMALL_ARGS = ("--task=synthetic", "--num_clients=20", "--clients_per_round=5",
+              "--local_epochs=1", "--progress=false")
+
+
+def read_metrics_csv(path) -> list:
+  """metrics.csv rows as dicts of floats (None for empty cells)."""
+  import csv
+  with open(path, newline="") as f:
+    return [{k: (float(v) if v != "" else None) for k, v in row.items()}
+            for row in csv.DictReader(f)]
+
+
+def metrics_rows_written(path) -> int:
+  """Data rows in metrics.csv so far (0 if it does not exist yet)."""
+  try:
+    with open(path) as f:
+      return max(sum(1 for _ in f) - 1, 0)
+  except OSError:
+    return 0
+
+
+def assert_workers_gone(seen: Set[int], timeout: float = 0.0) -> None:
+  """Asserts no pid of `seen` is a live worker (after up to `timeout` s).
+
+  Survivors are killed before the assertion fails, so a failing test does not
+  leave workers behind.
+  """
+  survivors = wait_until_gone(seen, timeout)
+  for pid in survivors:
+    try:
+      os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+      pass
+  assert not survivors, f"worker_binary processes {sorted(survivors)} outlived their run"

@@ -43,7 +43,7 @@ class Evaluator:
     self._y = [data.test[c][1] for c in data.client_ids]
     self._counts = np.array([len(y) for y in self._y], np.int64)
 
-    @tf.function
+    @tf.function(reduce_retracing=True)
     def batch_stats(x, y):
       pred = self._model(x, training=False)
       per_example = models.per_example_loss(loss, y, pred)

@@ -45,12 +45,23 @@ def client_dataset(x: np.ndarray, y: np.ndarray, batch_size: int, epochs: int,
   """`epochs` passes over a client's samples, reshuffled each pass.
 
   Mini-batches never cross an epoch boundary (the last one of each pass may be
-  smaller), as in LEAF/FedProx's `batch_data`. The shuffle is seeded so a round
-  is reproducible and TFF and in-process runs see the same batches.
+  smaller), as in LEAF/FedProx's `batch_data`. Epoch e visits the samples in
+  the order of a stateless shuffle seeded by (seed, e): the batches depend on
+  `seed` alone (not on TF's global seed or on what ran before), so a round is
+  reproducible and TFF and in-process runs see the same batches.
   """
-  ds = tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=x, y=y))
-  ds = ds.shuffle(len(y), seed=seed, reshuffle_each_iteration=True)
-  return ds.batch(batch_size).repeat(epochs)
+  n = len(y)
+  xs = tf.constant(x)
+  ys = tf.constant(y)
+
+  def one_epoch(epoch):
+    order = tf.random.experimental.stateless_shuffle(
+        tf.range(n, dtype=tf.int64),
+        seed=tf.stack([tf.constant(seed, tf.int64), epoch]))
+    return tf.data.Dataset.from_tensor_slices(collections.OrderedDict(
+        x=tf.gather(xs, order), y=tf.gather(ys, order))).batch(batch_size)
+
+  return tf.data.Dataset.range(epochs).flat_map(one_epoch)
 
 
 def build_local_sgd(model: tf.keras.Model, loss: str):

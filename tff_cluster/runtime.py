@@ -218,8 +218,10 @@ def tff_runtime(log_path: Optional[str] = None) -> Iterator[TffRuntime]:
   if threading.current_thread() is threading.main_thread():
     for sig in (signal.SIGTERM, signal.SIGHUP):
       previous[sig] = signal.signal(sig, handler)
-  runtime = start(log_path)
   try:
+    # Inside the try: a signal while the worker starts must stop it too (and
+    # restore the handlers).
+    runtime = start(log_path)
     yield runtime
   finally:
     stop()

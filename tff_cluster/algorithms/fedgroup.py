@@ -223,6 +223,10 @@ def build_fedgroup(model_fn: Callable[[], tf.keras.Model], loss: str, element_sp
     # Real initial state comes from the group cold start (`initial_state`).
     return tff.federated_eval(dummy_state, tff.SERVER)
 
+  @tff.tensorflow.computation(state_type)
+  def group_directions(state):
+    return state["group_updates"]
+
   def build_next(with_directions: bool):
     client_work = client_update_cold if with_directions else client_update_warm
 
@@ -236,9 +240,7 @@ def build_fedgroup(model_fn: Callable[[], tf.keras.Model], loss: str, element_sp
           keys, tff.federated_value(np.int32(m), tff.SERVER), database, select_fn)
       args = [selected, data, keys]
       if with_directions:
-        directions = tff.federated_map(
-            tff.tensorflow.computation(lambda s: s["group_updates"], state_type),
-            state)
+        directions = tff.federated_map(group_directions, state)
         args.append(tff.federated_broadcast(directions))
       sums, weights, loss_sum, num_examples, drift, groups = tff.federated_map(
           client_work, tuple(args))
@@ -253,13 +255,12 @@ def build_fedgroup(model_fn: Callable[[], tf.keras.Model], loss: str, element_sp
 
     return tff.templates.IterativeProcess(initialize, next_fn)
 
-  return _Computations(pretrain=pretrain, process=build_next(False),
-                       process_cold=build_next(True), state_type=state_type)
+  return FedGroupComputations(pretrain=pretrain, process=build_next(False),
+                              process_cold=build_next(True), state_type=state_type)
 
 
-class _Computations(collections.namedtuple(
-    "_Computations", ["pretrain", "process", "process_cold", "state_type"])):
-  pass
+FedGroupComputations = collections.namedtuple(
+    "FedGroupComputations", ["pretrain", "process", "process_cold", "state_type"])
 
 
 def initial_state(w0: Sequence[np.ndarray], member_updates: Sequence[Sequence[np.ndarray]],

@@ -1,0 +1,130 @@
+"""The TFF worker process never outlives the run that started it.
+
+Each subprocess test asserts it saw a `worker_binary` started by that process
+(so a run that never started one cannot pass vacuously), then that none of
+those workers is alive once the run is over.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tests.conftest import REPO_ROOT
+from tests.helpers import (SMALL_ARGS, assert_workers_gone, metrics_rows_written,
+                           read_metrics_csv, run_watching_workers, worker_pids)
+from tff_cluster import runtime
+
+SCRIPT = str(REPO_ROOT / "run_experiment.py")
+
+
+# ---------------------------------------------------------------------------
+# In-process: the worker's stdio, process group and stop().
+
+
+def test_worker_is_detached_from_our_stdio_and_process_group():
+  active = runtime.start()
+  pid = active.pid
+  assert pid in worker_pids()
+  with open(f"/proc/{pid}/stat") as f:
+    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+  assert ppid == os.getpid()
+  assert os.getpgid(pid) == pid != os.getpgid(os.getpid())
+  for fd in (0, 1, 2):
+    assert os.readlink(f"/proc/{pid}/fd/{fd}") == "/dev/null"
+
+
+def test_context_manager_stops_worker_on_exception_and_restarts_lazily():
+  with pytest.raises(RuntimeError, match="boom"):
+    with runtime.tff_runtime() as active:
+      pid = active.pid
+      assert pid in worker_pids()
+      raise RuntimeError("boom")
+  assert pid not in worker_pids()
+
+  @tff.tensorflow.computation(tff.TensorType(np.int32))
+  def add_one(x):
+    return x + tf.constant(1, tf.int32)
+
+  assert add_one(41) == 42  # a fresh worker started on demand
+  fresh = runtime.start().pid
+  assert fresh != pid and fresh in worker_pids()
+
+
+# ---------------------------------------------------------------------------
+# Real CLI processes.
+
+
+def _cli(out_dir, rounds):
+  return [sys.executable, SCRIPT, *SMALL_ARGS, f"--rounds={rounds}",
+          f"--output_dir={out_dir}"]
+
+
+def _summary(out_dir):
+  return json.loads((out_dir / "summary.json").read_text())
+
+
+def test_failing_run_stops_its_worker(tmp_path):
+  out_dir = tmp_path / "out"
+  # The real main(), with round 2 of the FedAvg runner raising.
+  code = textwrap.dedent(f"""
+      import sys
+      import run_experiment
+      from tff_cluster.algorithms import fedavg
+      original = fedavg.FedAvgRunner.run_round
+      def run_round(self, round_num, sampled):
+        if round_num == 2:
+          raise RuntimeError("injected failure in round 2")
+        return original(self, round_num, sampled)
+      fedavg.FedAvgRunner.run_round = run_round
+      sys.argv = {_cli(out_dir, 5)[1:]!r}
+      sys.exit(run_experiment.main(sys.argv))
+      """)
+  rc, _, err, seen = run_watching_workers([sys.executable, "-c", code],
+                                          cwd=str(REPO_ROOT), timeout=180)
+  assert rc != 0
+  assert "injected failure in round 2" in err
+  assert seen, "the run should have started a TFF worker"
+  assert_workers_gone(seen)
+  # Partial results: round 1 only, marked incomplete.
+  assert [r["round"] for r in read_metrics_csv(out_dir / "metrics.csv")] == [1.0]
+  summary = _summary(out_dir)
+  assert summary["completed"] is False and summary["rounds_completed"] == 1
+
+
+@pytest.mark.parametrize("sig, expected_rc", [(signal.SIGINT, 130),
+                                              (signal.SIGTERM, 128 + signal.SIGTERM)])
+def test_interrupted_run_stops_its_worker(tmp_path, sig, expected_rc):
+  out_dir = tmp_path / "out"
+  rc, _, err, seen = run_watching_workers(
+      _cli(out_dir, 1000), cwd=str(tmp_path), timeout=180, send_signal=sig,
+      ready=lambda: metrics_rows_written(out_dir / "metrics.csv") >= 1)
+  assert seen, "the run should have started a TFF worker"
+  assert rc == expected_rc, err
+  assert "Traceback" not in err
+  assert_workers_gone(seen)
+  summary = _summary(out_dir)
+  assert summary["completed"] is False
+  assert 1 <= summary["rounds_completed"] < 1000
+  if sig == signal.SIGINT:
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("run_experiment.py: error: interrupted") and str(out_dir) in last
+
+
+def test_killed_run_takes_its_worker_down(tmp_path):
+  # SIGKILL runs no cleanup at all: only PR_SET_PDEATHSIG can stop the worker.
+  out_dir = tmp_path / "out"
+  rc, _, _, seen = run_watching_workers(
+      _cli(out_dir, 1000), cwd=str(tmp_path), timeout=180, send_signal=signal.SIGKILL,
+      ready=lambda: metrics_rows_written(out_dir / "metrics.csv") >= 1)
+  assert seen, "the run should have started a TFF worker"
+  assert rc == -signal.SIGKILL
+  assert_workers_gone(seen, timeout=5.0)

@@ -1,0 +1,1 @@
+"""Federated data: the client-data container, loaders and partitioners."""
