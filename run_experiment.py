@@ -17,6 +17,7 @@ from absl import app, flags, logging  # noqa: E402
 
 import tasks  # noqa: E402
 from tff_cluster import algorithms  # noqa: E402
+from tff_cluster.algorithms import fedgroup  # noqa: E402
 
 _ALGOS = algorithms.ALGORITHMS
 _TASKS = tasks.registry()
@@ -73,10 +74,8 @@ flags.DEFINE_float("newcomer_fraction", 0.0, "FedGroup: fraction of clients held
 
 _COMMON = ("rounds", "clients_per_round", "local_epochs", "batch_size", "client_lr",
            "mu", "num_clients")
-_ALGO_FLAG_DEFAULTS = {"num_groups": 5, "measure": "edc", "pretrain_scale": 20.0,
-                       "pretrain_epochs": None, "group_agg_lr": 0.0,
-                       "cold_start": "default", "newcomer_fraction": 0.0}
-_VALID = {"measure": ("edc", "madc"), "cold_start": ("default", "rcc", "rac")}
+_ALGO_FLAG_DEFAULTS = {name: FLAGS[name].default for name in algorithms.FEDGROUP_OPTIONS}
+_VALID = {"measure": fedgroup.MEASURES, "cold_start": fedgroup.COLD_STARTS}
 
 
 class UsageError(Exception):

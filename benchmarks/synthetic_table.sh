@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reproduces the README's Synthetic(1,1) results table (paper setting: 100 clients,
 # 20 clients per round, 10 local epochs, batch 10, lr 0.01, m = 5, 200 rounds).
-# Usage: bash benchmarks/synthetic_table.sh [OUT_ROOT]   (about 20-30 min on 2 cores)
+# Usage: bash benchmarks/synthetic_table.sh [OUT_ROOT]   (about 35 min on 2 cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-results/synthetic_table}
@@ -18,10 +18,10 @@ run fedgroup_rac     --algo=fedgroup --measure=edc --cold_start=rac
 python3 - "$out" <<'PY'
 import json, pathlib, sys
 root = pathlib.Path(sys.argv[1])
-print("| run | max test acc | final test acc | s/round |")
-print("|---|---|---|---|")
+print("| run | max test acc | final test acc | s/round | group sizes |")
+print("|---|---|---|---|---|")
 for d in sorted(p for p in root.iterdir() if (p / "summary.json").exists()):
   s = json.loads((d / "summary.json").read_text())
   print(f"| {d.name} | {s['max_test_accuracy']:.4f} | {s['final_test_accuracy']:.4f} | "
-        f"{s['mean_round_seconds']:.2f} |")
+        f"{s['mean_round_seconds']:.2f} | {s.get('group_sizes', '')} |")
 PY

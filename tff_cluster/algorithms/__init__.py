@@ -33,7 +33,7 @@ class AlgorithmSpec:
     return module.make_runner(task, data, config, **options)
 
 
-_FEDGROUP_OPTIONS = ("num_groups", "measure", "pretrain_scale", "pretrain_epochs",
+FEDGROUP_OPTIONS = ("num_groups", "measure", "pretrain_scale", "pretrain_epochs",
                      "group_agg_lr", "cold_start", "newcomer_fraction")
 
 ALGORITHMS: Dict[str, AlgorithmSpec] = {
@@ -43,10 +43,10 @@ ALGORITHMS: Dict[str, AlgorithmSpec] = {
         AlgorithmSpec("fedprox", "FedProx: FedAvg with proximal term (mu/2)||w - w_t||^2",
                       "fedprox", uses_mu=True),
         AlgorithmSpec("fedgroup", "FedGroup: EDC/MADC group cold start, group-wise "
-                      "FedAvg, newcomer cold start", "fedgroup", options=_FEDGROUP_OPTIONS),
+                      "FedAvg, newcomer cold start", "fedgroup", options=FEDGROUP_OPTIONS),
         AlgorithmSpec("fedgrouprox", "FedGrouProx: FedGroup with proximal term "
                       "(mu/2)||w - w_group||^2", "fedgrouprox", uses_mu=True,
-                      options=_FEDGROUP_OPTIONS),
+                      options=FEDGROUP_OPTIONS),
     ]
 }
 

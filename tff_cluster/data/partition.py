@@ -281,6 +281,20 @@ def _check_clusters(num_clusters, num_clients) -> Tuple[int, int]:
 # Label-based partitions without clusters.
 
 
+def _check_class_request(labels, num_clients, classes_per_client):
+  """Validates a "k classes per client" request; returns the labels' classes too."""
+  labels = _check_labels(labels)
+  num_clients = _check_positive_int("num_clients", num_clients)
+  classes_per_client = _check_positive_int("classes_per_client",
+                                           classes_per_client)
+  classes, counts = np.unique(labels, return_counts=True)
+  if classes_per_client > len(classes):
+    raise DataError(
+        f"classes_per_client ({classes_per_client}) exceeds the {len(classes)} "
+        f"classes present; use at most {len(classes)}")
+  return labels, num_clients, classes_per_client, classes, counts
+
+
 def fedprox_mnist_noniid(labels, num_clients: int = 1000,
                          classes_per_client: int = 2,
                          seed: int = 0) -> Partition:
@@ -302,15 +316,8 @@ def fedprox_mnist_noniid(labels, num_clients: int = 1000,
   Every sample of a digit that some client holds is used (all samples when
   num_clients * classes_per_client >= number of classes); no sample twice.
   """
-  labels = _check_labels(labels)
-  num_clients = _check_positive_int("num_clients", num_clients)
-  classes_per_client = _check_positive_int("classes_per_client",
-                                           classes_per_client)
-  classes, counts = np.unique(labels, return_counts=True)
-  if classes_per_client > len(classes):
-    raise DataError(
-        f"classes_per_client ({classes_per_client}) exceeds the {len(classes)} "
-        f"classes present; use at most {len(classes)}")
+  labels, num_clients, classes_per_client, classes, counts = _check_class_request(
+      labels, num_clients, classes_per_client)
   caps = np.minimum(num_clients, counts)  # a client needs >= 1 of each digit
   if caps.sum() < num_clients * classes_per_client:
     raise DataError(
@@ -343,15 +350,8 @@ def n_class_pathological(labels, num_clients: int, classes_per_client: int,
   All samples are used when num_clients * classes_per_client >= number of
   classes (otherwise the labels left without a shard are unused); none twice.
   """
-  labels = _check_labels(labels)
-  num_clients = _check_positive_int("num_clients", num_clients)
-  classes_per_client = _check_positive_int("classes_per_client",
-                                           classes_per_client)
-  classes, counts = np.unique(labels, return_counts=True)
-  if classes_per_client > len(classes):
-    raise DataError(
-        f"classes_per_client ({classes_per_client}) exceeds the {len(classes)} "
-        f"classes present; use at most {len(classes)}")
+  labels, num_clients, classes_per_client, classes, counts = _check_class_request(
+      labels, num_clients, classes_per_client)
   caps = np.minimum(num_clients, counts)  # a shard needs at least one sample
   if caps.sum() < num_clients * classes_per_client:
     raise DataError(
