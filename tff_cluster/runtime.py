@@ -6,8 +6,9 @@ open (so shell pipelines and CI jobs hang) and piles up across runs. This module
 starts the worker itself, from the main thread, with
 
 * its stdout/stderr sent to a log file or /dev/null (never the parent's pipes),
-* `PR_SET_PDEATHSIG = SIGKILL` on Linux, so the kernel kills it if Python dies
-  without running any cleanup (SIGKILL, a crash),
+* `PR_SET_PDEATHSIG = SIGKILL` on Linux (set by a tiny exec shim, never in a
+  forked copy of this multi-threaded process), so the kernel kills it if
+  Python dies without running any cleanup (SIGKILL, a crash),
 * an `atexit` hook and SIGTERM/SIGHUP handlers that stop it on normal exit, on
   exceptions and on signals (SIGINT already raises `KeyboardInterrupt`).
 
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
@@ -54,7 +54,6 @@ from tensorflow_federated.python.core.impl.executors import remote_executor
 from tensorflow_federated.python.core.impl.executors import remote_executor_grpc_stub
 from tensorflow_federated.python.core.impl.types import placements
 
-_PR_SET_PDEATHSIG = 1
 _STARTUP_TIMEOUT_S = 60.0
 _GRPC_OPTIONS = [
     ("grpc.max_message_length", -1),
@@ -70,17 +69,22 @@ def worker_binary_path() -> str:
       "data", "worker_binary")
 
 
-def _die_with_parent() -> None:
-  """Runs in the child before exec: ask Linux to SIGKILL it when we die."""
-  if sys.platform.startswith("linux"):
-    try:
-      libc = ctypes.CDLL("libc.so.6", use_errno=True)
-      libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-      pass
-  # Leave the terminal's process group alone: Ctrl-C reaches Python, which
-  # then stops the worker in order, instead of both racing to exit.
-  os.setpgrp()
+# Run by a fresh (single-threaded) Python between fork and the worker's exec:
+# ask Linux to SIGKILL the worker when its parent dies, then become the worker.
+# (`preexec_fn` would do this inside the forked copy of our multi-threaded
+# process, which can deadlock before exec: TF and gRPC threads hold locks.)
+_EXEC_SHIM = """
+import ctypes, os, signal, sys
+parent = int(sys.argv[1])
+if sys.platform.startswith("linux"):
+  try:
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+  except OSError:
+    pass
+if os.getppid() != parent:  # the parent died before prctl took effect
+  sys.exit(1)
+os.execv(sys.argv[2], sys.argv[2:])
+"""
 
 
 class TffRuntime:
@@ -109,10 +113,13 @@ class TffRuntime:
     port = portpicker.pick_unused_port()
     out = open(self._log_path, "ab") if self._log_path else subprocess.DEVNULL
     try:
+      # start_new_session: the worker leaves the terminal's process group, so
+      # Ctrl-C reaches Python, which then stops the worker in order.
       self._process = subprocess.Popen(
-          [binary, f"--port={port}", "--max_concurrent_computation_calls=-1"],
+          [sys.executable, "-c", _EXEC_SHIM, str(os.getpid()), binary,
+           f"--port={port}", "--max_concurrent_computation_calls=-1"],
           stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-          preexec_fn=_die_with_parent, close_fds=True)
+          start_new_session=True, close_fds=True)
     finally:
       if out is not subprocess.DEVNULL:
         out.close()
