@@ -45,6 +45,20 @@ def client_seed(seed: int, round_num: int, client_index: int) -> int:
              .generate_state(1)[0] & 0x7FFFFFFF)
 
 
+def client_element_spec(data: FederatedData, batch_size: int):
+  """Element spec of a client's batched training dataset (the TFF data type)."""
+  return local_training.client_dataset(
+      *data.train[data.client_ids[0]], batch_size, 1, 0).element_spec
+
+
+def round_datasets(data: FederatedData, config: TrainingConfig, round_num: int,
+                   clients: Sequence[int], epochs: int) -> List[tf.data.Dataset]:
+  """The sampled clients' training datasets for one round (seeded shuffles)."""
+  return [local_training.client_dataset(
+      *data.train[data.client_ids[k]], config.batch_size, epochs,
+      client_seed(config.seed, round_num, k)) for k in clients]
+
+
 def initial_weights(task: TaskSpec, seed: int) -> List[np.ndarray]:
   """The model's seeded initialization (trainable then non-trainable)."""
   tf.keras.utils.set_random_seed(seed)

@@ -157,9 +157,7 @@ class FedAvgRunner(experiment.Runner):
   def __init__(self, task, data, config: experiment.TrainingConfig, mu: float = 0.0):
     self._data = data
     self._config = config
-    first = data.client_ids[0]
-    self._element_spec = local_training.client_dataset(
-        *data.train[first], config.batch_size, 1, 0).element_spec
+    self._element_spec = experiment.client_element_spec(data, config.batch_size)
     init = experiment.initial_weights(task, config.seed)
     self._num_params = int(sum(np.size(w) for w in init))
     self.process = build_fedavg(task.model_fn, task.loss, self._element_spec,
@@ -171,12 +169,8 @@ class FedAvgRunner(experiment.Runner):
     return {"num_parameters": self._num_params}
 
   def run_round(self, round_num, sampled):
-    cfg = self._config
-    datasets = [
-        local_training.client_dataset(
-            *self._data.train[self._data.client_ids[k]], cfg.batch_size,
-            cfg.local_epochs, experiment.client_seed(cfg.seed, round_num, k))
-        for k in sampled]
+    datasets = experiment.round_datasets(self._data, self._config, round_num,
+                                         sampled, self._config.local_epochs)
     output = self.process.next(self.state, datasets)
     self.state = output.state
     work = output.metrics["client_work"]

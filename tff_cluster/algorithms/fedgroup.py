@@ -334,9 +334,7 @@ class FedGroupRunner(experiment.Runner):
           f"invalid --newcomer_fraction={newcomer_fraction}: leaves {n - num_newcomers} "
           f"clients for the first rounds, fewer than --clients_per_round="
           f"{config.clients_per_round}")
-    first = data.client_ids[0]
-    element_spec = local_training.client_dataset(
-        *data.train[first], config.batch_size, 1, 0).element_spec
+    element_spec = experiment.client_element_spec(data, config.batch_size)
     self._w0 = experiment.initial_weights(task, config.seed)
     self._num_params = int(sum(np.size(w) for w in self._w0))
     self.comps = build_fedgroup(task.model_fn, task.loss, element_spec, num_groups,
@@ -351,10 +349,7 @@ class FedGroupRunner(experiment.Runner):
         + (["ari", "purity"] if data.true_clusters is not None else []))
 
   def _datasets(self, round_num, clients, epochs):
-    cfg = self._config
-    return [local_training.client_dataset(
-        *self._data.train[self._data.client_ids[k]], cfg.batch_size, epochs,
-        experiment.client_seed(cfg.seed, round_num, k)) for k in clients]
+    return experiment.round_datasets(self._data, self._config, round_num, clients, epochs)
 
   def setup(self):
     t0 = time.perf_counter()
