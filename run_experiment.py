@@ -6,6 +6,7 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+import dataclasses  # noqa: E402
 import datetime  # noqa: E402
 import json  # noqa: E402
 import re  # noqa: E402
@@ -17,34 +18,31 @@ from absl import app, flags, logging  # noqa: E402
 
 import tasks  # noqa: E402
 from tff_cluster import algorithms  # noqa: E402
-from tff_cluster.algorithms import fedgroup  # noqa: E402
+from tff_cluster import hparams as hp  # noqa: E402
 
 _ALGOS = algorithms.ALGORITHMS
 _TASKS = tasks.registry()
+_ALGO_HPARAMS = algorithms.all_hparams()
+_RUNNER_HPARAMS = (hp.RUNNER, hp.JIT)
 
 __doc__ = "\n".join(
     ["Runs one federated experiment: --algo on --task, results in --output_dir.",
      "",
      "  python run_experiment.py --algo=fedgroup --task=synthetic",
+     "  python run_experiment.py --algo=fedgroup --task=synthetic --runner=local",
      "",
      "Algorithms (--algo):"]
     + [f"  {name:<14} {spec.description}" for name, spec in sorted(_ALGOS.items())]
-    + ["", "Tasks (--task):"]
-    + [f"  {name:<26} {spec.description}" for name, spec in sorted(_TASKS.items())]
+    + ["", "Tasks (--task) [models for --model, the first is the default]:"]
+    + [f"  {name:<26} {spec.description} [{', '.join(spec.model_names)}]"
+       for name, spec in sorted(_TASKS.items())]
     + ["", "Per-task defaults fill every hyper-parameter flag left unset."])
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("algo", "fedavg", f"Algorithm: {', '.join(sorted(_ALGOS))}.")
 flags.DEFINE_string("task", "synthetic", f"Task: {', '.join(sorted(_TASKS))}.")
-flags.DEFINE_integer("rounds", None, "Communication rounds (task default).")
-flags.DEFINE_integer("clients_per_round", None, "Clients sampled per round (task default).")
-flags.DEFINE_integer("local_epochs", None, "Local epochs per round (task default).")
-flags.DEFINE_integer("batch_size", None, "Local mini-batch size (task default).")
-flags.DEFINE_float("client_lr", None, "Local SGD learning rate (task default).")
-flags.DEFINE_float("mu", None, "Proximal coefficient mu of FedProx-style algorithms "
-                   "(task default).")
-flags.DEFINE_integer("seed", 0, "Seed of data generation/partition, model init, "
-                     "client sampling and local shuffles.")
+flags.DEFINE_string("model", None, "Model, for tasks that offer several (see the task "
+                    "list above; default: the task's first).")
 flags.DEFINE_integer("num_clients", None, "Number of clients, for tasks that "
                      "generate or partition data (task default).")
 flags.DEFINE_string("data_dir", None, "Directory with the task's data files.")
@@ -53,29 +51,31 @@ flags.DEFINE_float("synthetic_beta", 1.0, "Synthetic(alpha, beta): input heterog
 flags.DEFINE_string("glove_path", None, "GloVe text file for sent140 (glove.6B.300d.txt).")
 flags.DEFINE_multi_string("task_arg", [], "Task-specific setting NAME=VALUE, repeatable "
                           "(e.g. --task_arg=num_clusters=4 for cluster-structured tasks).")
-flags.DEFINE_integer("eval_every", 1, "Evaluate every this many rounds (and the last).")
 flags.DEFINE_string("output_dir", None, "Results directory (default: "
                     "results/<task>_<algo>_<timestamp>).")
 flags.DEFINE_boolean("overwrite", False, "Replace results in a non-empty --output_dir.")
 flags.DEFINE_boolean("progress", True, "Show a progress bar.")
-# FedGroup / FedGrouProx.
-flags.DEFINE_integer("num_groups", 5, "FedGroup: number of groups m.")
-flags.DEFINE_string("measure", "edc", "FedGroup: clustering measure, edc or madc.")
-flags.DEFINE_float("pretrain_scale", 20.0, "FedGroup: alpha; min(alpha*m, N) clients "
-                   "are pre-trained for group cold start.")
-flags.DEFINE_integer("pretrain_epochs", None, "FedGroup: local epochs of the "
-                     "pre-training (default: --local_epochs).")
-flags.DEFINE_float("group_agg_lr", 0.0, "FedGroup: inter-group aggregation rate "
-                   "eta_g (0 = off).")
-flags.DEFINE_string("cold_start", "default", "FedGroup cold start: default, rcc "
-                    "(random cluster centres) or rac (random assignment of clients).")
-flags.DEFINE_float("newcomer_fraction", 0.0, "FedGroup: fraction of clients held "
-                   "out of pre-training and of the first 10% of rounds.")
 
-_COMMON = ("rounds", "clients_per_round", "local_epochs", "batch_size", "client_lr",
-           "mu", "num_clients")
-_ALGO_FLAG_DEFAULTS = {name: FLAGS[name].default for name in algorithms.FEDGROUP_OPTIONS}
-_VALID = {"measure": fedgroup.MEASURES, "cold_start": fedgroup.COLD_STARTS}
+
+def _define(decl: hp.HParam) -> None:
+  """One flag from a declaration; its default is None (= unset) so that task
+  and declaration defaults apply in `resolve_settings`."""
+  default = "task default" if decl.default is None else f"default {decl.default}"
+  if decl.task_defaults:
+    default += "; " + ", ".join(f"{t}: {v}" for t, v in sorted(decl.task_defaults.items()))
+  text = f"{decl.help} Valid: {decl.valid_text()} ({default})."
+  define = {int: flags.DEFINE_integer, float: flags.DEFINE_float,
+            str: flags.DEFINE_string, bool: flags.DEFINE_boolean}[decl.type]
+  define(decl.name, None, text)
+
+
+for _decl in (*hp.TRAINING, *_RUNNER_HPARAMS, *_ALGO_HPARAMS.values()):
+  _define(_decl)
+del _decl
+
+_GENERAL = ("algo", "task", "model", "num_clients", "data_dir", "synthetic_alpha",
+            "synthetic_beta", "glove_path", "task_arg", "output_dir", "overwrite",
+            "progress")
 
 
 class UsageError(Exception):
@@ -83,62 +83,59 @@ class UsageError(Exception):
 
 
 def resolve_settings(values) -> dict:
-  """Validates flags and fills task defaults. Raises UsageError."""
+  """Validates flags and fills task and declaration defaults. Raises UsageError."""
   if values["algo"] not in _ALGOS:
     raise UsageError(f"unknown --algo={values['algo']}; valid: {', '.join(sorted(_ALGOS))}")
   if values["task"] not in _TASKS:
     raise UsageError(f"unknown --task={values['task']}; valid: {', '.join(sorted(_TASKS))}")
   algo = _ALGOS[values["algo"]]
   task = _TASKS[values["task"]]
-  settings = dict(values)
-  for name in _COMMON:
-    if settings.get(name) is None:
-      settings[name] = task.defaults.get(name)
-  if not algo.uses_mu:
-    if values.get("mu") is not None:
-      print(f"warning: --mu ignored by --algo={algo.name} (no proximal term)",
-            file=sys.stderr)
-    settings["mu"] = 0.0
-
-  def require(name, ok, valid):
-    value = settings[name]
-    if value is None or not ok(value):
-      raise UsageError(f"invalid --{name}={value}; valid: {valid}")
-
-  require("rounds", lambda v: v >= 1, "an integer >= 1")
-  require("clients_per_round", lambda v: v >= 1, "an integer >= 1")
-  require("local_epochs", lambda v: v >= 1, "an integer >= 1")
-  require("batch_size", lambda v: v >= 1, "an integer >= 1")
-  require("client_lr", lambda v: v > 0, "a number > 0")
-  require("mu", lambda v: v >= 0, "a number >= 0")
-  require("seed", lambda v: v >= 0, "an integer >= 0")
-  require("eval_every", lambda v: v >= 1, "an integer >= 1")
-  require("synthetic_alpha", lambda v: v >= 0, "a number >= 0")
-  require("synthetic_beta", lambda v: v >= 0, "a number >= 0")
-  if settings["num_clients"] is not None:
-    require("num_clients", lambda v: v >= 1, "an integer >= 1")
-    if settings["clients_per_round"] > settings["num_clients"]:
-      raise UsageError(
-          f"invalid --clients_per_round={settings['clients_per_round']}: more than "
-          f"--num_clients={settings['num_clients']}; valid: 1..{settings['num_clients']}")
-  if algo.options:
-    require("num_groups", lambda v: v >= 1, "an integer >= 1")
-    require("measure", lambda v: v in _VALID["measure"], ", ".join(_VALID["measure"]))
-    require("cold_start", lambda v: v in _VALID["cold_start"], ", ".join(_VALID["cold_start"]))
-    require("pretrain_scale", lambda v: v > 0, "a number > 0")
-    if settings["pretrain_epochs"] is None:
-      settings["pretrain_epochs"] = settings["local_epochs"]
-    require("pretrain_epochs", lambda v: v >= 1, "an integer >= 1")
-    require("group_agg_lr", lambda v: v >= 0, "a number >= 0")
-    require("newcomer_fraction", lambda v: 0 <= v < 1, "a number in [0, 1)")
-  else:
-    ignored = [f"--{name}" for name, default in _ALGO_FLAG_DEFAULTS.items()
-               if values.get(name) != default]
-    if ignored:
-      print(f"warning: {', '.join(ignored)} ignored by --algo={algo.name}",
-            file=sys.stderr)
-    for name in _ALGO_FLAG_DEFAULTS:
-      settings.pop(name, None)
+  try:
+    task.with_model(values.get("model"))
+  except ValueError as e:
+    raise UsageError(str(e)) from None
+  settings = {name: values.get(name) for name in _GENERAL}
+  given = dict(values)
+  if given.get("local_epochs") is not None and given.get("local_steps") is not None:
+    raise UsageError(f"--local_epochs={given['local_epochs']} and --local_steps="
+                     f"{given['local_steps']} both given; valid: one of them")
+  training = [d for d in hp.TRAINING if d.name != "local_epochs"]
+  if given.get("local_steps") is None:
+    training.append(hp.LOCAL_EPOCHS)
+  try:
+    settings.update(hp.resolve(training, given, task.name, task.defaults))
+    settings.update(hp.resolve(_RUNNER_HPARAMS, given, task.name))
+    settings.update(hp.resolve(algo.hparams, given, task.name, task.defaults))
+    for name in ("num_clients", "synthetic_alpha", "synthetic_beta"):
+      if settings[name] is None:
+        continue
+      low = 1 if name == "num_clients" else 0
+      kind = int if name == "num_clients" else float
+      settings[name] = hp.HParam(name, kind, None, "", low=low).check(settings[name])
+  except hp.HParamError as e:
+    raise UsageError(str(e)) from None
+  settings.setdefault("local_epochs", None)
+  if settings["num_clients"] is None:
+    settings["num_clients"] = task.defaults.get("num_clients")
+  for name in ("rounds", "clients_per_round", "batch_size", "client_lr"):
+    if settings[name] is None:
+      raise UsageError(f"--{name} has no default for --task={task.name}; give it")
+  if settings["local_epochs"] is None and settings["local_steps"] is None:
+    raise UsageError(f"--task={task.name} has no default local work; give "
+                     "--local_epochs or --local_steps")
+  if settings["num_clients"] is not None and \
+      settings["clients_per_round"] > settings["num_clients"]:
+    raise UsageError(
+        f"invalid --clients_per_round={settings['clients_per_round']}: more than "
+        f"--num_clients={settings['num_clients']}; valid: 1..{settings['num_clients']}")
+  own = {d.name for d in algo.hparams}
+  ignored = sorted(f"--{name}" for name in _ALGO_HPARAMS
+                   if name not in own and values.get(name) is not None)
+  if ignored:
+    print(f"warning: {', '.join(ignored)} ignored by --algo={algo.name}", file=sys.stderr)
+  if settings["runner"] != "local" and values.get("jit") is not None:
+    print(f"warning: --jit ignored by --runner={settings['runner']}", file=sys.stderr)
+  settings["algo_options"] = {name: settings[name] for name in own}
   settings["task_args"] = _parse_task_args(values.get("task_arg") or [])
   settings.pop("task_arg", None)
   if settings["output_dir"] is None:
@@ -182,9 +179,7 @@ def _parse_task_args(items) -> dict:
 
 
 def _flag_values() -> dict:
-  names = ["algo", "task", "seed", "data_dir", "synthetic_alpha", "synthetic_beta",
-           "glove_path", "task_arg", "eval_every", "output_dir", "overwrite", "progress",
-           *_COMMON, *_ALGO_FLAG_DEFAULTS]
+  names = [*_GENERAL, *(d.name for d in (*hp.TRAINING, *_RUNNER_HPARAMS)), *_ALGO_HPARAMS]
   return {name: FLAGS[name].value for name in names}
 
 
@@ -210,14 +205,16 @@ def _fail(message: str, code: int = 2) -> "NoReturn":  # noqa: F821
 
 def run(settings: dict) -> dict:
   """Loads data, builds the runner, trains, writes results. Returns the summary."""
-  import tensorflow as tf
-  import tensorflow_federated as tff
+  import contextlib
 
-  from tff_cluster import experiment, results, runtime
+  import tensorflow as tf
+
+  from tff_cluster import experiment, results
   from tff_cluster.data.federated import DataError
   from tff_cluster.task import DataOptions
 
-  task = _TASKS[settings["task"]]
+  tf.get_logger().setLevel("ERROR")  # retracing notices per padded-batch shape
+  task = _TASKS[settings["task"]].with_model(settings["model"])
   algo = _ALGOS[settings["algo"]]
   try:
     results.check_output_dir(settings["output_dir"], settings["overwrite"])
@@ -245,18 +242,19 @@ def run(settings: dict) -> dict:
     raise UsageError(
         f"invalid --clients_per_round={settings['clients_per_round']}: the task has "
         f"{data.num_clients} clients; valid: 1..{data.num_clients}")
-  config = experiment.TrainingConfig(
-      rounds=settings["rounds"], clients_per_round=settings["clients_per_round"],
-      local_epochs=settings["local_epochs"], batch_size=settings["batch_size"],
-      client_lr=settings["client_lr"], seed=settings["seed"],
-      eval_every=settings["eval_every"], mu=settings["mu"])
-  algo_options = {name: settings[name] for name in algo.options}
+  config = experiment.TrainingConfig(**{
+      field.name: settings[field.name]
+      for field in dataclasses.fields(experiment.TrainingConfig)})
   try:
-    runner = algo.make_runner(task, data, config, **algo_options)
+    driver = algo.make_driver(task, data, config, **settings["algo_options"])
   except ValueError as e:
     raise UsageError(str(e)) from None
 
-  runner_columns = list(getattr(runner, "extra_columns", ()))
+  versions = {"tensorflow": tf.__version__}
+  if config.runner == "tff":
+    import tensorflow_federated as tff
+    versions["tensorflow_federated"] = tff.__version__
+  runner_columns = list(getattr(driver, "extra_columns", ()))
   writer = results.ResultsWriter(
       settings["output_dir"], [*experiment.BASE_COLUMNS, *runner_columns],
       overwrite=settings["overwrite"])
@@ -270,15 +268,21 @@ def run(settings: dict) -> dict:
       "data_seconds": load_seconds,
       "task_source": task.source,
       "task_defaults": dict(task.defaults),
-      "versions": {"tensorflow": tf.__version__, "tensorflow_federated": tff.__version__},
+      "model": task.model_name,
+      "runner_info": driver.describe(),
+      "versions": versions,
       "command": " ".join(sys.argv),
   })
-  print(f"{algo.name} on {task.name}: {data.description}; "
-        f"{data.num_clients} clients, {int(n_train.sum())} train samples; "
-        f"results -> {settings['output_dir']}", file=sys.stderr)
+  print(f"{algo.name} on {task.name} ({task.model_name}, runner {config.runner}): "
+        f"{data.description}; {data.num_clients} clients, {int(n_train.sum())} train "
+        f"samples; results -> {settings['output_dir']}", file=sys.stderr)
+  owner = contextlib.nullcontext()
+  if config.runner == "tff":
+    from tff_cluster import runtime
+    owner = runtime.tff_runtime()
   try:
-    with runtime.tff_runtime():
-      summary = experiment.run_training(task, data, config, runner, writer,
+    with owner:
+      summary = experiment.run_training(task, data, config, driver, writer,
                                         progress=settings["progress"])
   finally:
     writer.close()

@@ -38,7 +38,7 @@ TASKS = [
         name="cifar10",
         description="CIFAR-10, 100 clients, Dirichlet(0.5) label skew, LeNet-style "
                     "CNN (--data_dir: cifar-10-batches-py/)",
-        load_data=load_cifar10, model_fn=models.cifar10_cnn,
+        load_data=load_cifar10, model_fn=models.cifar10_cnn, model_name="cifar10_cnn",
         loss=models.SPARSE_CE_LOGITS, defaults=DEFAULTS,
         source="partition: Hsu et al. 2019 (Dirichlet label skew); defaults: "
                "this project"),

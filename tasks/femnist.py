@@ -5,7 +5,8 @@ made by LEAF's `./preprocess.sh -s niid --sf 0.05 -k 0 -t sample`); each
 writer is one client with LEAF's own train/test split. Pixels stay in LEAF's
 convention (floats in [0, 1], 1.0 = background).
 
-Model: the MLP 784-512-<classes> FedGroup uses for FEMNIST. Defaults follow
+Model: the MLP 784-512-<classes> FedGroup uses for FEMNIST (`--model=mlp`, the
+default), or MCLR 784-><classes> (`--model=mclr`). Defaults follow
 FedGroup (Duan et al., "FedGroup: Efficient Clustered Federated Learning via
 Decomposed Data-Driven Measure"): lr 0.003, batch 10, 10 local epochs, 20
 clients per round, and FedProx's mu = 1.
@@ -109,13 +110,18 @@ def _mlp(num_classes: int):
   return lambda: models.mlp(leaf.IMAGE_PIXELS, HIDDEN, num_classes)
 
 
+def _mclr(num_classes: int):
+  return lambda: models.mclr(leaf.IMAGE_PIXELS, num_classes)
+
+
 def _view_spec(name: str, what: str) -> TaskSpec:
   return TaskSpec(
       name=name,
       description=f"LEAF FEMNIST writers, {what} only, MLP 784-512-"
                   f"{VIEWS[name][1]} (--data_dir with train/ and test/)",
       load_data=lambda options: _load_view(options, name),
-      model_fn=_mlp(VIEWS[name][1]), loss=models.SPARSE_CE_LOGITS,
+      model_fn=_mlp(VIEWS[name][1]), model_name="mlp",
+      other_models={"mclr": _mclr(VIEWS[name][1])}, loss=models.SPARSE_CE_LOGITS,
       defaults=DEFAULTS, source=SOURCE)
 
 
@@ -124,7 +130,8 @@ TASKS = [
         name="femnist",
         description="LEAF FEMNIST, one client per writer, 62 classes, MLP "
                     "784-512-62 (--data_dir with train/ and test/)",
-        load_data=load_femnist, model_fn=_mlp(leaf.FEMNIST_NUM_CLASSES),
+        load_data=load_femnist, model_fn=_mlp(leaf.FEMNIST_NUM_CLASSES), model_name="mlp",
+        other_models={"mclr": _mclr(leaf.FEMNIST_NUM_CLASSES)},
         loss=models.SPARSE_CE_LOGITS, defaults=DEFAULTS, source=SOURCE),
     _view_spec("femnist_digits", "digits 0-9"),
     _view_spec("femnist_upper", "upper-case letters (10-35 -> 0-25)"),
@@ -133,7 +140,8 @@ TASKS = [
         name="rotated_femnist_digits",
         description="LEAF FEMNIST digit writers in m rotation clusters (extra "
                     "num_clusters, default 4; 0/90/180/270 deg), MLP 784-512-10",
-        load_data=load_rotated_digits, model_fn=_mlp(10),
+        load_data=load_rotated_digits, model_fn=_mlp(10), model_name="mlp",
+        other_models={"mclr": _mclr(10)},
         loss=models.SPARSE_CE_LOGITS, defaults=DEFAULTS,
         source=SOURCE + "; rotations as in Ghosh et al. (IFCA)"),
 ]

@@ -99,7 +99,7 @@ def load_clusterwise_class(options: DataOptions) -> FederatedData:
 
 def _spec(name, description, load_data):
   return TaskSpec(name=name, description=description, load_data=load_data,
-                  model_fn=models.fmnist_cnn, loss=models.SPARSE_CE_LOGITS,
+                  model_fn=models.fmnist_cnn, model_name="fmnist_cnn", loss=models.SPARSE_CE_LOGITS,
                   defaults=DEFAULTS, source=SOURCE)
 
 

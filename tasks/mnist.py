@@ -56,7 +56,7 @@ TASKS = [
         name="mnist",
         description="MNIST, FedProx non-IID (1,000 clients x 2 digits, power-law "
                     "sizes), MCLR 784->10 (--data_dir: idx files or FedProx JSON)",
-        load_data=load_mnist, model_fn=lambda: models.mclr(784, 10),
+        load_data=load_mnist, model_fn=lambda: models.mclr(784, 10), model_name="mclr",
         loss=models.SPARSE_CE_LOGITS, defaults=DEFAULTS,
         source="FedProx (Li et al.) MNIST setting; FedGroup (Duan et al.) hyper-"
                "parameters"),

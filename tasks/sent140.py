@@ -56,7 +56,7 @@ TASKS = [
         name="sent140",
         description="LEAF Sent140, one client per user, binary sentiment, "
                     "GloVe-300 + LSTM 100x2 (--data_dir, --glove_path)",
-        load_data=load_sent140, model_fn=model_fn, loss=models.BINARY_PROBS,
+        load_data=load_sent140, model_fn=model_fn, model_name="lstm", loss=models.BINARY_PROBS,
         defaults=DEFAULTS,
         source="FedGroup (Duan et al.) Sent140 setting; LEAF Sent140 data/model"),
 ]

@@ -50,18 +50,18 @@ TASKS = [
         name="synthetic",
         description="Synthetic(alpha, beta) (default (1, 1)), FedProx recipe, MCLR 60->10",
         load_data=lambda options: _load(options, iid=False),
-        model_fn=_mclr, loss=models.SPARSE_CE_LOGITS, defaults=DEFAULTS,
+        model_fn=_mclr, model_name="mclr", loss=models.SPARSE_CE_LOGITS, defaults=DEFAULTS,
         source="FedGroup (Duan et al.) synthetic setting; FedProx generator"),
     TaskSpec(
         name="synthetic_iid",
         description="Synthetic-IID: one shared model and input distribution, MCLR 60->10",
         load_data=lambda options: _load(options, iid=True),
-        model_fn=_mclr, loss=models.SPARSE_CE_LOGITS, defaults=DEFAULTS,
+        model_fn=_mclr, model_name="mclr", loss=models.SPARSE_CE_LOGITS, defaults=DEFAULTS,
         source="FedProx synthetic IID generator"),
     TaskSpec(
         name="synthetic_clusters",
         description="Synthetic with 5 true clusters (clients of a cluster share model and inputs), MCLR",
         load_data=_load_clusters,
-        model_fn=_mclr, loss=models.SPARSE_CE_LOGITS, defaults=DEFAULTS,
+        model_fn=_mclr, model_name="mclr", loss=models.SPARSE_CE_LOGITS, defaults=DEFAULTS,
         source="cluster-structured variant of the FedProx generator (ground truth for ARI)"),
 ]

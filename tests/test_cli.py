@@ -130,9 +130,9 @@ def _resolve(args):
 def test_flags_an_algorithm_ignores_are_reported_not_silently_dropped(capsys):
   settings = _resolve(["--algo=fedavg", "--mu=0.5", "--num_groups=3"])
   err = capsys.readouterr().err
-  assert settings["mu"] == 0.0 and "num_groups" not in settings
-  assert "--mu ignored by --algo=fedavg" in err
-  assert "--num_groups ignored by --algo=fedavg" in err
+  assert "mu" not in settings and "num_groups" not in settings
+  assert settings["algo_options"] == {}
+  assert "warning: --mu, --num_groups ignored by --algo=fedavg" in err
   # FedProx uses --mu, and takes the task default (Synthetic: 1.0) when unset.
   assert _resolve(["--algo=fedprox", "--mu=0.5"])["mu"] == 0.5
   assert _resolve(["--algo=fedprox"])["mu"] == tasks.registry()["synthetic"].defaults["mu"]
@@ -185,11 +185,13 @@ def test_results_files(cli_run):
   expected = {"algo": "fedavg", "task": "synthetic", "rounds": 3,
               "clients_per_round": 5, "local_epochs": 1, "num_clients": 20,
               "seed": 3, "eval_every": 1, "output_dir": str(out_dir),
-              # task defaults, resolved; FedAvg has no proximal term
-              "batch_size": 10, "client_lr": 0.01, "mu": 0.0,
-              "num_clients_loaded": 20}
+              # task defaults, resolved
+              "batch_size": 10, "client_lr": 0.01, "num_clients_loaded": 20,
+              "runner": "tff", "model": "mclr", "local_steps": None, "lr_decay": 1.0}
   for key, value in expected.items():
     assert config[key] == value, key
+  assert "mu" not in config  # FedAvg has no proximal term
+  assert config["runner_info"]["runner"] == "tff"
 
   rows = read_metrics_csv(out_dir / "metrics.csv")
   with open(out_dir / "metrics.jsonl") as f:
@@ -295,7 +297,7 @@ def test_recorded_accuracy_matches_brute_force_predict(tmp_path):
   data = task.load_data(DataOptions(seed=2, num_clients=20))
   config = experiment.TrainingConfig(rounds=2, clients_per_round=5, local_epochs=1,
                                      batch_size=10, client_lr=0.05, seed=2)
-  runner = algorithms.get_algorithm("fedavg").make_runner(task, data, config)
+  runner = algorithms.get_algorithm("fedavg").make_driver(task, data, config)
   writer = ResultsWriter(str(tmp_path / "out"), experiment.BASE_COLUMNS,
                          tensorboard=False)
   try:

@@ -9,6 +9,7 @@ import tensorflow as tf
 import tasks
 from tff_cluster import clustering, experiment, local_training, models
 from tff_cluster.algorithms import fedgroup
+from tff_cluster.algorithms.definition import round_params
 from tff_cluster.data.synthetic import generate_synthetic
 from tff_cluster.task import DataOptions, TaskSpec
 
@@ -64,7 +65,7 @@ def test_initial_state_is_member_mean():
   w0 = [np.zeros((2, 2), np.float32), np.ones(3, np.float32)]
   updates = [[np.full((2, 2), v, np.float32), np.full(3, -v, np.float32)]
              for v in (1.0, 3.0, 10.0)]
-  state = fedgroup.initial_state(w0, updates, np.array([0, 0, 1]), 2)
+  state = fedgroup.cold_start_state(w0, updates, np.array([0, 0, 1]), 2)
   np.testing.assert_allclose(state["group_models"][0][0], np.full((2, 2), 2.0))
   np.testing.assert_allclose(state["group_models"][1][1], np.full(3, 1.0 - 10.0))
   np.testing.assert_allclose(state["group_models"][1][0], np.full(3, 1.0 - 2.0))
@@ -116,14 +117,14 @@ def test_round_is_groupwise_fedavg():
   """Each group's new model = FedAvg of its own members only (unequal sizes)."""
   data = _data(6)
   m = 3
-  comps = fedgroup.build_fedgroup(_mclr, models.SPARSE_CE_LOGITS, _spec(data), m, LR)
+  comps = fedgroup.build_fedgroup(_mclr, models.SPARSE_CE_LOGITS, _spec(data), m)
   state = _random_state(m)
   clients = [0, 1, 2, 3, 4]
   groups = [0, 0, 1, 0, 1]  # group 2 has no sampled member
   datasets = _datasets(data, clients, seed=5)
   keys = [np.array([g], np.int32) for g in groups]
-  new_state, metrics, returned = comps.process.next(state, datasets, keys)
-  assert [int(np.asarray(g)[0]) for g in returned] == groups
+  new_state, summed, returned = comps.warm(state, round_params(LR), datasets, keys)
+  assert [int(r["group"]) for r in returned] == groups
   for j in range(m):
     start = [layer[j] for layer in state["group_models"]]
     members = [i for i, g in enumerate(groups) if g == j]
@@ -144,13 +145,14 @@ def test_round_is_groupwise_fedavg():
   drifts = [np.sqrt(sum(np.sum(d ** 2) for d in _local(
       [layer[groups[i]] for layer in state["group_models"]],
       _datasets(data, [c], seed=5)[0])[0])) for i, c in enumerate(clients)]
-  assert metrics["discrepancy"] == pytest.approx(np.mean(drifts), rel=1e-4)
+  assert summed["update_norm_sum"] / summed["num_clients"] == pytest.approx(
+      np.mean(drifts), rel=1e-4)
 
 
 def test_cold_client_trains_from_aux_and_joins_matching_group():
   data = _data(4)
   m = 3
-  comps = fedgroup.build_fedgroup(_mclr, models.SPARSE_CE_LOGITS, _spec(data), m, LR)
+  comps = fedgroup.build_fedgroup(_mclr, models.SPARSE_CE_LOGITS, _spec(data), m)
   state = _random_state(m, seed=1)
   dataset = _datasets(data, [2], seed=9)[0]
   delta, weight = _local(list(state["aux_model"]), dataset)
@@ -165,9 +167,9 @@ def test_cold_client_trains_from_aux_and_joins_matching_group():
       for l, w in enumerate(delta)]
   expected_group = clustering.assign_by_direction(flat, directions)
   assert expected_group == 1
-  new_state, _, returned = comps.process_cold.next(
-      state, [_datasets(data, [2], seed=9)[0]], [np.array([m], np.int32)])
-  assert int(np.asarray(returned[0])[0]) == expected_group
+  new_state, _, returned = comps.cold(
+      state, round_params(LR), [_datasets(data, [2], seed=9)[0]], [np.array([m], np.int32)])
+  assert int(returned[0]["group"]) == expected_group
   # Its update (trained from the auxiliary model) counts toward group 1.
   for l in range(len(delta)):
     np.testing.assert_allclose(np.asarray(new_state["group_models"][l][1]),
@@ -188,7 +190,7 @@ def test_end_to_end_recovers_true_clusters(measure):
       DataOptions(seed=1, num_clients=40, extra={"num_clusters": 4}))
   config = experiment.TrainingConfig(rounds=3, clients_per_round=10, local_epochs=2,
                                      batch_size=10, client_lr=0.01, seed=0)
-  runner = fedgroup.make_runner(_cluster_task(), data, config, num_groups=4,
+  runner = fedgroup.make_driver(_cluster_task(), data, config, num_groups=4,
                                 measure=measure, pretrain_scale=20)
   summary = experiment.run_training(_cluster_task(), data, config, runner, progress=False)
   assert summary["cold_start_clients"] == 40
@@ -202,11 +204,11 @@ def test_rcc_rac_and_newcomers():
                                      batch_size=10, client_lr=0.01, seed=0)
   task = _cluster_task()
   # RCC: exactly m pre-trained clients, each one group's centre.
-  rcc = fedgroup.make_runner(task, data, config, num_groups=3, cold_start="rcc")
+  rcc = fedgroup.make_driver(task, data, config, num_groups=3, cold_start="rcc")
   rcc.setup()
   assert sorted(rcc.assignment[rcc.assignment >= 0].tolist()) == [0, 1, 2]
   # RAC: cold clients get a group before training (none stays cold after a round).
-  rac = fedgroup.make_runner(task, data, config, num_groups=3, cold_start="rac",
+  rac = fedgroup.make_driver(task, data, config, num_groups=3, cold_start="rac",
                              pretrain_scale=2)
   rac.setup()
   cold_before = rac.assignment < 0
@@ -215,7 +217,7 @@ def test_rcc_rac_and_newcomers():
   assert out["num_cold_clients"] == 0 and (rac.assignment[6:12] >= 0).all()
   # Newcomers: held out of pre-training and of the first 10% of rounds, then
   # they join through client cold start (and pay for the m directions).
-  runner = fedgroup.make_runner(task, data, config, num_groups=3, pretrain_scale=20,
+  runner = fedgroup.make_driver(task, data, config, num_groups=3, pretrain_scale=20,
                                 newcomer_fraction=0.2)
   runner.setup()
   assert runner.newcomers.sum() == 6 and runner.newcomer_rounds == 1

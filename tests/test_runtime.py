@@ -79,12 +79,12 @@ def test_failing_run_stops_its_worker(tmp_path):
       import sys
       import run_experiment
       from tff_cluster.algorithms import fedavg
-      original = fedavg.FedAvgRunner.run_round
+      original = fedavg.FedAvgDriver.run_round
       def run_round(self, round_num, sampled):
         if round_num == 2:
           raise RuntimeError("injected failure in round 2")
         return original(self, round_num, sampled)
-      fedavg.FedAvgRunner.run_round = run_round
+      fedavg.FedAvgDriver.run_round = run_round
       sys.argv = {_cli(out_dir, 5)[1:]!r}
       sys.exit(run_experiment.main(sys.argv))
       """)

@@ -1,6 +1,9 @@
-"""tff-cluster: clustered and personalized federated learning on TFF."""
+"""tff-cluster: clustered and personalized federated learning on TFF.
+
+Importing the package, the algorithm definitions or the `local` runner does
+not import TensorFlow Federated; the `tff` runner (`tff_cluster.runners.
+tff_runner`), the `build_*` functions and `tff_cluster.runtime` do, and
+install the TFF context owned by `tff_cluster.runtime` when first used.
+"""
 
 __version__ = "0.1.0"
-
-# Own TFF's execution context (and its C++ worker process) from the first import.
-from tff_cluster import runtime  # noqa: E402,F401

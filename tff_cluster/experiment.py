@@ -1,15 +1,15 @@
 """The training loop shared by every algorithm: sample, train, evaluate, record.
 
-An algorithm module provides a *runner* (see `Runner`) that wraps its TFF
-process(es) and keeps whatever per-client state the driver must hold (e.g. a
-client's group). The loop here is algorithm-agnostic.
+An algorithm module provides a *driver* (see `Driver`): the host-side logic
+around its `Definition`, executed by a runner (`tff_cluster.runners`). The
+loop here is algorithm- and runner-agnostic.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -28,15 +28,44 @@ BASE_COLUMNS = ("round", "train_loss", "test_accuracy", "test_loss",
 
 @dataclasses.dataclass(frozen=True)
 class TrainingConfig:
-  """Hyper-parameters every algorithm shares."""
+  """Hyper-parameters every algorithm shares (see `tff_cluster.hparams.TRAINING`).
+
+  Local work is `local_epochs` passes or `local_steps` mini-batch steps
+  (exactly one of them). Round t's client learning rate is
+  client_lr * lr_decay^(t-1). `runner` is 'tff' or 'local'; `jit` applies to
+  the local runner.
+  """
   rounds: int
   clients_per_round: int
-  local_epochs: int
+  local_epochs: Optional[int]
   batch_size: int
   client_lr: float
   seed: int = 0
   eval_every: int = 1
-  mu: float = 0.0
+  local_steps: Optional[int] = None
+  lr_decay: float = 1.0
+  client_momentum: float = 0.0
+  client_state: str = "persist"
+  runner: str = "tff"
+  jit: str = "auto"
+
+  def __post_init__(self):
+    if (self.local_epochs is None) == (self.local_steps is None):
+      raise ValueError("give exactly one of local_epochs and local_steps, got "
+                       f"local_epochs={self.local_epochs}, local_steps={self.local_steps}")
+
+  @property
+  def local_work(self) -> local_training.LocalWork:
+    return local_training.LocalWork(self.batch_size, epochs=self.local_epochs,
+                                    steps=self.local_steps)
+
+  def lr_at(self, round_num: int) -> float:
+    """The client learning rate of round `round_num` (1-based; 0 = set-up)."""
+    return self.client_lr * self.lr_decay ** max(round_num - 1, 0)
+
+  @property
+  def persist_momentum(self) -> bool:
+    return self.client_momentum > 0 and self.client_state == "persist"
 
 
 def client_seed(seed: int, round_num: int, client_index: int) -> int:
@@ -45,37 +74,69 @@ def client_seed(seed: int, round_num: int, client_index: int) -> int:
              .generate_state(1)[0] & 0x7FFFFFFF)
 
 
-def client_element_spec(data: FederatedData, batch_size: int):
-  """Element spec of a client's batched training dataset (the TFF data type)."""
-  return local_training.client_dataset(
-      *data.train[data.client_ids[0]], batch_size, 1, 0).element_spec
-
-
-def round_datasets(data: FederatedData, config: TrainingConfig, round_num: int,
-                   clients: Sequence[int], epochs: int) -> List[tf.data.Dataset]:
-  """The sampled clients' training datasets for one round (seeded shuffles)."""
-  return [local_training.client_dataset(
-      *data.train[data.client_ids[k]], config.batch_size, epochs,
-      client_seed(config.seed, round_num, k)) for k in clients]
-
-
 def initial_weights(task: TaskSpec, seed: int) -> List[np.ndarray]:
   """The model's seeded initialization (trainable then non-trainable)."""
   tf.keras.utils.set_random_seed(seed)
   return local_training.get_weights(task.model_fn())
 
 
-class Runner:
-  """What the loop needs from an algorithm.
+def model_layout(task: TaskSpec):
+  """(weight specs, number of trainable weights) of the task's model."""
+  model = task.model_fn()
+  return local_training.weights_type_spec(model), len(model.trainable_variables)
 
-  `setup()` runs once before round 1 (e.g. cold start) and returns summary
-  extras; `run_round()` trains one round on the sampled clients and returns the
-  round's metrics (at least `train_loss`, `bytes_down`, `bytes_up`);
-  `eval_models()` gives the candidate weights and which one each client would
-  receive now; `extra_columns` names additional per-round metrics;
-  `round_eval_metrics()` adds algorithm metrics computed at evaluation time.
+
+class Driver:
+  """The host side of an algorithm: what happens between the runner's calls.
+
+  A driver owns its algorithm's `Definition`, the runner that executes it
+  (`config.runner`), and whatever the host keeps between rounds (e.g. each
+  client's group, its per-client state). The loop calls:
+
+  `setup()` once before round 1 (e.g. cold start; returns summary extras);
+  `run_round()` per round on the sampled clients (returns at least
+  `train_loss`, `bytes_down`, `bytes_up`); `eval_models()` for the candidate
+  weights and which one each client would receive now; `round_eval_metrics()`
+  for algorithm metrics at evaluation time; `summary()` at the end.
+  `extra_columns` names its additional per-round metrics.
   """
   extra_columns: Sequence[str] = ()
+
+  def __init__(self, task: TaskSpec, data: FederatedData, config: TrainingConfig,
+               definition):
+    from tff_cluster import runners
+    self.task = task
+    self.data = data
+    self.config = config
+    self.definition = definition
+    self.runner = runners.make_runner(config.runner, definition, task.model_fn,
+                                      task.loss, data, config.seed, config.jit)
+    self.client_states: Dict[int, Any] = {}
+
+  def describe(self) -> Dict[str, Any]:
+    """Runner facts for `config.json` (runner, device, jit)."""
+    return self.runner.describe()
+
+  def train_clients(self, mode: str, state, clients: Sequence[int], round_num: int,
+                    keys: Optional[Sequence[int]] = None,
+                    work: Optional[local_training.LocalWork] = None,
+                    persist: bool = True):
+    """One runner call; threads the clients' persistent states.
+
+    `persist=False` runs with fresh client states and keeps none (e.g. a
+    cold start's pre-training).
+    """
+    states = None
+    if self.definition.client_state_spec(mode) is not None:
+      fresh = self.definition.initial_client_state(mode)
+      states = [self.client_states.get(int(k), fresh) if persist else fresh
+                for k in clients]
+    out = self.runner.run(mode, state, clients, round_num, work or self.config.local_work,
+                          self.config.lr_at(round_num), keys=keys, client_states=states)
+    if states is not None and persist:
+      for k, new in zip(clients, out.client_states):
+        self.client_states[int(k)] = new
+    return out
 
   def setup(self) -> Dict[str, Any]:
     return {}
@@ -100,7 +161,7 @@ def sample_clients(rng: np.random.Generator, num_clients: int,
 
 
 def run_training(task: TaskSpec, data: FederatedData, config: TrainingConfig,
-                 runner: Runner, writer: Optional[ResultsWriter] = None,
+                 runner: Driver, writer: Optional[ResultsWriter] = None,
                  progress: bool = True, log=print) -> Dict[str, Any]:
   """Runs `config.rounds` rounds; returns the summary (also written to disk)."""
   evaluator = Evaluator(task.model_fn, task.loss, data)

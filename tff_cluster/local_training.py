@@ -1,15 +1,29 @@
-"""Client-side maths shared by every algorithm: datasets and local (proximal) SGD.
+"""Client-side maths shared by every algorithm: batches and local SGD.
 
-Plain TensorFlow: the same functions run inside TFF `tff.tensorflow.computation`s
-and in-process. Model weights are handled as a flat list of tensors in the order
+Plain TensorFlow. Model weights are a flat list of tensors in the order
 `trainable_variables + non_trainable_variables` (non-trainable = BatchNorm
 moving statistics, averaged like the rest).
+
+One local SGD step (`sgd_step`) is written once. Two trainers drive it over a
+client's batches, one per runner:
+
+* `DatasetTrainer` iterates a `tf.data.Dataset` with `dataset.reduce`; it runs
+  inside TFF computations (the `tff` runner).
+* `PaddedTrainer` iterates a `tf.while_loop` over index batches into the
+  device-resident training arrays (the `local` runner); it compiles under XLA
+  and never returns to the host inside the loop.
+
+Both see the same batches in the same order: `batch_order` is the single
+definition of a client's local schedule (`client_dataset` and `padded_batches`
+are its two materialisations).
 """
 
 from __future__ import annotations
 
 import collections
-from typing import List, Sequence
+import dataclasses
+import math
+from typing import List, NamedTuple, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -40,72 +54,301 @@ def num_parameters(model: tf.keras.Model) -> int:
   return int(sum(np.prod(v.shape) for v in model_variables(model)))
 
 
-def client_dataset(x: np.ndarray, y: np.ndarray, batch_size: int, epochs: int,
-                   seed: int) -> tf.data.Dataset:
-  """`epochs` passes over a client's samples, reshuffled each pass.
+def has_batch_statistics(model: tf.keras.Model) -> bool:
+  """True if a layer's training output depends on the whole batch (BatchNorm).
 
-  Mini-batches never cross an epoch boundary (the last one of each pass may be
-  smaller), as in LEAF/FedProx's `batch_data`. Epoch e visits the samples in
-  the order of a stateless shuffle seeded by (seed, e): the batches depend on
-  `seed` alone (not on TF's global seed or on what ran before), so a round is
-  reproducible and TFF and in-process runs see the same batches.
+  Such a model must see each batch at its real size: padded rows would enter
+  the batch statistics.
+  """
+  return any(isinstance(layer, tf.keras.layers.BatchNormalization)
+             for layer in _all_layers(model))
+
+
+def model_family(model: tf.keras.Model) -> str:
+  """'cnn' (any convolution), 'rnn' (any recurrent layer) or 'dense'."""
+  layers = list(_all_layers(model))
+  if any(isinstance(l, tf.keras.layers.RNN) for l in layers):
+    return "rnn"
+  if any(isinstance(l, (tf.keras.layers.Conv1D, tf.keras.layers.Conv2D,
+                        tf.keras.layers.Conv3D)) for l in layers):
+    return "cnn"
+  return "dense"
+
+
+def _all_layers(model):
+  for layer in model.layers:
+    yield layer
+    if isinstance(layer, tf.keras.Model):
+      yield from _all_layers(layer)
+
+
+# ---------------------------------------------------------------------------
+# A client's local schedule.
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalWork:
+  """How much local training one client does in a round.
+
+  `epochs` full passes (each pass reshuffled; the last batch of a pass may be
+  smaller, batches never cross a pass, as LEAF/FedProx's `batch_data`), or
+  `steps` mini-batch steps: the first `steps` batches of that same sequence of
+  reshuffled passes, so the cursor restarts every round.
+  """
+  batch_size: int
+  epochs: Optional[int] = None
+  steps: Optional[int] = None
+
+  def __post_init__(self):
+    if (self.epochs is None) == (self.steps is None):
+      raise ValueError("LocalWork takes exactly one of epochs and steps")
+
+  def num_epochs(self, num_samples: int) -> int:
+    if self.epochs is not None:
+      return self.epochs
+    per_epoch = max(math.ceil(num_samples / self.batch_size), 1)
+    return math.ceil(self.steps / per_epoch)
+
+  def num_steps(self, num_samples: int) -> int:
+    per_epoch = math.ceil(num_samples / self.batch_size)
+    if self.epochs is not None:
+      return self.epochs * per_epoch
+    return self.steps if num_samples else 0
+
+
+def epoch_order(num_samples: int, seed: int, epoch) -> tf.Tensor:
+  """The sample order of pass `epoch`: a stateless shuffle seeded by (seed, epoch).
+
+  It depends on `seed` alone (not on TF's global seed or on what ran before),
+  so every runner and every re-run sees the same batches. Computed on the CPU
+  (where tf.data runs) so that both runners get the same permutation.
+  """
+  with tf.device("/CPU:0"):
+    return tf.random.experimental.stateless_shuffle(
+        tf.range(num_samples, dtype=tf.int64),
+        seed=tf.stack([tf.constant(seed, tf.int64), tf.cast(epoch, tf.int64)]))
+
+
+def client_dataset(x: np.ndarray, y: np.ndarray, batch_size: int, epochs: int,
+                   seed: int, steps: Optional[int] = None) -> tf.data.Dataset:
+  """A client's batches as a `tf.data.Dataset` (see `LocalWork`).
+
+  `epochs` passes, reshuffled each pass; with `steps`, only the first `steps`
+  batches of as many passes as they need.
   """
   n = len(y)
   xs = tf.constant(x)
   ys = tf.constant(y)
 
   def one_epoch(epoch):
-    order = tf.random.experimental.stateless_shuffle(
-        tf.range(n, dtype=tf.int64),
-        seed=tf.stack([tf.constant(seed, tf.int64), epoch]))
+    order = epoch_order(n, seed, epoch)
     return tf.data.Dataset.from_tensor_slices(collections.OrderedDict(
         x=tf.gather(xs, order), y=tf.gather(ys, order))).batch(batch_size)
 
-  return tf.data.Dataset.range(epochs).flat_map(one_epoch)
+  if steps is not None:
+    epochs = LocalWork(batch_size, steps=steps).num_epochs(n)
+  dataset = tf.data.Dataset.range(epochs).flat_map(one_epoch)
+  return dataset.take(steps) if steps is not None else dataset
 
 
-def build_local_sgd(model: tf.keras.Model, loss: str):
-  """Returns `local_sgd(initial_weights, dataset, lr, mu)` for this model.
+def work_dataset(x: np.ndarray, y: np.ndarray, work: LocalWork, seed: int
+                 ) -> tf.data.Dataset:
+  return client_dataset(x, y, work.batch_size, work.epochs, seed, steps=work.steps)
 
-  Mini-batch SGD on the local objective
-      F_k(w) + (mu / 2) ||w - w0||^2        (FedProx, Li et al. 2020, eq. 2)
-  starting from w0 = `initial_weights`; mu = 0 gives FedAvg's client update.
-  The step is w <- w - lr (grad F_k(w) + mu (w - w0)) on trainable weights.
 
-  Returns an OrderedDict:
-    delta: list of (w_final - w0), one tensor per weight (trainable first).
-    num_examples: float32, examples processed (epochs x samples).
-    loss_sum: float32, sum over batches of (batch mean loss x batch size),
-      each loss taken before that batch's step.
+class PaddedBatches(NamedTuple):
+  """A client's batches as indices into the runner's training arrays.
+
+  indices: int32 [P, B]: row i holds batch i's sample indices (0 where padded).
+  sizes: int32 [P]: the real size of batch i (0 for padding rows).
+  num_steps: int32 scalar: the number of real batches (P is rounded up to a
+    power of two so that few shapes are compiled).
   """
-  variables = model_variables(model)
-  trainable = list(model.trainable_variables)
-  num_trainable = len(trainable)
+  indices: tf.Tensor
+  sizes: tf.Tensor
+  num_steps: tf.Tensor
+
+
+def padded_batches(num_samples: int, offset: int, work: LocalWork, seed: int
+                   ) -> PaddedBatches:
+  """The batches of `client_dataset` (same order), as numpy index batches.
+
+  `offset` is the client's first row in the runner's concatenated arrays.
+  """
+  b = work.batch_size
+  per_epoch = math.ceil(num_samples / b)
+  epochs = work.num_epochs(num_samples)
+  rows, sizes = [], []
+  for epoch in range(epochs):
+    order = epoch_order(num_samples, seed, epoch).numpy()
+    padded = np.zeros(per_epoch * b, np.int64)
+    padded[:num_samples] = order + offset
+    rows.append(padded.reshape(per_epoch, b))
+    sizes.append(np.full(per_epoch, b, np.int32))
+    if num_samples % b:
+      sizes[-1][-1] = num_samples % b
+  steps = work.num_steps(num_samples)
+  total = 1 << max(steps - 1, 0).bit_length()
+  indices = np.zeros((total, b), np.int32)
+  size = np.zeros(total, np.int32)
+  if steps:
+    indices[:steps] = np.concatenate(rows)[:steps]
+    size[:steps] = np.concatenate(sizes)[:steps]
+    # Padded slots of a partial batch point at row `offset` (masked out).
+    indices[:steps][np.arange(b)[None, :] >= size[:steps, None]] = offset
+  return PaddedBatches(indices, size, np.int32(steps))
+
+
+# ---------------------------------------------------------------------------
+# Local SGD.
+
+
+class TrainResult(NamedTuple):
+  """delta: w_final - w_start per weight (trainable first); velocity: the
+  final momentum buffer (trainable weights) or None without momentum;
+  num_examples, loss_sum: float32 (loss_sum = sum over batches of the batch's
+  mean loss x its size, each taken before that batch's step)."""
+  delta: List[tf.Tensor]
+  num_examples: tf.Tensor
+  loss_sum: tf.Tensor
+  velocity: Optional[List[tf.Tensor]]
+
+
+def sgd_step(model: tf.keras.Model, loss: str, x, y, mask, lr, anchor, mu: float,
+             momentum: float, velocity):
+  """One step of mini-batch SGD on F_k(w) + (mu/2)||w - anchor||^2.
+
+  g = grad of the batch's mean loss (over its real examples: `mask` is None or
+  1.0/0.0 per row) + mu (w - anchor)  (FedProx, Li et al. 2020, eq. 2);
+  without momentum w <- w - lr g; with heavy-ball momentum beta
+  v <- beta v + g, w <- w - lr v (PyTorch's SGD convention, which the
+  WeCFL/CFL-MGD reference codes use).
+
+  Returns (batch loss x batch size, batch size, new velocity or None).
+  """
+  trainable = model.trainable_variables
+  with tf.GradientTape() as tape:
+    predictions = model(x, training=True)
+    per_example = models.per_example_loss(loss, y, predictions)
+    if mask is None:
+      count = tf.cast(tf.shape(per_example)[0], tf.float32)
+      batch_loss = tf.reduce_mean(per_example)
+    else:
+      count = tf.reduce_sum(mask)
+      batch_loss = tf.reduce_sum(per_example * mask) / count
+  grads = tape.gradient(batch_loss, trainable)
+  new_velocity = [] if momentum else None
+  for i, (var, grad) in enumerate(zip(trainable, grads)):
+    if mu:
+      grad = grad + mu * (var - anchor[i])
+    if momentum:
+      grad = momentum * velocity[i] + grad
+      new_velocity.append(grad)
+    var.assign_sub(lr * grad)
+  return batch_loss * count, count, new_velocity
+
+
+class _Trainer:
+  """`train(start, data, lr, mu, velocity)`: local SGD from `start` over `data`."""
+
+  def __init__(self, model: tf.keras.Model, loss: str, momentum: float = 0.0):
+    self.model = model
+    self.loss = loss
+    self.momentum = float(momentum)
+    self._variables = model_variables(model)
+    self._num_trainable = len(model.trainable_variables)
+
+  def _start(self, start, velocity):
+    for var, value in zip(self._variables, start):
+      var.assign(value)
+    if not self.momentum:
+      return ()
+    if velocity is None:
+      return tuple(tf.zeros_like(v) for v in self.model.trainable_variables)
+    return tuple(velocity)
+
+  def _finish(self, start, num_examples, loss_sum, velocity) -> TrainResult:
+    delta = [var - s for var, s in zip(self._variables, start)]
+    return TrainResult(delta, num_examples, loss_sum,
+                       list(velocity) if self.momentum else None)
+
+  def train(self, start, data, lr, mu: float = 0.0, velocity=None) -> TrainResult:
+    raise NotImplementedError
+
+
+class DatasetTrainer(_Trainer):
+  """Local SGD over a `tf.data.Dataset` of `{'x', 'y'}` batches (TFF runner)."""
+
+  def train(self, start, data, lr, mu: float = 0.0, velocity=None) -> TrainResult:
+    start = list(start)
+    anchor = start[:self._num_trainable]
+    lr = tf.cast(lr, tf.float32)
+    initial_velocity = self._start(start, velocity)
+
+    def step(carry, batch):
+      num_examples, loss_sum, v = carry
+      loss_x_n, n, v = sgd_step(self.model, self.loss, batch["x"], batch["y"], None,
+                                lr, anchor, mu, self.momentum, v)
+      return num_examples + n, loss_sum + loss_x_n, tuple(v) if v is not None else ()
+
+    num_examples, loss_sum, v = data.reduce(
+        (tf.constant(0.0), tf.constant(0.0), initial_velocity), step)
+    return self._finish(start, num_examples, loss_sum, v)
+
+
+class PaddedTrainer(_Trainer):
+  """Local SGD over `PaddedBatches` into the arrays `x`, `y` (local runner).
+
+  With `exact_batches` (models with batch statistics) each batch is sliced to
+  its real size (dynamic shapes: not XLA-compilable); otherwise every batch
+  has the full size and padded rows get weight 0 in the mean loss, which
+  gives the same gradients as the real-size batch.
+  """
+
+  def __init__(self, model, loss, x, y, momentum: float = 0.0,
+               exact_batches: bool = False):
+    super().__init__(model, loss, momentum)
+    self._x = x
+    self._y = y
+    self._exact = exact_batches
+
+  def train(self, start, data: PaddedBatches, lr, mu: float = 0.0,
+            velocity=None) -> TrainResult:
+    start = list(start)
+    anchor = start[:self._num_trainable]
+    lr = tf.cast(lr, tf.float32)
+    batch_size = tf.shape(data.indices)[1]
+    v = self._start(start, velocity)
+    num_examples = tf.constant(0.0)
+    loss_sum = tf.constant(0.0)
+    for i in tf.range(data.num_steps):
+      if self._exact:
+        rows = data.indices[i, :data.sizes[i]]
+        mask = None
+      else:
+        rows = data.indices[i]
+        mask = tf.cast(tf.range(batch_size) < data.sizes[i], tf.float32)
+      loss_x_n, n, new_v = sgd_step(
+          self.model, self.loss, tf.gather(self._x, rows), tf.gather(self._y, rows),
+          mask, lr, anchor, mu, self.momentum, v)
+      v = tuple(new_v) if new_v is not None else ()
+      num_examples += n
+      loss_sum += loss_x_n
+    return self._finish(start, num_examples, loss_sum, v)
+
+
+def build_local_sgd(model: tf.keras.Model, loss: str, momentum: float = 0.0):
+  """`local_sgd(initial_weights, dataset, lr, mu)` as a `tf.function`.
+
+  In-process local SGD over a dataset (`DatasetTrainer`); returns an
+  OrderedDict with `delta`, `num_examples`, `loss_sum`.
+  """
+  trainer = DatasetTrainer(model, loss, momentum)
 
   @tf.function
   def local_sgd(initial_weights, dataset, lr, mu):
-    for var, value in zip(variables, initial_weights):
-      var.assign(value)
-    lr = tf.cast(lr, tf.float32)
-    mu = tf.cast(mu, tf.float32)
-
-    def step(carry, batch):
-      num_examples, loss_sum = carry
-      with tf.GradientTape() as tape:
-        predictions = model(batch["x"], training=True)
-        batch_loss = tf.reduce_mean(
-            models.per_example_loss(loss, batch["y"], predictions))
-      grads = tape.gradient(batch_loss, trainable)
-      for var, grad, start in zip(trainable, grads,
-                                  initial_weights[:num_trainable]):
-        var.assign_sub(lr * (grad + mu * (var - start)))
-      batch_size = tf.cast(tf.shape(batch["y"])[0], tf.float32)
-      return num_examples + batch_size, loss_sum + batch_loss * batch_size
-
-    num_examples, loss_sum = dataset.reduce(
-        (tf.constant(0.0), tf.constant(0.0)), step)
-    delta = [var - start for var, start in zip(variables, initial_weights)]
-    return collections.OrderedDict(
-        delta=delta, num_examples=num_examples, loss_sum=loss_sum)
+    out = trainer.train(initial_weights, dataset, lr, float(mu))
+    return collections.OrderedDict(delta=out.delta, num_examples=out.num_examples,
+                                   loss_sum=out.loss_sum)
 
   return local_sgd

@@ -143,7 +143,10 @@ class TffRuntime:
       return self._stub
 
   def install(self) -> "TffRuntime":
-    """Makes this runtime TFF's default context; the worker starts on first use."""
+    """Makes this runtime TFF's default context; the worker starts on first use.
+
+    Registers `stop` at exit once per runtime.
+    """
 
     def stack_fn(cardinalities):
       cardinalities.setdefault(placements.CLIENTS, 0)
@@ -185,17 +188,34 @@ class TffRuntime:
         pass
 
 
-# Importing this module replaces TFF's import-time default context (whose
-# worker would never be stopped) with one owned here. Its worker starts lazily
-# on the first computation, or eagerly with `start()`.
-_ACTIVE = TffRuntime().install()
+# The process-wide runtime. Nothing is installed at import: `install()` (called
+# by the tff runner and every `build_*`) or `start()` replaces TFF's default
+# context (whose worker would never be stopped) with this one. Its worker
+# starts lazily on the first computation, or eagerly with `start()`.
+_ACTIVE = TffRuntime()
+_INSTALLED = False
+
+
+def install() -> TffRuntime:
+  """Makes the process-wide runtime TFF's default context (idempotent)."""
+  global _INSTALLED
+  if not _INSTALLED:
+    _ACTIVE.install()
+    _INSTALLED = True
+  return _ACTIVE
+
+
+def installed() -> bool:
+  return _INSTALLED
 
 
 def start(log_path: Optional[str] = None) -> TffRuntime:
   """Starts the process-wide runtime's worker. Stopped at interpreter exit."""
-  global _ACTIVE
+  global _ACTIVE, _INSTALLED
   if log_path != _ACTIVE._log_path and not _ACTIVE.running:
-    _ACTIVE = TffRuntime(log_path).install()
+    _ACTIVE = TffRuntime(log_path)
+    _INSTALLED = False
+  install()
   return _ACTIVE.start()
 
 
@@ -236,5 +256,6 @@ def tff_runtime(log_path: Optional[str] = None) -> Iterator[TffRuntime]:
       signal.signal(sig, old)
 
 
-__all__ = ["TffRuntime", "start", "stop", "tff_runtime", "worker_binary_path"]
+__all__ = ["TffRuntime", "install", "installed", "start", "stop", "tff_runtime",
+           "worker_binary_path"]
 del tff  # imported only to make sure TFF's own import-time setup ran first

@@ -9,8 +9,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Mapping, Optional
 
-import tensorflow as tf
-
 from tff_cluster.data.federated import FederatedData
 
 
@@ -38,17 +36,39 @@ class TaskSpec:
     name: the `--task` value.
     description: one line for `--help`: data, partition, model.
     load_data: builds the federated data from `DataOptions`.
-    model_fn: builds a fresh, built (variables created) Keras model.
+    model_fn: builds a fresh, built (variables created) Keras model: the
+      task's default model, named `model_name`.
     loss: `'sparse_ce_logits'` (multi-class, model outputs logits) or
       `'binary_probs'` (one sigmoid output).
     defaults: default hyper-parameters: rounds, clients_per_round,
       local_epochs, batch_size, client_lr, mu, num_clients (and any others).
     source: the paper/setting the defaults come from.
+    model_name: the name of `model_fn` for `--model`.
+    other_models: further models the task offers, name -> builder
+      (`--model=NAME`; `with_model` picks one).
   """
   name: str
   description: str
   load_data: Callable[[DataOptions], FederatedData]
-  model_fn: Callable[[], tf.keras.Model]
+  model_fn: Callable[[], Any]
   loss: str
   defaults: Mapping[str, Any]
   source: str = ""
+  model_name: str = "default"
+  other_models: Mapping[str, Callable[[], Any]] = dataclasses.field(default_factory=dict)
+
+  @property
+  def model_names(self):
+    return (self.model_name, *self.other_models)
+
+  def with_model(self, name: Optional[str]) -> "TaskSpec":
+    """This task with model `name` (None or `model_name`: unchanged)."""
+    if name is None or name == self.model_name:
+      return self
+    if name not in self.other_models:
+      raise ValueError(f"invalid --model={name} for --task={self.name}; valid: "
+                       f"{', '.join(self.model_names)}")
+    return dataclasses.replace(self, model_fn=self.other_models[name], model_name=name,
+                               other_models={self.model_name: self.model_fn,
+                                             **{k: v for k, v in self.other_models.items()
+                                                if k != name}})

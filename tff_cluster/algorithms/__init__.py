@@ -1,7 +1,17 @@
-"""Algorithm registry: `--algo` name -> how to build its runner.
+"""Algorithm registry: `--algo` name -> its module and hyper-parameters.
 
-Each algorithm lives in its own module with a `build_*` function returning its
-TFF process (for research pipelines) and a `make_runner` used by the CLI.
+Importing this module imports neither TensorFlow nor TFF: the CLI builds its
+flags and checks from the declarations here before any heavy import. Each
+algorithm lives in its own module (named by `AlgorithmSpec.module`) with
+
+  * a `Definition` subclass: plain TF functions for its server state, what a
+    client receives, the client work, what is summed and the server update
+    (`tff_cluster.algorithms.definition`);
+  * a driver (`make_driver(task, data, config, runner, **hparams)`): the
+    host-side logic between rounds (keys, assignments, cold starts, metrics);
+  * `build_*`: its TFF computations for research pipelines.
+
+Both runners (`tff_cluster.runners`) execute the same definition.
 """
 
 from __future__ import annotations
@@ -9,6 +19,9 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from typing import Dict, Tuple
+
+from tff_cluster import hparams as hp
+from tff_cluster.hparams import HParam
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,35 +31,63 @@ class AlgorithmSpec:
   Attributes:
     name: the `--algo` value.
     description: one line for `--help`.
-    module: module under `tff_cluster.algorithms` with `make_runner`.
-    uses_mu: whether `--mu` (proximal term) affects it.
-    options: names of algorithm-specific flags `make_runner` takes as keywords.
+    module: module under `tff_cluster.algorithms` with `make_driver`.
+    hparams: its own hyper-parameters (beyond `hparams.TRAINING`), declared once;
+      shared concepts use the shared declarations of `tff_cluster.hparams`.
   """
   name: str
   description: str
   module: str
-  uses_mu: bool = False
-  options: Tuple[str, ...] = ()
+  hparams: Tuple[HParam, ...] = ()
 
-  def make_runner(self, task, data, config, **options):
-    module = importlib.import_module(f"tff_cluster.algorithms.{self.module}")
-    return module.make_runner(task, data, config, **options)
+  def load(self):
+    return importlib.import_module(f"tff_cluster.algorithms.{self.module}")
+
+  def make_driver(self, task, data, config, **options):
+    """The host-side driver of this algorithm on `config.runner`."""
+    return self.load().make_driver(task, data, config, **options)
 
 
-FEDGROUP_OPTIONS = ("num_groups", "measure", "pretrain_scale", "pretrain_epochs",
-                     "group_agg_lr", "cold_start", "newcomer_fraction")
+def _group(name: str, *declared: HParam) -> Tuple[HParam, ...]:
+  """The declarations, listed under `name` in `--help` (shared ones keep theirs)."""
+  shared = {hp.MU.name, hp.NUM_GROUPS.name, hp.ENSEMBLE_SIZE.name}
+  return tuple(d if d.name in shared else dataclasses.replace(d, group=name)
+               for d in declared)
+
+
+MU_POSITIVE = dataclasses.replace(hp.MU, low=0.0, low_open=True)
+
+FEDGROUP_HPARAMS = _group(
+    "fedgroup",
+    hp.NUM_GROUPS,
+    HParam("measure", str, "edc", "Group cold start measure: edc (cosine to the top-m "
+           "singular directions, then K-Means++) or madc (complete linkage on "
+           "mean absolute difference of cosines).", choices=("edc", "madc")),
+    HParam("pretrain_scale", float, 20.0, "alpha: min(alpha*m, N) clients are "
+           "pre-trained for the group cold start.", low=0, low_open=True),
+    HParam("pretrain_epochs", int, None, "Local epochs of the cold-start pre-training "
+           "(default: the round's local work).", low=1),
+    HParam("group_agg_lr", float, 0.0, "eta_g: inter-group aggregation rate (0 = off).",
+           low=0),
+    HParam("cold_start", str, "default", "default, rcc (random cluster centres) or rac "
+           "(random assignment of cold clients).", choices=("default", "rcc", "rac")),
+    HParam("newcomer_fraction", float, 0.0, "Fraction of clients held out of "
+           "pre-training and of the first 10% of rounds.", low=0, high=1,
+           high_open=True),
+)
 
 ALGORITHMS: Dict[str, AlgorithmSpec] = {
     spec.name: spec for spec in [
         AlgorithmSpec("fedavg", "FedAvg: weighted averaging of local SGD models",
                       "fedavg"),
         AlgorithmSpec("fedprox", "FedProx: FedAvg with proximal term (mu/2)||w - w_t||^2",
-                      "fedprox", uses_mu=True),
+                      "fedprox", hparams=(hp.MU,)),
         AlgorithmSpec("fedgroup", "FedGroup: EDC/MADC group cold start, group-wise "
-                      "FedAvg, newcomer cold start", "fedgroup", options=FEDGROUP_OPTIONS),
+                      "FedAvg, newcomer cold start", "fedgroup",
+                      hparams=FEDGROUP_HPARAMS),
         AlgorithmSpec("fedgrouprox", "FedGrouProx: FedGroup with proximal term "
-                      "(mu/2)||w - w_group||^2", "fedgrouprox", uses_mu=True,
-                      options=FEDGROUP_OPTIONS),
+                      "(mu/2)||w - w_group||^2", "fedgrouprox",
+                      hparams=(MU_POSITIVE, *FEDGROUP_HPARAMS)),
     ]
 }
 
@@ -55,3 +96,19 @@ def get_algorithm(name: str) -> AlgorithmSpec:
   if name not in ALGORITHMS:
     raise KeyError(f"unknown algorithm {name!r}; valid: {', '.join(sorted(ALGORITHMS))}")
   return ALGORITHMS[name]
+
+
+def all_hparams() -> Dict[str, HParam]:
+  """Every declared algorithm hyper-parameter by name (one flag each).
+
+  Two algorithms may declare the same name only with the same type and
+  choices (a shared concept, e.g. `num_groups`); the CLI flag takes the first
+  declaration's default and help.
+  """
+  out: Dict[str, HParam] = {}
+  for spec in ALGORITHMS.values():
+    for decl in spec.hparams:
+      first = out.setdefault(decl.name, decl)
+      if (first.type, first.choices) != (decl.type, decl.choices):
+        raise ValueError(f"--{decl.name} is declared twice with different types")
+  return out

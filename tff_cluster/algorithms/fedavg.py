@@ -1,17 +1,16 @@
-"""FedAvg (McMahan et al. 2017) as a TFF `LearningProcess`.
+"""FedAvg (McMahan et al. 2017); FedProx (Li et al. 2020) is the same with mu > 0.
 
 Update rule, per round t with sampled clients S_t:
-  each client k in S_t runs `local_epochs` of mini-batch SGD from w_t on its
-  data (FedProx adds (mu/2)||w - w_t||^2 to the local objective, see
-  `fedprox.py`), giving Delta_k = w_k - w_t;
-  Delta = sum_k n_k Delta_k / sum_k n_k, with n_k the examples processed;
-  w_{t+1} = w_t - server_opt(-Delta)   (server SGD with lr 1 is plain averaging).
+  each client k in S_t runs its local work (epochs or steps) of mini-batch
+  SGD from w_t (FedProx adds (mu/2)||w - w_t||^2 to the local objective),
+  giving Delta_k = w_k - w_t;
+  w_{t+1} = w_t + sum_k n_k Delta_k / sum_k n_k, with n_k the examples
+  processed (BatchNorm statistics are averaged the same way).
 
-The process is composed from the four parts of `tff.learning.templates`: a
-broadcast distributor, the client work below (`local_training.build_local_sgd`
-inside a TFF computation), a weighted-mean aggregator, and a finalizer that
-applies the server optimizer to trainable weights and the plain mean update to
-non-trainable ones (BatchNorm statistics; TFF's own FedAvg leaves those frozen).
+`FedAvgDefinition` writes this once as plain TF functions; both runners run
+it. `build_fedavg` composes the same local update into a TFF
+`LearningProcess` (broadcast, client work, weighted mean, finalizer with a
+server optimizer) for research pipelines.
 """
 
 from __future__ import annotations
@@ -21,95 +20,83 @@ from typing import Callable, List, Optional
 
 import numpy as np
 import tensorflow as tf
-import tensorflow_federated as tff
 
-from tff_cluster import experiment, local_training, tff_types
-
-
-def _split(weights: List, num_trainable: int) -> tff.learning.models.ModelWeights:
-  return tff.learning.models.ModelWeights(
-      trainable=list(weights[:num_trainable]),
-      non_trainable=list(weights[num_trainable:]))
+from tff_cluster import experiment, local_training
+from tff_cluster.algorithms.definition import (ClientOutput, Definition,
+                                               weighted_mean_update)
 
 
-def build_client_work(model_fn: Callable[[], tf.keras.Model], loss: str,
-                      element_spec, client_lr: float, mu: float,
-                      model_weights_type) -> tff.learning.templates.ClientWorkProcess:
-  """Local (proximal) SGD; the update is the pseudo-gradient w_t - w_k."""
-  data_type = tff_types.sequence_type(element_spec)
+class FedAvgDefinition(Definition):
+  """State: `{'model': weights}`. Every client receives the model and the round's lr.
 
-  @tff.tensorflow.computation(model_weights_type, data_type)
-  def client_update(initial, dataset):
-    model = model_fn()
-    local_sgd = local_training.build_local_sgd(model, loss)
-    flat = list(initial.trainable) + list(initial.non_trainable)
-    out = local_sgd(flat, dataset, client_lr, mu)
-    update = _split([-d for d in out["delta"]], len(initial.trainable))
-    return update, out["num_examples"], out["loss_sum"]
+  Summed: `update` = sum_k n_k Delta_k, `weight` = sum_k n_k, `loss_sum`.
+  """
 
-  @tff.federated_computation
-  def init_fn():
-    return tff.federated_value((), tff.SERVER)
+  def __init__(self, weights_spec, num_trainable: int, mu: float = 0.0, **solver):
+    super().__init__(weights_spec, num_trainable, **solver)
+    if mu < 0:
+      raise ValueError(f"invalid --mu={mu}; valid: a number >= 0")
+    self.mu = float(mu)
 
-  @tff.federated_computation(
-      init_fn.type_signature.result,
-      tff.FederatedType(model_weights_type, tff.CLIENTS),
-      tff.FederatedType(data_type, tff.CLIENTS))
-  def next_fn(state, weights, data):
-    update, num_examples, loss_sum = tff.federated_map(
-        client_update, (weights, data))
-    total = tff.federated_sum(num_examples)
-    measurements = tff.federated_zip(collections.OrderedDict(
-        loss_sum=tff.federated_sum(loss_sum), num_examples=total))
-    result = tff.federated_zip(
-        tff.learning.templates.ClientResult(update, num_examples))
-    return tff.templates.MeasuredProcessOutput(state, result, measurements)
+  def initial_state(self, initial_weights):
+    return collections.OrderedDict(model=[np.asarray(w) for w in initial_weights])
 
-  return tff.learning.templates.ClientWorkProcess(init_fn, next_fn)
+  def broadcast(self, state, params, mode):
+    return collections.OrderedDict(model=list(state["model"]), lr=params["lr"])
+
+  def client_work(self, trainer, selected, received, client_state, data, mode):
+    out, new_state = self.local_update(trainer, received["model"], data, received["lr"],
+                                       client_state, mu=self.mu)
+    n = out.num_examples
+    summed = collections.OrderedDict(update=[n * d for d in out.delta], weight=n,
+                                     loss_sum=out.loss_sum)
+    return ClientOutput(summed, collections.OrderedDict(num_examples=n), new_state)
+
+  def server_update(self, state, summed, mode):
+    return collections.OrderedDict(model=weighted_mean_update(
+        list(state["model"]), list(summed["update"]), summed["weight"]))
 
 
-def build_finalizer(model_weights_type, server_optimizer
-                    ) -> tff.learning.templates.FinalizerProcess:
-  """w_trainable <- optimizer step with the mean pseudo-gradient; BN stats <- mean."""
-  trainable_type = model_weights_type.trainable
+class FedAvgDriver(experiment.Driver):
+  """One global model for every client."""
 
-  @tff.tensorflow.computation
-  def init_tf():
-    specs = [tf.TensorSpec(t.shape, t.dtype) for t in trainable_type]
-    return server_optimizer.initialize(tuple(specs))
+  def __init__(self, task, data, config: experiment.TrainingConfig, mu: float = 0.0):
+    specs, num_trainable = experiment.model_layout(task)
+    super().__init__(task, data, config, FedAvgDefinition(
+        specs, num_trainable, mu=mu, momentum=config.client_momentum,
+        persist_momentum=config.persist_momentum))
+    self._w0 = experiment.initial_weights(task, config.seed)
+    self._num_params = int(sum(np.size(w) for w in self._w0))
+    self.state = None
 
-  state_type = init_tf.type_signature.result
+  def setup(self):
+    self.state = self.runner.put_state(self.definition.initial_state(self._w0))
+    return {"num_parameters": self._num_params}
 
-  @tff.tensorflow.computation(state_type, model_weights_type, model_weights_type)
-  def apply(opt_state, weights, update):
-    opt_state, trainable = server_optimizer.next(
-        opt_state, tuple(weights.trainable), tuple(update.trainable))
-    non_trainable = [w - u for w, u in zip(weights.non_trainable,
-                                           update.non_trainable)]
-    return opt_state, tff.learning.models.ModelWeights(
-        list(trainable), non_trainable)
+  def run_round(self, round_num, sampled):
+    out = self.train_clients("train", self.state, sampled, round_num)
+    self.state = out.state
+    model_bytes = self._num_params * experiment.BYTES_PER_PARAMETER
+    return {"train_loss": float(out.summed["loss_sum"] / max(out.summed["weight"], 1.0)),
+            "bytes_down": len(sampled) * model_bytes,
+            "bytes_up": len(sampled) * model_bytes}
 
-  @tff.federated_computation
-  def init_fn():
-    return tff.federated_eval(init_tf, tff.SERVER)
+  def model_weights(self) -> List[np.ndarray]:
+    return list(self.runner.numpy_state(self.state)["model"])
 
-  @tff.federated_computation(
-      init_fn.type_signature.result,
-      tff.FederatedType(model_weights_type, tff.SERVER),
-      tff.FederatedType(model_weights_type, tff.SERVER))
-  def next_fn(state, weights, update):
-    new_state, new_weights = tff.federated_map(apply, (state, weights, update))
-    return tff.templates.MeasuredProcessOutput(
-        new_state, new_weights, tff.federated_value((), tff.SERVER))
+  def eval_models(self):
+    return [self.model_weights()], np.zeros(self.data.num_clients, np.int64)
 
-  return tff.learning.templates.FinalizerProcess(init_fn, next_fn)
+
+def make_driver(task, data, config: experiment.TrainingConfig) -> FedAvgDriver:
+  return FedAvgDriver(task, data, config, mu=0.0)
 
 
 def build_fedavg(model_fn: Callable[[], tf.keras.Model], loss: str,
                  element_spec, initial_weights: List[np.ndarray],
-                 client_lr: float, mu: float = 0.0,
-                 server_optimizer=None) -> tff.learning.templates.LearningProcess:
-  """Builds FedAvg (mu = 0) or FedProx (mu > 0) as a `LearningProcess`.
+                 client_lr: float, mu: float = 0.0, server_optimizer=None,
+                 client_momentum: float = 0.0):
+  """FedAvg (mu = 0) or FedProx (mu > 0) as a TFF `LearningProcess`.
 
   Args:
     model_fn: builds a fresh built Keras model (called inside TFF computations).
@@ -119,23 +106,92 @@ def build_fedavg(model_fn: Callable[[], tf.keras.Model], loss: str,
       that a seed fixes the run).
     client_lr: local SGD learning rate.
     mu: proximal coefficient; 0 = FedAvg.
-    server_optimizer: a `tff.learning.optimizers.Optimizer`; default SGD with
-      learning rate 1.0 (= weighted averaging of client models).
+    server_optimizer: a `tff.learning.optimizers.Optimizer` applied to the
+      mean pseudo-gradient of the trainable weights; default SGD with
+      learning rate 1.0 (= weighted averaging of client models, the
+      definition's server update). BatchNorm statistics take the mean update.
+    client_momentum: heavy-ball beta of local SGD; its buffer starts at zero
+      every round (a `LearningProcess` keeps no per-client state).
 
   `next(state, client_datasets)` returns the new state and metrics
-  `{'client_work': {'loss_sum', 'num_examples'}, ...}`.
+  `{'client_work': {'loss_sum', 'num_examples'}, ...}`. The client work is
+  `FedAvgDefinition`'s local update, the one both runners execute.
   """
+  import tensorflow_federated as tff  # the definition itself needs no TFF
+
+  from tff_cluster import runtime, tff_types
+
   if client_lr <= 0:
     raise ValueError(f"client_lr must be > 0, got {client_lr}")
-  if mu < 0:
-    raise ValueError(f"mu must be >= 0, got {mu}")
+  runtime.install()
   model = model_fn()
   num_trainable = len(model.trainable_variables)
-  initial = _split([np.asarray(w) for w in initial_weights], num_trainable)
-  model_weights_type = tff_types.to_tff_type(
-      _split(local_training.model_variables(model), num_trainable))
+  definition = FedAvgDefinition(local_training.weights_type_spec(model), num_trainable,
+                                mu=mu, momentum=client_momentum)
+
+  def split(weights):
+    return tff.learning.models.ModelWeights(trainable=list(weights[:num_trainable]),
+                                            non_trainable=list(weights[num_trainable:]))
+
+  initial = split([np.asarray(w) for w in initial_weights])
+  model_weights_type = tff_types.to_tff_type(split(definition.weights_spec))
+  data_type = tff_types.sequence_type(element_spec)
   if server_optimizer is None:
     server_optimizer = tff.learning.optimizers.build_sgdm(learning_rate=1.0)
+
+  @tff.tensorflow.computation(model_weights_type, data_type)
+  def client_update(weights, dataset):
+    trainer = local_training.DatasetTrainer(model_fn(), loss, client_momentum)
+
+    @tf.function  # orders local SGD's variable reads and writes in the graph
+    def work(start, dataset):
+      out, _ = definition.local_update(trainer, start, dataset, client_lr, None, mu=mu)
+      return [-d for d in out.delta], out.num_examples, out.loss_sum
+
+    update, num_examples, loss_sum = work(
+        list(weights.trainable) + list(weights.non_trainable), dataset)
+    return split(update), num_examples, loss_sum
+
+  @tff.federated_computation
+  def client_init():
+    return tff.federated_value((), tff.SERVER)
+
+  @tff.federated_computation(
+      client_init.type_signature.result,
+      tff.FederatedType(model_weights_type, tff.CLIENTS),
+      tff.FederatedType(data_type, tff.CLIENTS))
+  def client_next(state, weights, data):
+    update, num_examples, loss_sum = tff.federated_map(client_update, (weights, data))
+    measurements = tff.federated_zip(collections.OrderedDict(
+        loss_sum=tff.federated_sum(loss_sum), num_examples=tff.federated_sum(num_examples)))
+    result = tff.federated_zip(tff.learning.templates.ClientResult(update, num_examples))
+    return tff.templates.MeasuredProcessOutput(state, result, measurements)
+
+  @tff.tensorflow.computation
+  def optimizer_init():
+    specs = [tf.TensorSpec(t.shape, t.dtype) for t in model_weights_type.trainable]
+    return server_optimizer.initialize(tuple(specs))
+
+  @tff.tensorflow.computation(optimizer_init.type_signature.result, model_weights_type,
+                              model_weights_type)
+  def apply(opt_state, weights, update):
+    opt_state, trainable = server_optimizer.next(
+        opt_state, tuple(weights.trainable), tuple(update.trainable))
+    non_trainable = [w - u for w, u in zip(weights.non_trainable, update.non_trainable)]
+    return opt_state, tff.learning.models.ModelWeights(list(trainable), non_trainable)
+
+  @tff.federated_computation
+  def finalizer_init():
+    return tff.federated_eval(optimizer_init, tff.SERVER)
+
+  @tff.federated_computation(
+      finalizer_init.type_signature.result,
+      tff.FederatedType(model_weights_type, tff.SERVER),
+      tff.FederatedType(model_weights_type, tff.SERVER))
+  def finalizer_next(state, weights, update):
+    new_state, new_weights = tff.federated_map(apply, (state, weights, update))
+    return tff.templates.MeasuredProcessOutput(
+        new_state, new_weights, tff.federated_value((), tff.SERVER))
 
   @tff.tensorflow.computation
   def initial_model_weights_fn():
@@ -144,46 +200,19 @@ def build_fedavg(model_fn: Callable[[], tf.keras.Model], loss: str,
   return tff.learning.templates.compose_learning_process(
       initial_model_weights_fn,
       tff.learning.templates.build_broadcast_process(model_weights_type),
-      build_client_work(model_fn, loss, element_spec, client_lr, mu,
-                        model_weights_type),
-      tff.aggregators.MeanFactory().create(
-          model_weights_type, tff.TensorType(np.float32)),
-      build_finalizer(model_weights_type, server_optimizer))
+      tff.learning.templates.ClientWorkProcess(client_init, client_next),
+      tff.aggregators.MeanFactory().create(model_weights_type, tff.TensorType(np.float32)),
+      tff.learning.templates.FinalizerProcess(finalizer_init, finalizer_next))
 
 
-class FedAvgRunner(experiment.Runner):
-  """Drives `build_fedavg`'s process: one global model for every client."""
+def build_fedavg_rounds(model_fn, loss: str, element_spec, mu: float = 0.0,
+                        client_momentum: float = 0.0):
+  """The `tff` runner's computation for FedAvg/FedProx (see `tff_runner.build_round`):
+  `round(state, params, datasets) -> (state, summed, per-client results)`."""
+  from tff_cluster.runners import tff_runner
 
-  def __init__(self, task, data, config: experiment.TrainingConfig, mu: float = 0.0):
-    self._data = data
-    self._config = config
-    self._element_spec = experiment.client_element_spec(data, config.batch_size)
-    init = experiment.initial_weights(task, config.seed)
-    self._num_params = int(sum(np.size(w) for w in init))
-    self.process = build_fedavg(task.model_fn, task.loss, self._element_spec,
-                                init, config.client_lr, mu)
-    self.state = None
-
-  def setup(self):
-    self.state = self.process.initialize()
-    return {"num_parameters": self._num_params}
-
-  def run_round(self, round_num, sampled):
-    datasets = experiment.round_datasets(self._data, self._config, round_num,
-                                         sampled, self._config.local_epochs)
-    output = self.process.next(self.state, datasets)
-    self.state = output.state
-    work = output.metrics["client_work"]
-    model_bytes = self._num_params * experiment.BYTES_PER_PARAMETER
-    return {"train_loss": float(work["loss_sum"] / max(work["num_examples"], 1.0)),
-            "bytes_down": len(sampled) * model_bytes,
-            "bytes_up": len(sampled) * model_bytes}
-
-  def eval_models(self):
-    weights = self.process.get_model_weights(self.state)
-    flat = list(weights.trainable) + list(weights.non_trainable)
-    return [flat], np.zeros(self._data.num_clients, np.int64)
-
-
-def make_runner(task, data, config: experiment.TrainingConfig) -> FedAvgRunner:
-  return FedAvgRunner(task, data, config, mu=0.0)
+  model = model_fn()
+  definition = FedAvgDefinition(local_training.weights_type_spec(model),
+                                len(model.trainable_variables), mu=mu,
+                                momentum=client_momentum)
+  return tff_runner.build_round(definition, "train", model_fn, loss, element_spec)

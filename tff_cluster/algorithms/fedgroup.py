@@ -1,5 +1,5 @@
 """FedGroup / FedGrouProx (Duan et al., "FedGroup: Efficient Clustered Federated
-Learning via Decomposed Data-Driven Measure", 2021) as TFF computations.
+Learning via Decomposed Data-Driven Measure", 2021).
 
 Server state: m group models w_j (stacked, leading dimension m), each group's
 latest update Delta w_j, and the auxiliary global model w.
@@ -39,22 +39,17 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
-import tensorflow_federated as tff
 
-from tff_cluster import clustering, experiment, local_training, tff_types
+from tff_cluster import clustering, experiment, local_training
+from tff_cluster.algorithms.definition import ClientOutput, Definition, flat_norm
 
 COLD_STARTS = ("default", "rcc", "rac")
 MEASURES = ("edc", "madc")
 
 
 # ----------------------------------------------------------------------------
-# Plain TF maths (used inside the TFF computations below).
+# Plain TF maths.
 # ----------------------------------------------------------------------------
-
-
-def select_model(stacked: Sequence[tf.Tensor], key: tf.Tensor) -> List[tf.Tensor]:
-  """Row `key` of each stacked weight: one model out of a cluster-indexed list."""
-  return [tf.gather(t, key) for t in stacked]
 
 
 def direction_choice(delta: Sequence[tf.Tensor],
@@ -107,163 +102,134 @@ def group_server_update(group_models: Sequence[tf.Tensor],
 
 
 # ----------------------------------------------------------------------------
-# TFF wiring.
-# ----------------------------------------------------------------------------
+# The definition (both runners) and its TFF computations.
 
 
-def _state_type(weights_type, num_groups):
-  stacked = [tff.TensorType(t.dtype, [num_groups, *t.shape]) for t in weights_type]
-  return tff.types.to_type(collections.OrderedDict(
-      group_models=stacked, group_updates=stacked, aux_model=list(weights_type)))
+class FedGroupDefinition(Definition):
+  """FedGroup's round as plain TF functions (see the module docstring).
+
+  State: `group_models` and `group_updates` (each weight stacked [m, ...]) and
+  `aux_model`. Modes:
+    pretrain: every client receives the auxiliary model (w_0 before the cold
+      start) and returns its update to the host (group cold start);
+    warm: each client selects its group's model by key 0..m-1;
+    cold: key m selects the auxiliary model for a client not yet in a group,
+      and every client also receives the m directions Delta w_j.
+  """
+
+  modes = ("pretrain", "warm", "cold")
+
+  def __init__(self, weights_spec, num_trainable: int, num_groups: int, mu: float = 0.0,
+               group_agg_lr: float = 0.0, **solver):
+    super().__init__(weights_spec, num_trainable, **solver)
+    if num_groups < 1:
+      raise ValueError(f"invalid --num_groups={num_groups}; valid: an integer >= 1")
+    self.m = int(num_groups)
+    self.mu = float(mu)
+    self.group_agg_lr = float(group_agg_lr)
+
+  def initial_state(self, initial_weights):
+    """Every group and the auxiliary model at w_0 (before the cold start)."""
+    w0 = [np.asarray(w) for w in initial_weights]
+    return collections.OrderedDict(
+        group_models=[np.stack([w] * self.m) for w in w0],
+        group_updates=[np.zeros((self.m, *w.shape), w.dtype) for w in w0],
+        aux_model=w0)
+
+  def num_keys(self, mode):
+    return {"pretrain": 0, "warm": self.m, "cold": self.m + 1}[mode]
+
+  def database(self, state, mode):
+    # Rows 0..m-1: the group models; row m: the auxiliary model (cold clients).
+    # Each row carries its key, so a client knows which group it was given.
+    # (Fields in sorted order: TFF's federated_select orders them so.)
+    return collections.OrderedDict(
+        key=tf.range(self.m + 1, dtype=tf.int32),
+        model=[tf.concat([g, a[tf.newaxis]], 0)
+               for g, a in zip(state["group_models"], state["aux_model"])])
+
+  def broadcast(self, state, params, mode):
+    out = collections.OrderedDict(lr=params["lr"])
+    if mode == "pretrain":
+      out["model"] = list(state["aux_model"])
+    if mode == "cold":
+      out["directions"] = list(state["group_updates"])
+    return out
+
+  def client_state_spec(self, mode):
+    return None if mode == "pretrain" else super().client_state_spec(mode)
+
+  def client_work(self, trainer, selected, received, client_state, data, mode):
+    if mode == "pretrain":
+      out, _ = self.local_update(trainer, received["model"], data, received["lr"], None)
+      summed = collections.OrderedDict(loss_sum=out.loss_sum,
+                                       num_examples=out.num_examples)
+      return ClientOutput(summed, collections.OrderedDict(delta=out.delta))
+    out, new_state = self.local_update(trainer, list(selected["model"]), data,
+                                       received["lr"], client_state, mu=self.mu)
+    group = selected["key"]
+    if mode == "cold":
+      group = tf.where(group >= self.m,
+                       direction_choice(out.delta, list(received["directions"])), group)
+    sums, weights = scatter_to_group(out.delta, out.num_examples, group, self.m)
+    summed = collections.OrderedDict(
+        update_sums=sums, weight_sums=weights, loss_sum=out.loss_sum,
+        num_examples=out.num_examples, update_norm_sum=flat_norm(out.delta),
+        num_clients=tf.constant(1.0))
+    return ClientOutput(summed, collections.OrderedDict(group=group), new_state)
+
+  def server_update(self, state, summed, mode):
+    if mode == "pretrain":
+      return state
+    models, updates, aux = group_server_update(
+        list(state["group_models"]), list(state["group_updates"]),
+        list(summed["update_sums"]), summed["weight_sums"], self.group_agg_lr)
+    return collections.OrderedDict(group_models=models, group_updates=updates,
+                                   aux_model=aux)
+
+
+FedGroupComputations = collections.namedtuple(
+    "FedGroupComputations", ["definition", "pretrain", "warm", "cold"])
 
 
 def build_fedgroup(model_fn: Callable[[], tf.keras.Model], loss: str, element_spec,
-                   num_groups: int, client_lr: float, mu: float = 0.0,
-                   group_agg_lr: float = 0.0):
-  """Builds FedGroup's TFF computations.
+                   num_groups: int, mu: float = 0.0, group_agg_lr: float = 0.0,
+                   client_momentum: float = 0.0) -> FedGroupComputations:
+  """FedGroup's TFF computations (the `tff` runner's), for research pipelines.
 
   Args:
     model_fn: builds a fresh, built Keras model.
     loss: `tff_cluster.models` loss kind.
     element_spec: element spec of a client's batched dataset.
     num_groups: m.
-    client_lr: local SGD learning rate.
     mu: FedGrouProx proximal coefficient (0 = FedGroup).
     group_agg_lr: inter-group aggregation rate eta_g (0 = off).
+    client_momentum: heavy-ball beta of local SGD (buffer reset every round).
 
-  Returns a namespace with:
-    `pretrain(model@SERVER, data@CLIENTS) -> (updates@CLIENTS, loss_sum, n)`:
-      one local update per client from the broadcast model (group cold start).
-    `process`: a `tff.templates.IterativeProcess` whose `next(state, data, keys)`
-      runs one round; `keys` is `int32[1]` per client: its group, or m for a
-      client not yet in a group (it then joins the group its update points to).
-      Outputs `(state, metrics, client_groups@CLIENTS)`.
-    `process_cold`: same, for rounds that sample clients not yet in a group
-      (also broadcasts the m group directions).
+  Returns `FedGroupComputations(definition, pretrain, warm, cold)`; each is a
+  federated computation `(state, params, datasets[, keys]) -> (state, summed,
+  per-client results)` (see `tff_runner.build_round`), with
+  `params = tff_cluster.algorithms.definition.round_params(lr)`:
+    pretrain: one local update per client from the auxiliary model; results
+      hold each client's update (group cold start, `cold_start_state`);
+    warm: keys are `int32[1]` groups 0..m-1; results hold each client's group;
+    cold: keys may also be m (a client not yet in a group: it trains from the
+      auxiliary model and joins the group its update points to).
+  The initial state is `definition.initial_state(w0)`, replaced after the
+  pre-training by `cold_start_state(...)`.
   """
-  if num_groups < 1:
-    raise ValueError(f"num_groups must be >= 1, got {num_groups}")
+  from tff_cluster.runners import tff_runner
+
   model = model_fn()
-  variables = local_training.model_variables(model)
-  weights_type = [tff.TensorType(v.dtype.as_numpy_dtype, v.shape.as_list())
-                  for v in variables]
-  weights_type_struct = tff.types.to_type(list(weights_type))
-  state_type = _state_type(weights_type, num_groups)
-  data_type = tff_types.sequence_type(element_spec)
-  stacked_type = state_type.group_models
-  m = num_groups
-
-  @tff.tensorflow.computation(weights_type_struct, data_type)
-  def pretrain_client(weights, dataset):
-    local_sgd = local_training.build_local_sgd(model_fn(), loss)
-    out = local_sgd(list(weights), dataset, client_lr, 0.0)
-    return out["delta"], out["loss_sum"], out["num_examples"]
-
-  @tff.federated_computation(tff.FederatedType(weights_type_struct, tff.SERVER),
-                             tff.FederatedType(data_type, tff.CLIENTS))
-  def pretrain(weights, data):
-    deltas, loss_sum, num_examples = tff.federated_map(
-        pretrain_client, (tff.federated_broadcast(weights), data))
-    return deltas, tff.federated_sum(loss_sum), tff.federated_sum(num_examples)
-
-  @tff.tensorflow.computation(state_type)
-  def make_database(state):
-    # Rows 0..m-1: group models; row m: the auxiliary model (cold clients).
-    return [tf.concat([g, a[tf.newaxis]], 0)
-            for g, a in zip(state["group_models"], state["aux_model"])]
-
-  database_type = make_database.type_signature.result
-
-  @tff.tensorflow.computation(database_type, tff.TensorType(np.int32))
-  def select_fn(database, key):
-    return select_model(database, key)
-
-  def client_update(selected, dataset, key, directions):
-    """Local training from the selected model; the update goes to its group."""
-    start = list(selected.get_single_element())
-    local_sgd = local_training.build_local_sgd(model_fn(), loss)
-    out = local_sgd(start, dataset, client_lr, mu)
-    group = key[0]
-    if directions is not None:
-      group = tf.where(group >= m, direction_choice(out["delta"], directions), group)
-    sums, weights = scatter_to_group(out["delta"], out["num_examples"], group, m)
-    drift = tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(d)) for d in out["delta"]]))
-    return (sums, weights, out["loss_sum"], out["num_examples"], drift,
-            tf.reshape(group, [1]))
-
-  client_arg_types = (tff.SequenceType(weights_type_struct), data_type,
-                      tff.TensorType(np.int32, [1]))
-
-  @tff.tensorflow.computation(*client_arg_types)
-  def client_update_warm(selected, dataset, key):
-    return client_update(selected, dataset, key, None)
-
-  @tff.tensorflow.computation(*client_arg_types, stacked_type)
-  def client_update_cold(selected, dataset, key, directions):
-    return client_update(selected, dataset, key, list(directions))
-
-  @tff.tensorflow.computation(state_type, stacked_type,
-                              tff.TensorType(np.float32, [m]))
-  def server_update(state, update_sums, weight_sums):
-    models, updates, aux = group_server_update(
-        list(state["group_models"]), list(state["group_updates"]),
-        list(update_sums), weight_sums, group_agg_lr)
-    return collections.OrderedDict(group_models=models, group_updates=updates,
-                                   aux_model=aux)
-
-  @tff.tensorflow.computation
-  def dummy_state():
-    return collections.OrderedDict(
-        group_models=[tf.zeros(t.shape, t.dtype) for t in stacked_type],
-        group_updates=[tf.zeros(t.shape, t.dtype) for t in stacked_type],
-        aux_model=[tf.zeros(t.shape, t.dtype) for t in weights_type])
-
-  @tff.federated_computation
-  def initialize():
-    # Real initial state comes from the group cold start (`initial_state`).
-    return tff.federated_eval(dummy_state, tff.SERVER)
-
-  @tff.tensorflow.computation(state_type)
-  def group_directions(state):
-    return state["group_updates"]
-
-  def build_next(with_directions: bool):
-    client_work = client_update_cold if with_directions else client_update_warm
-
-    @tff.federated_computation(
-        tff.FederatedType(state_type, tff.SERVER),
-        tff.FederatedType(data_type, tff.CLIENTS),
-        tff.FederatedType(tff.TensorType(np.int32, [1]), tff.CLIENTS))
-    def next_fn(state, data, keys):
-      database = tff.federated_map(make_database, state)
-      selected = tff.federated_select(
-          keys, tff.federated_value(np.int32(m), tff.SERVER), database, select_fn)
-      args = [selected, data, keys]
-      if with_directions:
-        directions = tff.federated_map(group_directions, state)
-        args.append(tff.federated_broadcast(directions))
-      sums, weights, loss_sum, num_examples, drift, groups = tff.federated_map(
-          client_work, tuple(args))
-      new_state = tff.federated_map(
-          server_update, (state, tff.federated_sum(sums), tff.federated_sum(weights)))
-      metrics = tff.federated_zip(collections.OrderedDict(
-          loss_sum=tff.federated_sum(loss_sum),
-          num_examples=tff.federated_sum(num_examples),
-          discrepancy=tff.federated_mean(drift),
-          group_weights=tff.federated_sum(weights)))
-      return new_state, metrics, groups
-
-    return tff.templates.IterativeProcess(initialize, next_fn)
-
-  return FedGroupComputations(pretrain=pretrain, process=build_next(False),
-                              process_cold=build_next(True), state_type=state_type)
+  definition = FedGroupDefinition(local_training.weights_type_spec(model),
+                                  len(model.trainable_variables), num_groups, mu=mu,
+                                  group_agg_lr=group_agg_lr, momentum=client_momentum)
+  comps = {mode: tff_runner.build_round(definition, mode, model_fn, loss, element_spec)
+           for mode in definition.modes}
+  return FedGroupComputations(definition, **comps)
 
 
-FedGroupComputations = collections.namedtuple(
-    "FedGroupComputations", ["pretrain", "process", "process_cold", "state_type"])
-
-
-def initial_state(w0: Sequence[np.ndarray], member_updates: Sequence[Sequence[np.ndarray]],
+def cold_start_state(w0: Sequence[np.ndarray], member_updates: Sequence[Sequence[np.ndarray]],
                   labels: np.ndarray, num_groups: int) -> Dict[str, list]:
   """Group j = mean of its members' trained models; Delta w_j = mean update.
 
@@ -285,11 +251,11 @@ def initial_state(w0: Sequence[np.ndarray], member_updates: Sequence[Sequence[np
 
 
 # ----------------------------------------------------------------------------
-# Runner used by the CLI.
+# The host side: cold start, assignments, newcomers, metrics.
 # ----------------------------------------------------------------------------
 
 
-class FedGroupRunner(experiment.Runner):
+class FedGroupDriver(experiment.Driver):
   """Group cold start, then FedGroup rounds; holds each client's group."""
 
   def __init__(self, task, data, config: experiment.TrainingConfig, *,
@@ -306,12 +272,19 @@ class FedGroupRunner(experiment.Runner):
                        "(at most the number of clients)")
     if not 0 <= newcomer_fraction < 1:
       raise ValueError(f"invalid --newcomer_fraction={newcomer_fraction}; valid: [0, 1)")
+    specs, num_trainable = experiment.model_layout(task)
+    super().__init__(task, data, config, FedGroupDefinition(
+        specs, num_trainable, num_groups, mu=mu, group_agg_lr=group_agg_lr,
+        momentum=config.client_momentum, persist_momentum=config.persist_momentum))
     self._data = data
     self._config = config
     self.m = num_groups
     self.measure = measure
     self.pretrain_scale = pretrain_scale
-    self.pretrain_epochs = pretrain_epochs or config.local_epochs
+    # The cold start's pre-training does the round's local work unless
+    # --pretrain_epochs says otherwise.
+    self.pretrain_work = (config.local_work if pretrain_epochs is None else
+                          local_training.LocalWork(config.batch_size, epochs=pretrain_epochs))
     self.cold_start = cold_start
     self._rng = np.random.default_rng(np.random.SeedSequence([config.seed, 11]))
     n = data.num_clients
@@ -334,11 +307,8 @@ class FedGroupRunner(experiment.Runner):
           f"invalid --newcomer_fraction={newcomer_fraction}: leaves {n - num_newcomers} "
           f"clients for the first rounds, fewer than --clients_per_round="
           f"{config.clients_per_round}")
-    element_spec = experiment.client_element_spec(data, config.batch_size)
     self._w0 = experiment.initial_weights(task, config.seed)
     self._num_params = int(sum(np.size(w) for w in self._w0))
-    self.comps = build_fedgroup(task.model_fn, task.loss, element_spec, num_groups,
-                                config.client_lr, mu=mu, group_agg_lr=group_agg_lr)
     self.assignment = np.full(n, -1, np.int64)
     self.state = None
     self._summary: Dict[str, object] = {}
@@ -348,16 +318,13 @@ class FedGroupRunner(experiment.Runner):
         + [f"group_{j}_size" for j in range(num_groups)]
         + (["ari", "purity"] if data.true_clusters is not None else []))
 
-  def _datasets(self, round_num, clients, epochs):
-    return experiment.round_datasets(self._data, self._config, round_num, clients, epochs)
-
   def setup(self):
     t0 = time.perf_counter()
     pool = np.flatnonzero(~self.newcomers)
     chosen = np.sort(self._rng.choice(pool, self.num_pretrain, replace=False))
-    deltas, loss_sum, num_examples = self.comps.pretrain(
-        self._w0, self._datasets(0, chosen, self.pretrain_epochs))
-    deltas = [[np.asarray(t) for t in d] for d in deltas]
+    out = self.train_clients("pretrain", self.definition.initial_state(self._w0), chosen,
+                             0, work=self.pretrain_work, persist=False)
+    deltas = [list(r["delta"]) for r in out.results]
     if self.cold_start == "rcc":
       labels = np.arange(self.m)  # each pre-trained client is one group's centre
     else:
@@ -365,13 +332,14 @@ class FedGroupRunner(experiment.Runner):
           np.stack([clustering.flatten_weights(d) for d in deltas]), self.m,
           self.measure, seed=self._config.seed)
     self.assignment[chosen] = labels
-    self.state = initial_state(self._w0, deltas, labels, self.m)
+    self.state = self.runner.put_state(cold_start_state(self._w0, deltas, labels, self.m))
     seconds = time.perf_counter() - t0
     model_bytes = self._num_params * experiment.BYTES_PER_PARAMETER
     self._summary.update(
         cold_start_seconds=seconds,
         cold_start_clients=int(len(chosen)),
-        cold_start_train_loss=float(loss_sum / max(num_examples, 1.0)),
+        cold_start_train_loss=float(out.summed["loss_sum"] /
+                                    max(out.summed["num_examples"], 1.0)),
         cold_start_bytes_down=int(len(chosen) * model_bytes),
         cold_start_bytes_up=int(len(chosen) * model_bytes),
         num_parameters=self._num_params)
@@ -387,17 +355,16 @@ class FedGroupRunner(experiment.Runner):
       # Random assignment of cold clients: they join a uniformly random group.
       self.assignment[sampled[cold]] = self._rng.integers(0, self.m, cold.sum())
       cold = self.assignment[sampled] < 0
-    keys = [np.array([g if g >= 0 else self.m], np.int32)
-            for g in self.assignment[sampled]]
-    process = self.comps.process_cold if cold.any() else self.comps.process
-    state, metrics, groups = process.next(
-        self.state, self._datasets(round_num, sampled, self._config.local_epochs), keys)
-    self.state = state
-    self.assignment[sampled] = np.array([int(np.asarray(g)[0]) for g in groups])
+    keys = [int(g) if g >= 0 else self.m for g in self.assignment[sampled]]
+    out = self.train_clients("cold" if cold.any() else "warm", self.state, sampled,
+                             round_num, keys=keys)
+    self.state = out.state
+    self.assignment[sampled] = [int(r["group"]) for r in out.results]
+    s = out.summed
     model_bytes = self._num_params * experiment.BYTES_PER_PARAMETER
     return {
-        "train_loss": float(metrics["loss_sum"] / max(metrics["num_examples"], 1.0)),
-        "discrepancy": float(metrics["discrepancy"]),
+        "train_loss": float(s["loss_sum"] / max(s["num_examples"], 1.0)),
+        "discrepancy": float(s["update_norm_sum"] / s["num_clients"]),
         "num_cold_clients": int(cold.sum()),
         "num_assigned": int((self.assignment >= 0).sum()),
         "bytes_down": int(len(sampled) * model_bytes + cold.sum() * self.m * model_bytes),
@@ -405,9 +372,9 @@ class FedGroupRunner(experiment.Runner):
     }
 
   def _models(self):
-    groups = [[np.asarray(layer[j]) for layer in self.state["group_models"]]
-              for j in range(self.m)]
-    return groups + [[np.asarray(w) for w in self.state["aux_model"]]]
+    state = self.runner.numpy_state(self.state)
+    groups = [[layer[j] for layer in state["group_models"]] for j in range(self.m)]
+    return groups + [list(state["aux_model"])]
 
   def eval_models(self):
     client_model = np.where(self.assignment >= 0, self.assignment, self.m)
@@ -439,6 +406,6 @@ class FedGroupRunner(experiment.Runner):
     return out
 
 
-def make_runner(task, data, config: experiment.TrainingConfig, **options):
+def make_driver(task, data, config: experiment.TrainingConfig, **options):
   """FedGroup (no proximal term); options are the `--num_groups` etc. flags."""
-  return FedGroupRunner(task, data, config, mu=0.0, **options)
+  return FedGroupDriver(task, data, config, mu=0.0, **options)

@@ -11,16 +11,16 @@ from tff_cluster import experiment
 from tff_cluster.algorithms import fedgroup
 
 
-def build_fedgrouprox(model_fn, loss, element_spec, num_groups: int, client_lr: float,
-                      mu: float, group_agg_lr: float = 0.0):
+def build_fedgrouprox(model_fn, loss, element_spec, num_groups: int, mu: float,
+                      group_agg_lr: float = 0.0):
   """See `fedgroup.build_fedgroup`; `mu` > 0 is the proximal coefficient."""
   if mu <= 0:
     raise ValueError(f"FedGrouProx needs mu > 0, got {mu}; use fedgroup for mu = 0")
-  return fedgroup.build_fedgroup(model_fn, loss, element_spec, num_groups, client_lr,
-                                 mu=mu, group_agg_lr=group_agg_lr)
+  return fedgroup.build_fedgroup(model_fn, loss, element_spec, num_groups, mu=mu,
+                                 group_agg_lr=group_agg_lr)
 
 
-def make_runner(task, data, config: experiment.TrainingConfig, **options):
-  if config.mu <= 0:
-    raise ValueError(f"invalid --mu={config.mu} for fedgrouprox; valid: a number > 0")
-  return fedgroup.FedGroupRunner(task, data, config, mu=config.mu, **options)
+def make_driver(task, data, config: experiment.TrainingConfig, mu: float, **options):
+  if mu <= 0:
+    raise ValueError(f"invalid --mu={mu} for fedgrouprox; valid: a number > 0")
+  return fedgroup.FedGroupDriver(task, data, config, mu=mu, **options)

@@ -2,7 +2,8 @@
 
 FedAvg whose clients minimise F_k(w) + (mu/2)||w - w_t||^2 (eq. 2), i.e. local
 SGD steps w <- w - lr (grad F_k(w) + mu (w - w_t)). All clients run the same
-number of local epochs here (no stragglers / variable local work).
+local work here (no stragglers / variable local work). The definition is
+`fedavg.FedAvgDefinition` with mu > 0.
 """
 
 from __future__ import annotations
@@ -18,5 +19,5 @@ def build_fedprox(model_fn, loss, element_spec, initial_weights, client_lr: floa
                              client_lr, mu=mu, server_optimizer=server_optimizer)
 
 
-def make_runner(task, data, config: experiment.TrainingConfig):
-  return fedavg.FedAvgRunner(task, data, config, mu=config.mu)
+def make_driver(task, data, config: experiment.TrainingConfig, mu: float):
+  return fedavg.FedAvgDriver(task, data, config, mu=mu)

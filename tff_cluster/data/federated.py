@@ -14,7 +14,6 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
-import tensorflow_federated as tff
 
 Arrays = Tuple[np.ndarray, np.ndarray]  # (x, y)
 
@@ -76,17 +75,18 @@ class FederatedData:
                          {c: self.test[c] for c in client_ids}, self.num_classes,
                          clusters, self.description)
 
-  def train_client_data(self) -> tff.simulation.datasets.ClientData:
+  def train_client_data(self) -> "tff.simulation.datasets.ClientData":
     """Training data as a TFF `ClientData` (elements `{'x': ..., 'y': ...}`)."""
     return _to_client_data(self.client_ids, self.train)
 
-  def test_client_data(self) -> tff.simulation.datasets.ClientData:
+  def test_client_data(self) -> "tff.simulation.datasets.ClientData":
     """Test data as a TFF `ClientData` (same client ids as the training data)."""
     return _to_client_data(self.client_ids, self.test)
 
 
 def _to_client_data(client_ids, split):
   # In-memory ClientData: datasets are built from the numpy arrays on demand.
+  import tensorflow_federated as tff  # deferred: only TFF pipelines need it
   def dataset_fn(client_id: str) -> tf.data.Dataset:
     x, y = split[client_id]
     return tf.data.Dataset.from_tensor_slices({"x": x, "y": y})

@@ -1,0 +1,355 @@
+"""The two runners: same batches, same maths, same numbers; device and jit choice."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tasks
+from tests.conftest import REPO_ROOT
+from tff_cluster import algorithms, experiment, local_training, models
+from tff_cluster.algorithms import fedavg
+from tff_cluster.results import ResultsWriter
+from tff_cluster.runners import local_runner
+from tff_cluster.task import DataOptions, TaskSpec
+
+# ---------------------------------------------------------------------------
+# Parity: every registered algorithm, both runners, same seed -> same numbers.
+# A new algorithm must add its case here (test_every_algorithm_has_a_parity_case).
+
+PARITY_CASES = {
+    "fedavg": [{}],
+    "fedprox": [{"mu": 0.5}],
+    # pretrain_scale 2 pre-trains 6 of 24 clients: the others join by client
+    # cold start, so both the warm and the cold round run.
+    "fedgroup": [{"num_groups": 3, "pretrain_scale": 2.0},
+                 {"num_groups": 3, "measure": "madc", "group_agg_lr": 0.1}],
+    "fedgrouprox": [{"num_groups": 3, "mu": 0.5, "pretrain_scale": 2.0}],
+}
+# Local-solver settings every algorithm shares, run on both runners too.
+SOLVER_CASES = {
+    "epochs": dict(local_epochs=2),
+    "steps_momentum_persist_decay": dict(local_epochs=None, local_steps=7,
+                                         client_momentum=0.9, client_state="persist",
+                                         lr_decay=0.9),
+}
+ROUNDS = 4
+RTOL, ATOL = 1e-4, 1e-6
+
+
+def test_every_algorithm_has_a_parity_case():
+  assert set(PARITY_CASES) == set(algorithms.ALGORITHMS), (
+      "every registered algorithm needs a runner parity case in PARITY_CASES")
+
+
+@pytest.fixture(scope="module")
+def cluster_data():
+  task = tasks.get_task("synthetic_clusters")
+  data = task.load_data(DataOptions(seed=2, num_clients=24, extra={"num_clusters": 3}))
+  return task, data
+
+
+def _run(task, data, algo, options, runner, tmp_path, solver):
+  config = experiment.TrainingConfig(**{
+      "rounds": ROUNDS, "clients_per_round": 8, "batch_size": 10, "client_lr": 0.02,
+      "seed": 1, "runner": runner, **solver})
+  driver = algorithms.get_algorithm(algo).make_driver(task, data, config, **options)
+  columns = [*experiment.BASE_COLUMNS, *driver.extra_columns]
+  writer = ResultsWriter(str(tmp_path / runner), columns, tensorboard=False)
+  summary = experiment.run_training(task, data, config, driver, writer, progress=False)
+  writer.close()
+  weights, client_model = driver.eval_models()
+  return writer.rows, summary, weights, client_model
+
+
+def _assert_same_rows(rows_a, rows_b):
+  assert len(rows_a) == len(rows_b) == ROUNDS
+  for a, b in zip(rows_a, rows_b):
+    assert set(a) == set(b)
+    for key in a:
+      if key in ("round_seconds", "eval_seconds"):
+        continue
+      if key.endswith("accuracy") and a[key] is not None and np.isnan(a[key]):
+        assert b[key] is None or np.isnan(b[key]), key
+      elif key.endswith(("accuracy", "_size")) or key.startswith(("num_", "bytes")) \
+          or key in ("round", "ari", "purity"):
+        assert a[key] == b[key], (a["round"], key, a[key], b[key])
+      else:
+        np.testing.assert_allclose(a[key], b[key], rtol=RTOL, atol=ATOL, err_msg=key)
+
+
+@pytest.mark.parametrize("solver", sorted(SOLVER_CASES))
+@pytest.mark.parametrize("algo,case", [(a, i) for a, cases in sorted(PARITY_CASES.items())
+                                       for i in range(len(cases))])
+def test_runners_give_the_same_numbers(algo, case, solver, cluster_data, tmp_path):
+  task, data = cluster_data
+  options = PARITY_CASES[algo][case]
+  out = {r: _run(task, data, algo, options, r, tmp_path, SOLVER_CASES[solver])
+         for r in ("tff", "local")}
+  rows_tff, summary_tff, weights_tff, model_tff = out["tff"]
+  rows_local, summary_local, weights_local, model_local = out["local"]
+  _assert_same_rows(rows_tff, rows_local)
+  np.testing.assert_array_equal(model_tff, model_local)  # group assignments
+  if "final_assignment" in summary_tff:
+    assert summary_tff["final_assignment"] == summary_local["final_assignment"]
+  for wa, wb in zip(weights_tff, weights_local):
+    for a, b in zip(wa, wb):
+      np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL)
+  # The run trained: the models moved away from their start.
+  assert rows_tff[-1]["train_loss"] < rows_tff[0]["train_loss"] * 1.5
+
+
+def _bn_task():
+  rng = np.random.default_rng(0)
+
+  def load(options):
+    from tff_cluster.data.federated import FederatedData
+    ids = [f"c{i}" for i in range(4)]
+    sizes = [13, 7, 20, 11]  # partial last batches
+    train = {c: (rng.random((n, 784), np.float32), rng.integers(0, 10, n).astype(np.int32))
+             for c, n in zip(ids, sizes)}
+    test = {c: (rng.random((5, 784), np.float32), rng.integers(0, 10, 5).astype(np.int32))
+            for c in ids}
+    return FederatedData(ids, train, test, 10, description="random images")
+
+  return TaskSpec(name="bn", description="", load_data=load, model_fn=models.fmnist_cnn,
+                  loss=models.SPARSE_CE_LOGITS, defaults={})
+
+
+def test_batchnorm_model_parity_with_partial_batches(tmp_path):
+  """BatchNorm's batch statistics see only a batch's real examples on both runners."""
+  task = _bn_task()
+  data = task.load_data(None)
+  out = {}
+  for runner in ("tff", "local"):
+    config = experiment.TrainingConfig(rounds=2, clients_per_round=3, local_epochs=1,
+                                       batch_size=5, client_lr=0.01, seed=0, runner=runner)
+    driver = fedavg.make_driver(task, data, config)
+    if runner == "local":
+      assert driver.describe()["exact_batches"] and driver.describe()["jit"] is False
+    experiment.run_training(task, data, config, driver, progress=False)
+    out[runner] = driver.model_weights()
+  for a, b in zip(out["tff"], out["local"]):  # moving mean/variance included
+    np.testing.assert_allclose(a, b, rtol=RTOL, atol=1e-5)
+
+
+def test_fedavg_learning_process_equals_the_tff_runner():
+  """`build_fedavg` (LearningProcess) and the tff runner share the client work."""
+  data = tasks.get_task("synthetic").load_data(DataOptions(seed=0, num_clients=6))
+  model_fn = lambda: models.mclr(60, 10)  # noqa: E731
+  init = local_training.get_weights(model_fn())
+  work = local_training.LocalWork(10, epochs=2)
+  clients = [0, 2, 3]
+  element_spec = local_training.client_dataset(
+      *data.train[data.client_ids[0]], 10, 1, 0).element_spec
+  process = fedavg.build_fedavg(model_fn, models.SPARSE_CE_LOGITS, element_spec, init,
+                                0.01, mu=0.3)
+  from tff_cluster.runners import tff_runner
+  specs = local_training.weights_type_spec(model_fn())
+  runner = tff_runner.TffRunner(fedavg.FedAvgDefinition(specs, 2, mu=0.3), model_fn,
+                                models.SPARSE_CE_LOGITS, data, seed=0)
+  state = process.next(process.initialize(), runner.datasets(clients, 1, work)).state
+  out = runner.run("train", fedavg.FedAvgDefinition(specs, 2).initial_state(init), clients,
+                   1, work, 0.01)
+  lp = process.get_model_weights(state)
+  for a, b in zip(list(lp.trainable) + list(lp.non_trainable), out.state["model"]):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+# ---------------------------------------------------------------------------
+# Same batches.
+
+
+@pytest.mark.parametrize("n,work", [
+    (25, local_training.LocalWork(10, epochs=3)),
+    (25, local_training.LocalWork(10, steps=7)),
+    (30, local_training.LocalWork(10, steps=2)),
+    (4, local_training.LocalWork(10, epochs=2)),
+])
+def test_padded_batches_are_the_datasets_batches(n, work):
+  x = np.arange(n * 3, dtype=np.float32).reshape(n, 3)
+  y = np.arange(n, dtype=np.int32)
+  offset = 11
+  expected = list(local_training.work_dataset(x, y, work, seed=5).as_numpy_iterator())
+  padded = local_training.padded_batches(n, offset, work, seed=5)
+  assert int(padded.num_steps) == len(expected) == work.num_steps(n)
+  assert len(padded.sizes) >= len(expected) and \
+      len(padded.sizes) & (len(padded.sizes) - 1) == 0  # a power of two
+  for i, batch in enumerate(expected):
+    size = int(padded.sizes[i])
+    assert size == len(batch["y"])
+    np.testing.assert_array_equal(padded.indices[i, :size] - offset, batch["y"])
+  assert not padded.sizes[len(expected):].any()
+
+
+def test_local_steps_cycle_through_reshuffled_epochs():
+  n, work = 25, local_training.LocalWork(10, steps=7)
+  y = np.arange(n, dtype=np.int32)
+  batches = [b["y"] for b in local_training.work_dataset(
+      np.zeros((n, 1), np.float32), y, work, seed=3).as_numpy_iterator()]
+  assert [len(b) for b in batches] == [10, 10, 5, 10, 10, 5, 10]
+  first, second = np.concatenate(batches[:3]), np.concatenate(batches[3:6])
+  assert sorted(first) == sorted(second) == list(range(n))
+  assert list(first) != list(second)  # each pass reshuffled
+
+
+# ---------------------------------------------------------------------------
+# Local SGD maths.
+
+
+def _softmax_grad(w, b, x, y):
+  logits = x @ w + b
+  p = np.exp(logits - logits.max(1, keepdims=True))
+  p /= p.sum(1, keepdims=True)
+  p[np.arange(len(y)), y] -= 1.0
+  return x.T @ p / len(y), p.mean(0)
+
+
+@pytest.mark.parametrize("trainer_kind", ["dataset", "padded"])
+def test_heavy_ball_steps_match_hand_computation(trainer_kind):
+  """v <- beta v + g; w <- w - lr v, over 3 steps, from a given velocity."""
+  rng = np.random.default_rng(0)
+  n, d, c, lr, beta = 6, 4, 3, 0.5, 0.9
+  x = rng.normal(size=(n, d)).astype(np.float32)
+  y = rng.integers(0, c, n).astype(np.int32)
+  model = models.mclr(d, c)
+  w0 = [rng.normal(size=(d, c)).astype(np.float32), rng.normal(size=c).astype(np.float32)]
+  v0 = [rng.normal(size=(d, c)).astype(np.float32), rng.normal(size=c).astype(np.float32)]
+  work = local_training.LocalWork(2, steps=3)
+  if trainer_kind == "dataset":
+    trainer = local_training.DatasetTrainer(model, models.SPARSE_CE_LOGITS, momentum=beta)
+    data = local_training.work_dataset(x, y, work, seed=1)
+  else:
+    trainer = local_training.PaddedTrainer(model, models.SPARSE_CE_LOGITS, tf.constant(x),
+                                           tf.constant(y), momentum=beta)
+    data = local_training.PaddedBatches(*[tf.constant(t) for t in
+                                          local_training.padded_batches(n, 0, work, 1)])
+  out = tf.function(lambda: trainer.train(w0, data, lr, velocity=v0))()
+  order = [b["y"] for b in local_training.work_dataset(
+      np.zeros((n, 1), np.float32), np.arange(n, dtype=np.int32), work, 1).as_numpy_iterator()]
+  w, b = [t.astype(np.float64) for t in w0]
+  vw, vb = [t.astype(np.float64) for t in v0]
+  for rows in order:
+    gw, gb = _softmax_grad(w, b, x[rows], y[rows])
+    vw, vb = beta * vw + gw, beta * vb + gb
+    w, b = w - lr * vw, b - lr * vb
+  np.testing.assert_allclose(out.delta[0], w - w0[0], rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(out.delta[1], b - w0[1], rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(out.velocity[0], vw, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(out.velocity[1], vb, rtol=1e-4, atol=1e-5)
+
+
+def test_client_momentum_buffer_persists_or_resets(cluster_data):
+  task, data = cluster_data
+  base = dict(rounds=2, clients_per_round=24, local_epochs=1, batch_size=10,
+              client_lr=0.02, seed=0, runner="local", client_momentum=0.5)
+  runs = {}
+  for state in ("persist", "reset"):
+    config = experiment.TrainingConfig(client_state=state, **base)
+    driver = fedavg.make_driver(task, data, config)
+    driver.setup()
+    driver.run_round(1, np.arange(24))
+    kept = dict(driver.client_states)
+    driver.run_round(2, np.arange(24))
+    runs[state] = (kept, driver.model_weights())
+  kept, _ = runs["persist"]
+  assert sorted(kept) == list(range(24))
+  assert all(np.abs(np.asarray(s["velocity"][0])).sum() > 0 for s in kept.values())
+  assert runs["reset"][0] == {}
+  # Round 1 is the same; round 2 starts from the kept buffers, so differs.
+  assert any(not np.allclose(a, b) for a, b in zip(runs["persist"][1], runs["reset"][1]))
+
+
+def test_learning_rate_decays_per_round():
+  config = experiment.TrainingConfig(rounds=3, clients_per_round=1, local_epochs=1,
+                                     batch_size=1, client_lr=0.1, lr_decay=0.5)
+  assert [config.lr_at(t) for t in (0, 1, 2, 3)] == [0.1, 0.1, 0.05, 0.025]
+
+
+def test_runners_reject_out_of_range_keys(cluster_data):
+  task, data = cluster_data
+  for runner in ("tff", "local"):
+    config = experiment.TrainingConfig(rounds=1, clients_per_round=2, local_epochs=1,
+                                       batch_size=10, client_lr=0.01, runner=runner)
+    driver = algorithms.get_algorithm("fedgroup").make_driver(task, data, config,
+                                                              num_groups=2)
+    state = driver.definition.initial_state(experiment.initial_weights(task, 0))
+    with pytest.raises(ValueError, match=r"invalid client keys \[2\]; valid: 0..1"):
+      driver.runner.run("warm", state, [0, 1], 1, config.local_work, 0.01, keys=[0, 2])
+
+
+# ---------------------------------------------------------------------------
+# Device and jit choice; no TFF where it is not needed.
+
+
+def test_gpu_is_chosen_when_tensorflow_sees_one(monkeypatch, cluster_data):
+  real = tf.config.list_physical_devices
+  fake_gpu = tf.config.PhysicalDevice("/physical_device:GPU:0", "GPU")
+  monkeypatch.setattr(tf.config, "list_physical_devices",
+                      lambda kind=None: [fake_gpu] if kind == "GPU" else real(kind))
+  assert local_runner.choose_device() == "/GPU:0"
+  # On a GPU, XLA pays for every model without batch statistics.
+  assert local_runner.resolve_jit("auto", "cnn", False, "/GPU:0") is True
+  task, data = cluster_data
+  config = experiment.TrainingConfig(rounds=1, clients_per_round=2, local_epochs=1,
+                                     batch_size=10, client_lr=0.01, runner="local")
+  info = fedavg.make_driver(task, data, config).describe()
+  assert info["device"] == "/GPU:0" and info["jit"] is True
+
+
+def test_jit_choice_on_cpu():
+  assert local_runner.choose_device() == "/CPU:0"
+  assert local_runner.resolve_jit("auto", "dense", False, "/CPU:0") is True
+  assert local_runner.resolve_jit("auto", "cnn", False, "/CPU:0") is False
+  assert local_runner.resolve_jit("auto", "rnn", False, "/CPU:0") is False
+  assert local_runner.resolve_jit("auto", "cnn", True, "/GPU:0") is False
+  assert local_runner.resolve_jit("off", "dense", False, "/GPU:0") is False
+  with pytest.raises(ValueError, match="--jit=on for a model with BatchNorm"):
+    local_runner.resolve_jit("on", "cnn", True, "/CPU:0")
+  assert local_training.model_family(models.fmnist_cnn()) == "cnn"
+  assert local_training.has_batch_statistics(models.fmnist_cnn())
+  assert not local_training.has_batch_statistics(models.lenet5())
+  assert local_training.model_family(models.mlp(4, 3, 2)) == "dense"
+
+
+def _python(code: str) -> str:
+  out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=str(REPO_ROOT),
+                       capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  return out.stdout
+
+
+def test_declarations_import_without_tensorflow():
+  out = _python("""
+      import sys
+      from tff_cluster import algorithms, hparams
+      algorithms.all_hparams()
+      print(sorted(m for m in ("tensorflow", "tensorflow_federated") if m in sys.modules))
+      """)
+  assert out.strip() == "[]"
+
+
+def test_definitions_and_local_runner_import_no_tff(tmp_path):
+  """A whole local-runner CLI run of every algorithm leaves TFF out of sys.modules."""
+  runs = "\n".join(
+      f"assert run_experiment.main(['x', '--algo={algo}', '--runner=local', '--rounds=1', "
+      f"'--num_clients=12', '--clients_per_round=3', '--local_epochs=1', "
+      f"'--progress=false', '--num_groups=2', '--output_dir={tmp_path / algo}']) == 0"
+      for algo in sorted(algorithms.ALGORITHMS))
+  out = _python(f"""
+      import sys, warnings
+      warnings.simplefilter("ignore")
+      import tff_cluster, run_experiment
+      from tff_cluster import experiment, local_training
+      from tff_cluster.runners import local_runner
+      import tff_cluster.algorithms.fedavg, tff_cluster.algorithms.fedprox
+      import tff_cluster.algorithms.fedgroup, tff_cluster.algorithms.fedgrouprox
+{textwrap.indent(runs, '      ')}
+      print("TFF" if "tensorflow_federated" in sys.modules else "no TFF")
+      """)
+  assert out.strip().splitlines()[-1] == "no TFF"

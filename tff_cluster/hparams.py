@@ -1,0 +1,202 @@
+"""Hyper-parameter declarations: one `HParam` per setting, declared once.
+
+The CLI builds its `--flags` (type, default, help) and their checks from these
+declarations; libraries and notebooks use the same checks. This module imports
+neither TensorFlow nor TFF, so `--help` and flag errors stay fast.
+
+Three kinds of default, in order of precedence:
+  1. the value given (flag or keyword argument);
+  2. `task_defaults[task]` of the declaration, or the task's own `defaults`
+     entry of the same name (e.g. the task's `rounds`, `client_lr`, `mu`);
+  3. `default` of the declaration (`None` = "derived", documented in `help`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping, Optional, Sequence, Tuple
+
+
+class HParamError(ValueError):
+  """An invalid value; the message is one line naming it and what is valid."""
+
+
+@dataclasses.dataclass(frozen=True)
+class HParam:
+  """One hyper-parameter.
+
+  Attributes:
+    name: flag name (without `--`) and keyword argument name.
+    type: int, float, str or bool.
+    default: value when neither the user nor the task sets it; `None` means
+      "unset/derived" (the help text says from what).
+    help: one line for `--help`.
+    choices: the valid values of a str setting.
+    low, high: valid range (`None` = unbounded); `low_open`/`high_open` make
+      that end exclusive. Floats must also be finite.
+    task_defaults: per-task default overrides, e.g. `{"mnist": 3}`.
+    group: heading under which `--help` lists it (an algorithm name, or
+      "training" for the settings every algorithm shares).
+  """
+  name: str
+  type: type
+  default: Any
+  help: str
+  choices: Tuple[str, ...] = ()
+  low: Optional[float] = None
+  high: Optional[float] = None
+  low_open: bool = False
+  high_open: bool = False
+  task_defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  group: str = "training"
+
+  def valid_text(self) -> str:
+    """What is valid, in words (used in error messages and `--help`)."""
+    if self.choices:
+      return ", ".join(self.choices)
+    if self.type is bool:
+      return "true or false"
+    kind = "an integer" if self.type is int else "a number"
+    if self.low is not None and self.high is not None:
+      left = "(" if self.low_open else "["
+      right = ")" if self.high_open else "]"
+      if self.type is int and not self.low_open and not self.high_open:
+        return f"{kind} in {_fmt(self.low)}..{_fmt(self.high)}"
+      return f"{kind} in {left}{_fmt(self.low)}, {_fmt(self.high)}{right}"
+    if self.low is not None:
+      return f"{kind} {'>' if self.low_open else '>='} {_fmt(self.low)}"
+    if self.high is not None:
+      return f"{kind} {'<' if self.high_open else '<='} {_fmt(self.high)}"
+    return f"{kind}" if self.type is int else "a finite number"
+
+  def default_for(self, task: Optional[str], task_defaults: Mapping[str, Any] = {}
+                  ) -> Any:
+    """The default for `task`: declaration override, then the task's own."""
+    if task is not None and task in self.task_defaults:
+      return self.task_defaults[task]
+    if self.name in task_defaults:
+      return task_defaults[self.name]
+    return self.default
+
+  def check(self, value: Any) -> Any:
+    """Returns `value` (converted) or raises `HParamError` (one line)."""
+    if value is None:
+      return None
+    bad = HParamError(f"invalid --{self.name}={_show(value)}; valid: {self.valid_text()}")
+    if self.type is bool:
+      if not isinstance(value, bool):
+        raise bad
+      return value
+    if self.type is str:
+      if not isinstance(value, str) or (self.choices and value not in self.choices):
+        raise bad
+      return value
+    if isinstance(value, bool):
+      raise bad
+    if self.type is int:
+      if isinstance(value, float) and value.is_integer():
+        value = int(value)
+      if not isinstance(value, int) and not _is_numpy_int(value):
+        raise bad
+      value = int(value)
+    else:
+      try:
+        value = float(value)
+      except (TypeError, ValueError):
+        raise bad from None
+      if not math.isfinite(value):
+        raise bad
+    if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
+      raise bad
+    if self.high is not None and (value > self.high or (self.high_open and value == self.high)):
+      raise bad
+    return value
+
+
+def _fmt(x: float) -> str:
+  return str(int(x)) if float(x).is_integer() else str(x)
+
+
+def _show(value: Any) -> str:
+  return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _is_numpy_int(value: Any) -> bool:
+  return type(value).__module__ == "numpy" and "int" in type(value).__name__
+
+
+# ---------------------------------------------------------------------------
+# Settings every algorithm shares (the local solver and the round loop).
+# `None` defaults come from the task (`TaskSpec.defaults`).
+
+ROUNDS = HParam("rounds", int, None, "Communication rounds (task default).", low=1)
+CLIENTS_PER_ROUND = HParam("clients_per_round", int, None,
+                           "Clients sampled per round (task default).", low=1)
+LOCAL_EPOCHS = HParam("local_epochs", int, None, "Local epochs per round (task "
+                      "default); exclusive with --local_steps.", low=1)
+LOCAL_STEPS = HParam("local_steps", int, None, "Local work as a number of mini-batch "
+                     "steps per round (cycling through reshuffled epochs, restarted "
+                     "every round); exclusive with --local_epochs.", low=1)
+BATCH_SIZE = HParam("batch_size", int, None, "Local mini-batch size (task default).",
+                    low=1)
+CLIENT_LR = HParam("client_lr", float, None, "Local SGD learning rate (task default).",
+                   low=0, low_open=True)
+LR_DECAY = HParam("lr_decay", float, 1.0, "Per-round multiplier of the client "
+                  "learning rate: round t uses client_lr * lr_decay^(t-1).",
+                  low=0, low_open=True, high=1)
+CLIENT_MOMENTUM = HParam("client_momentum", float, 0.0, "Heavy-ball momentum beta of "
+                         "local SGD (v <- beta v + g; w <- w - lr v); 0 = plain SGD.",
+                         low=0, high=1, high_open=True)
+CLIENT_STATE = HParam("client_state", str, "persist", "Client momentum buffer between "
+                      "rounds: persist (kept per client) or reset (zero each round).",
+                      choices=("persist", "reset"))
+SEED = HParam("seed", int, 0, "Seed of data generation/partition, model init, client "
+              "sampling and local shuffles.", low=0, high=2**31 - 1)
+EVAL_EVERY = HParam("eval_every", int, 1, "Evaluate every this many rounds (and the "
+                    "last).", low=1)
+
+TRAINING = (ROUNDS, CLIENTS_PER_ROUND, LOCAL_EPOCHS, LOCAL_STEPS, BATCH_SIZE, CLIENT_LR,
+            LR_DECAY, CLIENT_MOMENTUM, CLIENT_STATE, SEED, EVAL_EVERY)
+
+# ---------------------------------------------------------------------------
+# Shared names: every algorithm that has the concept declares these objects
+# (possibly `dataclasses.replace`d with its own default/help), never a twin.
+
+MU = HParam("mu", float, None, "Proximal coefficient mu of the local objective "
+            "F_k(w) + (mu/2)||w - w_start||^2 (task default).", low=0)
+NUM_GROUPS = HParam("num_groups", int, 5, "m: the number of groups/clusters of a "
+                    "clustered algorithm (the data's true cluster count is "
+                    "--task_arg=num_clusters).", low=1,
+                    task_defaults={"mnist": 3})
+ENSEMBLE_SIZE = HParam("ensemble_size", int, 1, "Independent runs combined at test "
+                       "time.", low=1)
+
+# ---------------------------------------------------------------------------
+# Runners.
+
+RUNNERS = ("tff", "local")
+RUNNER = HParam("runner", str, "tff", "Execution: tff (TFF computations on TFF's C++ "
+                "runtime, the reference) or local (the same maths in-process, "
+                "XLA-compiled where that pays, on a GPU when TensorFlow sees one).",
+                choices=RUNNERS, group="runner")
+JIT = HParam("jit", str, "auto", "local runner: XLA-compile the client loop: auto "
+             "(by model family and device, see README), on, off.",
+             choices=("auto", "on", "off"), group="runner")
+
+
+def resolve(declared: Sequence[HParam], given: Mapping[str, Any], task: Optional[str],
+            task_defaults: Mapping[str, Any] = {}) -> dict:
+  """Applies defaults and checks every declared value. Raises `HParamError`."""
+  out = {}
+  for hp in declared:
+    value = given.get(hp.name)
+    if value is None:
+      value = hp.default_for(task, task_defaults)
+    out[hp.name] = hp.check(value)
+  return out
+
+
+def by_name(declared: Sequence[HParam]) -> dict:
+  return {hp.name: hp for hp in declared}
+
