@@ -10,11 +10,13 @@ import dataclasses  # noqa: E402
 import datetime  # noqa: E402
 import json  # noqa: E402
 import re  # noqa: E402
+import shutil  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
 
 from absl import app, flags, logging  # noqa: E402
+import numpy as np  # noqa: E402
 
 import tasks  # noqa: E402
 from tff_cluster import algorithms  # noqa: E402
@@ -55,6 +57,15 @@ flags.DEFINE_string("output_dir", None, "Results directory (default: "
                     "results/<task>_<algo>_<timestamp>).")
 flags.DEFINE_boolean("overwrite", False, "Replace results in a non-empty --output_dir.")
 flags.DEFINE_boolean("progress", True, "Show a progress bar.")
+flags.DEFINE_integer("checkpoint_every", 10, "Checkpoint the run state every this many "
+                     "rounds (also after the set-up and at the end); --resume continues "
+                     "from the latest.")
+flags.DEFINE_boolean("resume", False, "Continue the run in --output_dir from its latest "
+                     "checkpoint; flags not given take the run's values, and only a "
+                     "larger --rounds may differ.")
+flags.DEFINE_boolean("eval_only", False, "Evaluate the saved models of the run in "
+                     "--output_dir (models/final and models/best) on --task's test data "
+                     "(default: the run's task); writes eval_<task>.json there.")
 
 
 def _define(decl: hp.HParam) -> None:
@@ -75,7 +86,10 @@ del _decl
 
 _GENERAL = ("algo", "task", "model", "num_clients", "data_dir", "synthetic_alpha",
             "synthetic_beta", "glove_path", "task_arg", "output_dir", "overwrite",
-            "progress")
+            "progress", "checkpoint_every", "resume", "eval_only")
+# Settings a resumed run may change (the rest must equal the run's config.json).
+_RESUME_MAY_CHANGE = ("rounds", "output_dir", "overwrite", "progress", "checkpoint_every",
+                      "resume", "eval_only")
 
 
 class UsageError(Exception):
@@ -136,8 +150,16 @@ def resolve_settings(values) -> dict:
   if settings["runner"] != "local" and values.get("jit") is not None:
     print(f"warning: --jit ignored by --runner={settings['runner']}", file=sys.stderr)
   settings["algo_options"] = {name: settings[name] for name in own}
-  settings["task_args"] = _parse_task_args(values.get("task_arg") or [])
+  settings["task_args"] = _parse_task_args(values.get("task_arg") or [], task)
   settings.pop("task_arg", None)
+  if settings["checkpoint_every"] is not None and settings["checkpoint_every"] < 1:
+    raise UsageError(f"invalid --checkpoint_every={settings['checkpoint_every']}; "
+                     "valid: an integer >= 1")
+  if settings["output_dir"] == "":
+    raise UsageError("invalid --output_dir=''; valid: a directory path")
+  if (settings["resume"] or settings["eval_only"]) and settings["output_dir"] is None:
+    flag = "--resume" if settings["resume"] else "--eval_only"
+    raise UsageError(f"{flag} needs --output_dir=RUN_DIR, the directory of the run")
   if settings["output_dir"] is None:
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     settings["output_dir"] = os.path.join(
@@ -145,42 +167,76 @@ def resolve_settings(values) -> dict:
   return settings
 
 
-class _ReadTracker(dict):
-  """The task's extra settings; remembers which names the task actually read."""
-
-  def __init__(self, *args):
-    super().__init__(*args)
-    self.read = set()
-
-  def __getitem__(self, key):
-    self.read.add(key)
-    return super().__getitem__(key)
-
-  def get(self, key, default=None):
-    self.read.add(key)
-    return super().get(key, default)
-
-
-def _parse_task_args(items) -> dict:
+def _parse_task_args(items, task) -> dict:
+  """`--task_arg NAME=VALUE` items, typed and checked by the task's declarations."""
+  declared = {d.name: d for d in task.task_args}
+  valid = ", ".join(sorted(declared)) or "none"
   out = {}
   for item in items:
     name, sep, raw = item.partition("=")
     if not sep or not name:
-      raise UsageError(f"invalid --task_arg={item}; valid: NAME=VALUE, e.g. num_clusters=4")
-    value = raw
-    for cast in (int, float):
-      try:
-        value = cast(raw)
-        break
-      except ValueError:
-        pass
-    out[name] = value
+      raise UsageError(f"invalid --task_arg={item}; valid: NAME=VALUE with NAME one of "
+                       f"{valid} (--task={task.name})")
+    if name not in declared:
+      raise UsageError(f"--task_arg {name} is not a setting of --task={task.name}; "
+                       f"valid: {valid}")
+    if name in out:
+      raise UsageError(f"--task_arg {name} given twice; valid: once per setting")
+    decl = declared[name]
+    try:
+      value = {int: int, float: float, str: str}[decl.type](raw)
+      out[name] = decl.check(value)
+    except (ValueError, hp.HParamError):
+      raise UsageError(f"invalid --task_arg={name}={raw}; valid: {decl.valid_text()}") \
+          from None
   return out
 
 
+def _flag_names():
+  return [*_GENERAL, *(d.name for d in (*hp.TRAINING, *_RUNNER_HPARAMS)), *_ALGO_HPARAMS]
+
+
 def _flag_values() -> dict:
-  names = [*_GENERAL, *(d.name for d in (*hp.TRAINING, *_RUNNER_HPARAMS)), *_ALGO_HPARAMS]
-  return {name: FLAGS[name].value for name in names}
+  return {name: FLAGS[name].value for name in _flag_names()}
+
+
+def _run_config(run_dir: str) -> dict:
+  path = os.path.join(run_dir, "config.json")
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, ValueError) as e:
+    raise UsageError(f"cannot read {path} ({e.__class__.__name__}); --resume and "
+                     "--eval_only need the directory of a run") from None
+
+
+def resume_settings() -> dict:
+  """The run's settings from its config.json, with the flags given on top;
+  refuses (UsageError) any change but a larger --rounds."""
+  run_dir = FLAGS.output_dir
+  config = _run_config(run_dir)
+  values = {name: config.get(name) for name in _flag_names() if name in config}
+  values["task_arg"] = [f"{k}={v}" for k, v in (config.get("task_args") or {}).items()]
+  given = {name: FLAGS[name].value for name in _flag_names() if FLAGS[name].present}
+  values.update(given)
+  settings = resolve_settings(values)
+  for key, old in sorted(config.items()):
+    if key not in settings or key in _RESUME_MAY_CHANGE:
+      continue
+    new = results_jsonable(settings[key])
+    if new != old:
+      raise UsageError(f"--resume: {key}={new} differs from the run's {key}={old} "
+                       f"({run_dir}/config.json); valid: the run's settings, or a "
+                       "larger --rounds")
+  if settings["rounds"] < config["rounds"]:
+    raise UsageError(f"--resume: --rounds={settings['rounds']} is fewer than the run's "
+                     f"{config['rounds']}; valid: --rounds >= {config['rounds']}")
+  return settings
+
+
+def results_jsonable(value):
+  from tff_cluster.results import to_jsonable
+  return to_jsonable(value)
 
 
 def _flag_error_message(error: Exception) -> str:
@@ -203,52 +259,109 @@ def _fail(message: str, code: int = 2) -> "NoReturn":  # noqa: F821
   sys.exit(code)
 
 
-def run(settings: dict) -> dict:
-  """Loads data, builds the runner, trains, writes results. Returns the summary."""
-  import contextlib
-
-  import tensorflow as tf
-
-  from tff_cluster import experiment, results
-  from tff_cluster.data.federated import DataError
-  from tff_cluster.task import DataOptions
-
-  tf.get_logger().setLevel("ERROR")  # retracing notices per padded-batch shape
-  task = _TASKS[settings["task"]].with_model(settings["model"])
-  algo = _ALGOS[settings["algo"]]
+def _prepare_output_dir(path: str, overwrite: bool, resume: bool) -> bool:
+  """Checks `path` can take results before any data is loaded. Returns whether
+  this call created it (so that a run failing before its first result can
+  remove it again: no half-written directory is left)."""
+  from tff_cluster import results
+  if resume:
+    return False
   try:
-    results.check_output_dir(settings["output_dir"], settings["overwrite"])
+    results.check_output_dir(path, overwrite)
   except results.OutputDirError as e:
     raise UsageError(str(e)) from None
+  created = not os.path.exists(path)
+  try:
+    os.makedirs(path, exist_ok=True)
+    probe = os.path.join(path, ".write-test")
+    with open(probe, "w"):
+      pass
+    os.remove(probe)
+  except OSError as e:
+    if created:
+      shutil.rmtree(path, ignore_errors=True)
+    raise UsageError(f"--output_dir={path} is not writable ({e.strerror or e}); "
+                     "valid: a directory this user can create and write") from None
+  return created
+
+
+class _ReadRecorder:
+  """The task's `DataOptions`, recording which settings the task reads."""
+
+  def __init__(self, options):
+    object.__setattr__(self, "_options", options)
+    object.__setattr__(self, "read", set())
+
+  def __getattr__(self, name):
+    self.read.add(name)
+    return getattr(self._options, name)
+
+
+def _load_task_data(settings: dict, task):
+  from tff_cluster.data.federated import DataError
+  from tff_cluster.task import DataOptions
   options = DataOptions(seed=settings["seed"], num_clients=settings["num_clients"],
                         data_dir=settings["data_dir"],
                         synthetic_alpha=settings["synthetic_alpha"],
                         synthetic_beta=settings["synthetic_beta"],
-                        glove_path=settings["glove_path"],
-                        extra=_ReadTracker(settings["task_args"]))
-  load_start = time.perf_counter()
+                        glove_path=settings["glove_path"], extra=settings["task_args"])
+  tracked = _ReadRecorder(options)
   with warnings.catch_warnings():
     warnings.simplefilter("always")
     try:
-      data = task.load_data(options)
-    except DataError as e:
+      data = task.load_data(tracked)
+    except (DataError, hp.HParamError) as e:
       raise UsageError(str(e)) from None
-  load_seconds = time.perf_counter() - load_start
-  unused = sorted(set(options.extra) - options.extra.read)
+  unused = [f"--{name}" for name in ("data_dir", "glove_path", "num_clients",
+                                      "synthetic_alpha", "synthetic_beta")
+            if FLAGS[name].present and name not in tracked.read]
   if unused:
-    raise UsageError(f"--task_arg {', '.join(unused)} is not a setting of --task={task.name}; "
-                     "see the task module's docstring for its settings")
+    print(f"warning: {', '.join(unused)} ignored by --task={task.name}", file=sys.stderr)
+  if settings["num_clients"] is not None and data.num_clients < settings["num_clients"]:
+    raise UsageError(f"invalid --num_clients={settings['num_clients']}: --task={task.name} "
+                     f"has {data.num_clients} clients; valid: 1..{data.num_clients}")
   if settings["clients_per_round"] > data.num_clients:
     raise UsageError(
         f"invalid --clients_per_round={settings['clients_per_round']}: the task has "
         f"{data.num_clients} clients; valid: 1..{data.num_clients}")
-  config = experiment.TrainingConfig(**{
-      field.name: settings[field.name]
-      for field in dataclasses.fields(experiment.TrainingConfig)})
+  return data
+
+
+def run(settings: dict) -> dict:
+  """Loads data, builds the driver, trains, writes results. Returns the summary."""
+  import contextlib
+
+  import tensorflow as tf
+
+  from tff_cluster import checkpoint, experiment, results
+
+  tf.get_logger().setLevel("ERROR")  # retracing notices per padded-batch shape
+  task = _TASKS[settings["task"]].with_model(settings["model"])
+  algo = _ALGOS[settings["algo"]]
+  out_dir = settings["output_dir"]
+  resume = None
+  if settings["resume"]:
+    found = checkpoint.load_latest(out_dir)
+    if found is None:
+      raise UsageError(f"--resume: no readable checkpoint in {checkpoint.directory(out_dir)}"
+                       "; valid: the directory of a run that saved one")
+    resume = found[1]
+  created = _prepare_output_dir(out_dir, settings["overwrite"], settings["resume"])
   try:
-    driver = algo.make_driver(task, data, config, **settings["algo_options"])
-  except ValueError as e:
-    raise UsageError(str(e)) from None
+    load_start = time.perf_counter()
+    data = _load_task_data(settings, task)
+    load_seconds = time.perf_counter() - load_start
+    config = experiment.TrainingConfig(**{
+        field.name: settings[field.name]
+        for field in dataclasses.fields(experiment.TrainingConfig)})
+    try:
+      driver = algo.make_driver(task, data, config, **settings["algo_options"])
+    except ValueError as e:
+      raise UsageError(str(e)) from None
+  except BaseException:
+    if created:
+      shutil.rmtree(out_dir, ignore_errors=True)
+    raise
 
   versions = {"tensorflow": tf.__version__}
   if config.runner == "tff":
@@ -256,8 +369,8 @@ def run(settings: dict) -> dict:
     versions["tensorflow_federated"] = tff.__version__
   runner_columns = list(getattr(driver, "extra_columns", ()))
   writer = results.ResultsWriter(
-      settings["output_dir"], [*experiment.BASE_COLUMNS, *runner_columns],
-      overwrite=settings["overwrite"])
+      out_dir, [*experiment.BASE_COLUMNS, *runner_columns],
+      overwrite=settings["overwrite"], resume_rows=None if resume is None else resume["rows"])
   n_train = data.num_train_samples()
   writer.write_config({
       **settings,
@@ -272,21 +385,76 @@ def run(settings: dict) -> dict:
       "runner_info": driver.describe(),
       "versions": versions,
       "command": " ".join(sys.argv),
+      **({"resumed_from_round": resume["round"]} if resume else {}),
   })
   print(f"{algo.name} on {task.name} ({task.model_name}, runner {config.runner}): "
         f"{data.description}; {data.num_clients} clients, {int(n_train.sum())} train "
-        f"samples; results -> {settings['output_dir']}", file=sys.stderr)
+        f"samples; results -> {out_dir}"
+        + (f"; resuming after round {resume['round']}" if resume else ""), file=sys.stderr)
   owner = contextlib.nullcontext()
   if config.runner == "tff":
     from tff_cluster import runtime
     owner = runtime.tff_runtime()
   try:
     with owner:
-      summary = experiment.run_training(task, data, config, driver, writer,
-                                        progress=settings["progress"])
+      summary = experiment.run_training(
+          task, data, config, driver, writer, progress=settings["progress"],
+          checkpoint_dir=out_dir, checkpoint_every=settings["checkpoint_every"],
+          resume=resume, models_dir=os.path.join(out_dir, "models"))
   finally:
     writer.close()
   return summary
+
+
+def evaluate_saved(settings: dict) -> dict:
+  """--eval_only: the run's saved models on `settings['task']`'s test data."""
+  import tensorflow as tf
+
+  from tff_cluster import local_training, results
+  from tff_cluster.evaluation import Evaluator
+
+  tf.get_logger().setLevel("ERROR")
+  run_dir = settings["output_dir"]
+  task = _TASKS[settings["task"]].with_model(settings["model"])
+  data = _load_task_data(settings, task)
+  report = {"task": task.name, "run_dir": run_dir, "num_clients": data.num_clients}
+  evaluator = Evaluator(task.model_fn, task.loss, data)
+  for which in ("final", "best"):
+    directory = os.path.join(run_dir, "models", which)
+    try:
+      with open(os.path.join(directory, "clients.json")) as f:
+        info = json.load(f)
+      weights = [local_training.get_weights(tf.keras.models.load_model(
+          os.path.join(directory, f"model_{j}.keras"), compile=False))
+                 for j in range(info["num_models"])]
+    except (OSError, ValueError) as e:
+      raise UsageError(f"--eval_only: cannot load {directory} ({e.__class__.__name__}); "
+                       "valid: the directory of a run that finished") from None
+    per_model = [evaluator.evaluate([w], np.zeros(data.num_clients, np.int64)).accuracy
+                 for w in weights]
+    entry = {"round": info["round"], "model_test_accuracy": per_model}
+    mapping = info["client_model"]
+    if all(c in mapping for c in data.client_ids):
+      chosen = np.array([mapping[c] for c in data.client_ids])
+      result = evaluator.evaluate(weights, chosen)
+      entry.update(test_accuracy=result.accuracy, test_loss=result.loss,
+                   clients="each client with its model from clients.json")
+    else:
+      entry["clients"] = ("the task's clients are not the run's: each model on every "
+                          "client (model_test_accuracy)")
+    report[which] = entry
+  path = os.path.join(run_dir, f"eval_{task.name}.json")
+  results.write_json(path, report)
+  print(f"wrote {path}", file=sys.stderr)
+  return report
+
+
+def _interrupted(settings: dict, code: int) -> "NoReturn":  # noqa: F821
+  out = settings.get("output_dir")
+  if out and os.path.isfile(os.path.join(out, "summary.json")):
+    _fail(f"interrupted; partial results are in {out} (summary.json: completed=false; "
+          "--resume continues from the latest checkpoint)", code=code)
+  _fail("interrupted before the run started; nothing was written", code=code)
 
 
 def _print_help() -> None:
@@ -309,13 +477,26 @@ def main(argv) -> int:
     _fail(f"unexpected argument {rest[1]!r}; flags are written --name=value (see --help)")
   logging.set_verbosity(logging.WARNING)
   try:
-    settings = resolve_settings(_flag_values())
+    settings = resume_settings() if FLAGS.resume else resolve_settings(_flag_values())
+    if settings["eval_only"]:
+      evaluate_saved(settings)
+      return 0
     summary = run(settings)
   except UsageError as e:
     _fail(str(e))
   except KeyboardInterrupt:
-    _fail("interrupted; partial results (summary.json has completed=false) are in "
-          f"{settings.get('output_dir', 'the output directory')}", code=130)
+    _interrupted(settings, 130)
+  except SystemExit as e:
+    if isinstance(e.code, int) and e.code > 128:  # SIGTERM/SIGHUP inside the run
+      _interrupted(settings, e.code)
+    raise
+  except Exception as e:  # noqa: BLE001 - only Diverged is expected here
+    from tff_cluster.experiment import Diverged
+    if not isinstance(e, Diverged):
+      raise
+    _fail(f"{e}; the last good state is checkpointed in "
+          f"{settings['output_dir']}/checkpoints and summary.json says "
+          '"reason": "diverged" (try a smaller --client_lr)', code=3)
   line = {k: summary.get(k) for k in ("final_test_accuracy", "max_test_accuracy",
                                        "max_round", "mean_round_seconds")}
   print(json.dumps(line), file=sys.stderr)

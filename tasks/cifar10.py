@@ -16,7 +16,11 @@ from tff_cluster import models
 from tff_cluster.data import partition as part
 from tff_cluster.data import vision
 from tff_cluster.data.federated import FederatedData
-from tff_cluster.task import DataOptions, TaskSpec
+from tff_cluster.hparams import HParam
+from tff_cluster.task import DataOptions, TaskSpec, task_arg
+
+CONCENTRATION = HParam("concentration", float, 0.5, "Dirichlet alpha", low=0,
+                       low_open=True)
 
 DEFAULTS = dict(rounds=200, clients_per_round=20, local_epochs=10, batch_size=10,
                 client_lr=0.01, mu=0.01, num_clients=100)
@@ -25,7 +29,7 @@ DEFAULTS = dict(rounds=200, clients_per_round=20, local_epochs=10, batch_size=10
 def load_cifar10(options: DataOptions) -> FederatedData:
   x, y = vision.load_cifar10(options.data_dir)
   n = options.num_clients or DEFAULTS["num_clients"]
-  alpha = float(options.extra.get("concentration", 0.5))
+  alpha = task_arg(options, CONCENTRATION)
   p = part.dirichlet_label_skew(y, n, alpha, options.seed)
   return part.build_federated_data(
       x, y, p, 10, options.seed,
@@ -38,7 +42,7 @@ TASKS = [
         name="cifar10",
         description="CIFAR-10, 100 clients, Dirichlet(0.5) label skew, LeNet-style "
                     "CNN (--data_dir: cifar-10-batches-py/)",
-        load_data=load_cifar10, model_fn=models.cifar10_cnn, model_name="cifar10_cnn",
+        load_data=load_cifar10, task_args=(CONCENTRATION,), model_fn=models.cifar10_cnn, model_name="cifar10_cnn",
         loss=models.SPARSE_CE_LOGITS, defaults=DEFAULTS,
         source="partition: Hsu et al. 2019 (Dirichlet label skew); defaults: "
                "this project"),

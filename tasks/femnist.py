@@ -31,7 +31,8 @@ from tff_cluster import models
 from tff_cluster.data import leaf
 from tff_cluster.data.federated import DataError, FederatedData
 from tff_cluster.data.partition import ROTATIONS, rotate_images
-from tff_cluster.task import DataOptions, TaskSpec
+from tff_cluster.hparams import HParam
+from tff_cluster.task import DataOptions, TaskSpec, task_arg
 
 DEFAULTS = dict(rounds=200, clients_per_round=20, local_epochs=10, batch_size=10,
                 client_lr=0.003, mu=1.0, num_clients=None)  # None: all writers
@@ -40,6 +41,9 @@ SOURCE = "FedGroup (Duan et al.) FEMNIST setting; LEAF FEMNIST data"
 HIDDEN = 512
 
 # name -> (first raw label, number of classes) of the label-range views.
+NUM_CLUSTERS = HParam("num_clusters", int, 4, "rotation clusters", low=1,
+                      high=len(ROTATIONS))
+
 VIEWS = {"femnist_digits": (0, 10), "femnist_upper": (10, 26),
          "femnist_lower": (36, 26)}
 
@@ -102,7 +106,7 @@ def rotate_writers(data: FederatedData, num_clusters: int, seed: int
 
 
 def load_rotated_digits(options: DataOptions) -> FederatedData:
-  m = int(options.extra.get("num_clusters", 4))
+  m = task_arg(options, NUM_CLUSTERS)
   return rotate_writers(_load_view(options, "femnist_digits"), m, options.seed)
 
 
@@ -140,7 +144,7 @@ TASKS = [
         name="rotated_femnist_digits",
         description="LEAF FEMNIST digit writers in m rotation clusters (extra "
                     "num_clusters, default 4; 0/90/180/270 deg), MLP 784-512-10",
-        load_data=load_rotated_digits, model_fn=_mlp(10), model_name="mlp",
+        load_data=load_rotated_digits, task_args=(NUM_CLUSTERS,), model_fn=_mlp(10), model_name="mlp",
         other_models={"mclr": _mclr(10)},
         loss=models.SPARSE_CE_LOGITS, defaults=DEFAULTS,
         source=SOURCE + "; rotations as in Ghosh et al. (IFCA)"),

@@ -22,7 +22,11 @@ from tff_cluster import models
 from tff_cluster.data import leaf, vision
 from tff_cluster.data.federated import DataError, FederatedData
 from tff_cluster.data.partition import build_federated_data, fedprox_mnist_noniid
-from tff_cluster.task import DataOptions, TaskSpec
+from tff_cluster.hparams import HParam
+from tff_cluster.task import DataOptions, TaskSpec, task_arg
+
+CLASSES_PER_CLIENT = HParam("classes_per_client", int, 2, "digits per client", low=1,
+                            high=10)
 
 DEFAULTS = dict(rounds=200, clients_per_round=20, local_epochs=10, batch_size=10,
                 client_lr=0.03, mu=1.0, num_clients=1000)
@@ -43,7 +47,7 @@ def load_mnist(options: DataOptions) -> FederatedData:
     raise DataError(f"{e} (or FedProx's MNIST JSON: train/*.json and "
                     f"test/*.json; {leaf.FEDPROX_MNIST_HINT})") from e
   num_clients = options.num_clients or DEFAULTS["num_clients"]
-  per_client = int(options.extra.get("classes_per_client", 2))
+  per_client = task_arg(options, CLASSES_PER_CLIENT)
   partition = fedprox_mnist_noniid(y, num_clients, per_client, options.seed)
   return build_federated_data(
       x, y, partition, 10, options.seed,
@@ -56,7 +60,7 @@ TASKS = [
         name="mnist",
         description="MNIST, FedProx non-IID (1,000 clients x 2 digits, power-law "
                     "sizes), MCLR 784->10 (--data_dir: idx files or FedProx JSON)",
-        load_data=load_mnist, model_fn=lambda: models.mclr(784, 10), model_name="mclr",
+        load_data=load_mnist, task_args=(CLASSES_PER_CLIENT,), model_fn=lambda: models.mclr(784, 10), model_name="mclr",
         loss=models.SPARSE_CE_LOGITS, defaults=DEFAULTS,
         source="FedProx (Li et al.) MNIST setting; FedGroup (Duan et al.) hyper-"
                "parameters"),

@@ -6,7 +6,10 @@ round, 10 local epochs, batch 10, lr 0.01) and FedProx's mu = 1 for synthetic.
 
 from tff_cluster import models
 from tff_cluster.data.synthetic import NUM_CLASSES, NUM_FEATURES, generate_synthetic
-from tff_cluster.task import DataOptions, TaskSpec
+from tff_cluster.hparams import HParam
+from tff_cluster.task import DataOptions, TaskSpec, task_arg
+
+NUM_CLUSTERS = HParam("num_clusters", int, 5, "true clusters", low=1)
 
 DEFAULTS = dict(rounds=200, clients_per_round=20, local_epochs=10, batch_size=10,
                 client_lr=0.01, mu=1.0, num_clients=100)
@@ -31,7 +34,7 @@ def _load_clusters(options: DataOptions):
   """
   import numpy as np
   num_clients = options.num_clients or DEFAULTS["num_clients"]
-  m = int(options.extra.get("num_clusters", 5))
+  m = task_arg(options, NUM_CLUSTERS)
   rng = np.random.default_rng([options.seed, 1])
   clusters = np.arange(num_clients) % m
   rng.shuffle(clusters)
@@ -61,7 +64,7 @@ TASKS = [
     TaskSpec(
         name="synthetic_clusters",
         description="Synthetic with 5 true clusters (clients of a cluster share model and inputs), MCLR",
-        load_data=_load_clusters,
+        load_data=_load_clusters, task_args=(NUM_CLUSTERS,),
         model_fn=_mclr, model_name="mclr", loss=models.SPARSE_CE_LOGITS, defaults=DEFAULTS,
         source="cluster-structured variant of the FedProx generator (ground truth for ARI)"),
 ]

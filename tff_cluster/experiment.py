@@ -7,7 +7,9 @@ loop here is algorithm- and runner-agnostic.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import os
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -101,6 +103,10 @@ class Driver:
   `extra_columns` names its additional per-round metrics.
   """
   extra_columns: Sequence[str] = ()
+  # Host attributes a checkpoint keeps besides `state` and `client_states`
+  # (e.g. assignments, random generators): whatever cannot be recomputed.
+  checkpoint_attrs: Sequence[str] = ()
+  state: Any = None
 
   def __init__(self, task: TaskSpec, data: FederatedData, config: TrainingConfig,
                definition):
@@ -133,10 +139,37 @@ class Driver:
                 for k in clients]
     out = self.runner.run(mode, state, clients, round_num, work or self.config.local_work,
                           self.config.lr_at(round_num), keys=keys, client_states=states)
+    bad = [self.data.client_ids[int(k)] for k, r in zip(clients, out.results)
+           if not _all_finite(r)]
+    if bad or not _all_finite(out.summed):
+      raise Diverged(round_num, bad or None)
     if states is not None and persist:
       for k, new in zip(clients, out.client_states):
         self.client_states[int(k)] = new
     return out
+
+  def snapshot(self) -> Dict[str, Any]:
+    """The driver's state now, cheaply: server and client states are never
+    changed in place (each round makes new ones), so references suffice;
+    mutable host attributes are copied."""
+    return {"state": self.state, "client_states": dict(self.client_states),
+            "host": {name: copy.deepcopy(getattr(self, name))
+                     for name in self.checkpoint_attrs}}
+
+  def snapshot_numpy(self, snapshot: Dict[str, Any]) -> Dict[str, Any]:
+    """`snapshot` with every tensor as a numpy array (what a checkpoint stores)."""
+    to_numpy = lambda s: tf.nest.map_structure(np.asarray, s)  # noqa: E731
+    return {"state": None if snapshot["state"] is None else
+            self.runner.numpy_state(snapshot["state"]),
+            "client_states": {k: to_numpy(v) for k, v in snapshot["client_states"].items()},
+            "host": snapshot["host"]}
+
+  def restore(self, snapshot: Dict[str, Any]) -> None:
+    """Puts the driver back into a `snapshot_numpy` state (no set-up runs)."""
+    self.state = self.runner.put_state(snapshot["state"])
+    self.client_states = dict(snapshot["client_states"])
+    for name, value in snapshot["host"].items():
+      setattr(self, name, copy.deepcopy(value))
 
   def setup(self) -> Dict[str, Any]:
     return {}
@@ -155,63 +188,182 @@ class Driver:
     return {}
 
 
+class Diverged(RuntimeError):
+  """A non-finite loss, update or model in round `round_num` (0 = set-up)."""
+
+  def __init__(self, round_num: int, clients: Optional[Sequence[str]] = None,
+               what: str = "a client update or loss"):
+    self.round_num = round_num
+    self.clients = list(clients) if clients else []
+    where = f" (clients {', '.join(map(str, self.clients[:10]))}" + \
+        (f" and {len(self.clients) - 10} more)" if len(self.clients) > 10 else ")") \
+        if self.clients else ""
+    stage = "the set-up (cold start)" if round_num == 0 else f"round {round_num}"
+    super().__init__(f"diverged in {stage}: {what} is NaN or infinite{where}")
+
+
+def _all_finite(structure) -> bool:
+  for leaf in tf.nest.flatten(structure):
+    value = np.asarray(leaf)
+    if value.dtype.kind == "f" and not np.isfinite(value).all():
+      return False
+  return True
+
+
 def sample_clients(rng: np.random.Generator, num_clients: int,
                    clients_per_round: int) -> np.ndarray:
   return np.sort(rng.choice(num_clients, clients_per_round, replace=False))
 
 
 def run_training(task: TaskSpec, data: FederatedData, config: TrainingConfig,
-                 runner: Driver, writer: Optional[ResultsWriter] = None,
-                 progress: bool = True, log=print) -> Dict[str, Any]:
-  """Runs `config.rounds` rounds; returns the summary (also written to disk)."""
+                 driver: Driver, writer: Optional[ResultsWriter] = None,
+                 progress: bool = True, checkpoint_dir: Optional[str] = None,
+                 checkpoint_every: int = 10, resume: Optional[Dict[str, Any]] = None,
+                 models_dir: Optional[str] = None) -> Dict[str, Any]:
+  """Runs rounds up to `config.rounds`; returns the summary (also written to disk).
+
+  Args:
+    task, data, config, driver: what to run.
+    writer: where rows, summary and plots go (None: nowhere).
+    progress: show a progress bar.
+    checkpoint_dir: the run directory whose `checkpoints/` receive the run
+      state after the set-up, every `checkpoint_every` rounds and at the end
+      (None: no checkpoints).
+    resume: a checkpoint payload (`checkpoint.load_latest`) to continue from:
+      the driver, the sampling generator, the rows and the best models are
+      restored and the set-up is not run again.
+    models_dir: where the final and best-round models are saved (None: not).
+
+  A NaN or infinite loss, update or model raises `Diverged` after the last
+  good state is checkpointed and the summary says `"reason": "diverged"`.
+  """
+  from tff_cluster import checkpoint
+
   evaluator = Evaluator(task.model_fn, task.loss, data)
   start = time.perf_counter()
-  setup_start = time.perf_counter()
-  extras = runner.setup() or {}
-  setup_seconds = time.perf_counter() - setup_start
   rng = np.random.default_rng(np.random.SeedSequence([config.seed, 7]))
   rows: List[Dict[str, Any]] = []
+  extras: Dict[str, Any] = {}
+  best: Optional[Dict[str, Any]] = None
+  first_round = 1
+  setup_seconds = 0.0
+  status: Dict[str, Any] = {"completed": False, "reason": "interrupted"}
+
+  def save_checkpoint(round_num, snapshot, sampling_rng):
+    if checkpoint_dir is None:
+      return
+    checkpoint.save(checkpoint_dir, round_num, {
+        "driver": driver.snapshot_numpy(snapshot), "sampling_rng": sampling_rng,
+        "rows": rows, "extras": extras, "best": best, "setup_seconds": setup_seconds})
+    if writer is not None:  # a killed run's summary says so
+      writer.write_summary(dict(summarize(rows, config.rounds), completed=False,
+                                reason="running", checkpoint_round=round_num))
+
+  if resume is not None:
+    driver.restore(resume["driver"])
+    rng = resume["sampling_rng"]
+    rows = list(resume["rows"])
+    extras = dict(resume["extras"])
+    best = resume["best"]
+    setup_seconds = resume["setup_seconds"]
+    first_round = resume["round"] + 1
   bar = None
   if progress:
     from tqdm import tqdm
-    bar = tqdm(total=config.rounds, desc=f"{task.name}", unit="round",
-               dynamic_ncols=True)
+    bar = tqdm(total=config.rounds, initial=first_round - 1, desc=f"{task.name}",
+               unit="round", dynamic_ncols=True)
   try:
-    for round_num in range(1, config.rounds + 1):
+    if resume is None:
+      setup_start = time.perf_counter()
+      extras = driver.setup() or {}
+      setup_seconds = time.perf_counter() - setup_start
+      save_checkpoint(0, driver.snapshot(), rng)
+    for round_num in range(first_round, config.rounds + 1):
+      good, good_rng = driver.snapshot(), copy.deepcopy(rng)
       sampled = sample_clients(rng, data.num_clients, config.clients_per_round)
       t0 = time.perf_counter()
       row: Dict[str, Any] = {"round": round_num}
-      row.update(runner.run_round(round_num, sampled))
-      row["round_seconds"] = time.perf_counter() - t0
+      try:
+        row.update(driver.run_round(round_num, sampled))
+        row["round_seconds"] = time.perf_counter() - t0
+        weights, client_model = driver.eval_models()
+        if not np.isfinite(row["train_loss"]):
+          raise Diverged(round_num, what="the training loss")
+        if not _all_finite(weights):
+          raise Diverged(round_num, what="a model")
+      except Diverged:
+        save_checkpoint(round_num - 1, good, good_rng)
+        raise
       if round_num % config.eval_every == 0 or round_num == config.rounds:
         t1 = time.perf_counter()
-        weights, client_model = runner.eval_models()
         result = evaluator.evaluate(weights, client_model)
         row.update(test_accuracy=result.accuracy, test_loss=result.loss)
-        row.update(runner.round_eval_metrics(result))
+        row.update(driver.round_eval_metrics(result))
         row["eval_seconds"] = time.perf_counter() - t1
+        if best is None or result.accuracy > best["accuracy"]:
+          best = {"round": round_num, "accuracy": result.accuracy,
+                  "weights": [[np.asarray(w) for w in m] for m in weights],
+                  "client_model": np.asarray(client_model)}
       rows.append(row)
       if writer is not None:
         writer.write_round(row)
+      if checkpoint_dir is not None and (round_num % checkpoint_every == 0
+                                         or round_num == config.rounds):
+        save_checkpoint(round_num, driver.snapshot(), rng)
       if bar is not None:
         postfix = {"loss": f"{row['train_loss']:.4f}"}
-        last = [r for r in rows if "test_accuracy" in r]
+        last = [r for r in rows if r.get("test_accuracy") is not None]
         if last:
           postfix["acc"] = f"{last[-1]['test_accuracy']:.4f}"
         bar.set_postfix(postfix)
         bar.update(1)
+    if models_dir is not None:
+      weights, client_model = driver.eval_models()
+      save_models(task, os.path.join(models_dir, "final"), weights, client_model,
+                  data.client_ids, config.rounds)
+      if best is not None:
+        save_models(task, os.path.join(models_dir, "best"), best["weights"],
+                    best["client_model"], data.client_ids, best["round"])
+    status = {"completed": True}
+  except Diverged as e:
+    status = {"completed": False, "reason": "diverged", "diverged_round": e.round_num,
+              "diverged_clients": e.clients, "error": str(e)}
+    raise
+  except (KeyboardInterrupt, SystemExit):
+    status = {"completed": False, "reason": "interrupted"}
+    raise
+  except BaseException as e:  # noqa: B036 - recorded, then re-raised
+    status = {"completed": False, "reason": "error", "error": f"{type(e).__name__}: {e}"}
+    raise
   finally:
     if bar is not None:
       bar.close()
     summary = summarize(rows, config.rounds)
-    summary["completed"] = len(rows) == config.rounds
+    summary.update(status)
     summary["total_seconds"] = time.perf_counter() - start
     summary["setup_seconds"] = setup_seconds
     summary["bytes_down"] = int(sum(r.get("bytes_down", 0) for r in rows))
     summary["bytes_up"] = int(sum(r.get("bytes_up", 0) for r in rows))
     summary.update(extras)
-    summary.update(runner.summary())
+    summary.update(driver.summary())
     if writer is not None:
       writer.write_summary(summary)
       writer.plot(f"{task.name}")
   return summary
+
+
+def save_models(task: TaskSpec, directory: str, weights, client_model,
+                client_ids: Sequence[str], round_num: int) -> None:
+  """Each model as `model_<j>.keras` (Keras format) and `clients.json`:
+  {"round": r, "num_models": K, "client_model": {client id: j}}."""
+  from tff_cluster import results
+  os.makedirs(directory, exist_ok=True)
+  model = task.model_fn()
+  for j, w in enumerate(weights):
+    local_training.set_weights(model, w)
+    path = os.path.join(directory, f"model_{j}.keras")
+    model.save(path + ".tmp.keras")
+    os.replace(path + ".tmp.keras", path)
+  results.write_json(os.path.join(directory, "clients.json"), {
+      "round": int(round_num), "num_models": len(weights),
+      "client_model": {c: int(j) for c, j in zip(client_ids, client_model)}})

@@ -1,5 +1,7 @@
 """Keras models of the papers' experiments, and the losses they train with.
 
+TensorFlow is imported when a model is first built, not with this module.
+
 Every builder returns a *built* model (an `Input` layer fixes the shapes) so
 its variables exist before any TFF computation or tf.function touches them.
 """
@@ -9,9 +11,20 @@ from __future__ import annotations
 from typing import Tuple
 
 import numpy as np
-import tensorflow as tf
 
 from tff_cluster.data.federated import DataError
+
+
+class _LazyTensorFlow:
+  """`tf`, imported on first use: tasks name these builders (and the CLI lists
+  tasks) without importing TensorFlow, so `--help` and flag errors are fast."""
+
+  def __getattr__(self, name):
+    import tensorflow
+    return getattr(tensorflow, name)
+
+
+tf = _LazyTensorFlow()
 
 SPARSE_CE_LOGITS = "sparse_ce_logits"
 BINARY_PROBS = "binary_probs"

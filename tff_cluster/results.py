@@ -6,13 +6,17 @@
   summary.json    final/max test accuracy, timings, algorithm extras
   tensorboard/    TensorBoard scalars (tf.summary), one step per round
   accuracy.png    test accuracy and train loss curves
+  checkpoints/    the run state for --resume (`tff_cluster.checkpoint`)
+  models/         final/ and best/ models (`model_<j>.keras`, `clients.json`)
+  eval_<task>.json  --eval_only results
 """
 
 from __future__ import annotations
 
 import csv
-import shutil
+import io
 import json
+import shutil
 import math
 import os
 from typing import Any, Dict, Iterable, List, Mapping, Optional
@@ -22,6 +26,7 @@ import numpy as np
 RESULT_FILES = ("config.json", "metrics.csv", "metrics.jsonl", "summary.json",
                 "accuracy.png", "groups.csv")
 TENSORBOARD_DIR = "tensorboard"
+RESULT_DIRS = (TENSORBOARD_DIR, "checkpoints", "models")
 
 
 class OutputDirError(ValueError):
@@ -45,8 +50,9 @@ def _clear_previous_results(path: str) -> None:
   for name in RESULT_FILES:
     if os.path.isfile(os.path.join(path, name)):
       os.remove(os.path.join(path, name))
-  if os.path.isdir(os.path.join(path, TENSORBOARD_DIR)):
-    shutil.rmtree(os.path.join(path, TENSORBOARD_DIR))
+  for name in RESULT_DIRS:
+    if os.path.isdir(os.path.join(path, name)):
+      shutil.rmtree(os.path.join(path, name))
 
 
 def to_jsonable(value: Any) -> Any:
@@ -65,33 +71,60 @@ def to_jsonable(value: Any) -> Any:
 
 
 def write_json(path: str, value: Any) -> None:
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump(to_jsonable(value), f, indent=2, sort_keys=True)
-    f.write("\n")
-  os.replace(tmp, path)
+  """Atomically (temporary file, fsync, rename): a reader never sees half a file."""
+  from tff_cluster.checkpoint import atomic_write_bytes
+  text = json.dumps(to_jsonable(value), indent=2, sort_keys=True) + "\n"
+  atomic_write_bytes(path, text.encode())
+
+
+def _csv_line(values) -> str:
+  buffer = io.StringIO()
+  csv.writer(buffer, lineterminator="\n").writerow(values)
+  return buffer.getvalue()
 
 
 class ResultsWriter:
-  """Writes config, per-round rows, TensorBoard scalars and the summary."""
+  """Writes config, per-round rows, TensorBoard scalars and the summary.
+
+  Each row is one `write` of a whole line followed by flush and fsync, so a
+  killed run leaves whole rows. `resume_rows` (a resumed run) rewrites
+  metrics.csv/metrics.jsonl atomically with exactly those rows, dropping any
+  the killed run wrote after its last checkpoint, then appends.
+  """
 
   def __init__(self, path: str, columns: Iterable[str], overwrite: bool = False,
-               tensorboard: bool = True):
-    check_output_dir(path, overwrite)
-    os.makedirs(path, exist_ok=True)
-    _clear_previous_results(path)
+               tensorboard: bool = True, resume_rows: Optional[List[Mapping]] = None):
+    if resume_rows is None:
+      check_output_dir(path, overwrite)
+      os.makedirs(path, exist_ok=True)
+      _clear_previous_results(path)
     self.path = path
     self.columns: List[str] = list(dict.fromkeys(columns))
-    self._csv_file = open(os.path.join(path, "metrics.csv"), "w", newline="")
-    self._csv = csv.DictWriter(self._csv_file, fieldnames=self.columns,
-                               extrasaction="raise")
-    self._csv.writeheader()
-    self._jsonl = open(os.path.join(path, "metrics.jsonl"), "w")
     self._rows: List[Dict[str, Any]] = []
+    csv_path = os.path.join(path, "metrics.csv")
+    jsonl_path = os.path.join(path, "metrics.jsonl")
+    from tff_cluster.checkpoint import atomic_write_bytes
+    rows = [to_jsonable(dict(r)) for r in (resume_rows or [])]
+    atomic_write_bytes(csv_path, "".join(
+        [_csv_line(self.columns)] + [self._csv_row(r) for r in rows]).encode())
+    atomic_write_bytes(jsonl_path, "".join(
+        json.dumps(r, sort_keys=True) + "\n" for r in rows).encode())
+    self._rows.extend(rows)
+    self._csv_file = open(csv_path, "a", newline="")
+    self._jsonl = open(jsonl_path, "a")
     self._tb = None
     if tensorboard:
       import tensorflow as tf
       self._tb = tf.summary.create_file_writer(os.path.join(path, TENSORBOARD_DIR))
+
+  def _csv_row(self, row: Mapping[str, Any]) -> str:
+    return _csv_line(["" if row.get(c) is None else row.get(c) for c in self.columns])
+
+  @staticmethod
+  def _append(f, line: str) -> None:
+    f.write(line)
+    f.flush()
+    os.fsync(f.fileno())
 
   def write_config(self, config: Mapping[str, Any]) -> None:
     write_json(os.path.join(self.path, "config.json"), config)
@@ -101,11 +134,8 @@ class ResultsWriter:
     unknown = set(row) - set(self.columns)
     if unknown:
       raise KeyError(f"metrics {sorted(unknown)} are not declared columns")
-    self._csv.writerow({c: ("" if row.get(c) is None else row.get(c))
-                        for c in self.columns})
-    self._csv_file.flush()
-    self._jsonl.write(json.dumps(row, sort_keys=True) + "\n")
-    self._jsonl.flush()
+    self._append(self._csv_file, self._csv_row(row))
+    self._append(self._jsonl, json.dumps(row, sort_keys=True) + "\n")
     self._rows.append(row)
     if self._tb is not None:
       import tensorflow as tf

@@ -7,7 +7,9 @@ CLI); each defines one `TaskSpec`. The library only knows this interface.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Tuple
+
+from tff_cluster.hparams import HParam
 
 from tff_cluster.data.federated import FederatedData
 
@@ -46,6 +48,8 @@ class TaskSpec:
     model_name: the name of `model_fn` for `--model`.
     other_models: further models the task offers, name -> builder
       (`--model=NAME`; `with_model` picks one).
+    task_args: the settings `--task_arg NAME=VALUE` may give (declarations
+      with type, default and valid range; read with `task_arg`).
   """
   name: str
   description: str
@@ -56,6 +60,7 @@ class TaskSpec:
   source: str = ""
   model_name: str = "default"
   other_models: Mapping[str, Callable[[], Any]] = dataclasses.field(default_factory=dict)
+  task_args: Tuple[HParam, ...] = ()
 
   @property
   def model_names(self):
@@ -72,3 +77,18 @@ class TaskSpec:
                                other_models={self.model_name: self.model_fn,
                                              **{k: v for k, v in self.other_models.items()
                                                 if k != name}})
+
+
+def task_arg(options: DataOptions, decl: HParam) -> Any:
+  """The task setting `decl` from `options.extra` (its default when absent),
+  checked: a bad value raises `HParamError` naming `--task_arg`."""
+  value = options.extra.get(decl.name)
+  try:
+    return decl.check(decl.default if value is None else value)
+  except ValueError:
+    raise type_error(decl, value) from None
+
+
+def type_error(decl: HParam, value: Any) -> ValueError:
+  from tff_cluster.hparams import HParamError
+  return HParamError(f"invalid --task_arg={decl.name}={value}; valid: {decl.valid_text()}")

@@ -50,7 +50,8 @@ class FedAvgDefinition(Definition):
     n = out.num_examples
     summed = collections.OrderedDict(update=[n * d for d in out.delta], weight=n,
                                      loss_sum=out.loss_sum)
-    return ClientOutput(summed, collections.OrderedDict(num_examples=n), new_state)
+    result = collections.OrderedDict(loss_sum=out.loss_sum, num_examples=n)
+    return ClientOutput(summed, result, new_state)
 
   def server_update(self, state, summed, mode):
     return collections.OrderedDict(model=weighted_mean_update(

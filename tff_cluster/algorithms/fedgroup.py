@@ -164,7 +164,8 @@ class FedGroupDefinition(Definition):
       out, _ = self.local_update(trainer, received["model"], data, received["lr"], None)
       summed = collections.OrderedDict(loss_sum=out.loss_sum,
                                        num_examples=out.num_examples)
-      return ClientOutput(summed, collections.OrderedDict(delta=out.delta))
+      return ClientOutput(summed, collections.OrderedDict(delta=out.delta,
+                                                          loss_sum=out.loss_sum))
     out, new_state = self.local_update(trainer, list(selected["model"]), data,
                                        received["lr"], client_state, mu=self.mu)
     group = selected["key"]
@@ -176,7 +177,8 @@ class FedGroupDefinition(Definition):
         update_sums=sums, weight_sums=weights, loss_sum=out.loss_sum,
         num_examples=out.num_examples, update_norm_sum=flat_norm(out.delta),
         num_clients=tf.constant(1.0))
-    return ClientOutput(summed, collections.OrderedDict(group=group), new_state)
+    return ClientOutput(summed, collections.OrderedDict(group=group, loss_sum=out.loss_sum),
+                        new_state)
 
   def server_update(self, state, summed, mode):
     if mode == "pretrain":
@@ -257,6 +259,8 @@ def cold_start_state(w0: Sequence[np.ndarray], member_updates: Sequence[Sequence
 
 class FedGroupDriver(experiment.Driver):
   """Group cold start, then FedGroup rounds; holds each client's group."""
+
+  checkpoint_attrs = ("assignment", "newcomers", "_rng", "_summary")
 
   def __init__(self, task, data, config: experiment.TrainingConfig, *,
                num_groups: int = 5, measure: str = "edc", pretrain_scale: float = 20.0,

@@ -13,7 +13,6 @@ import dataclasses
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
-import tensorflow as tf
 
 Arrays = Tuple[np.ndarray, np.ndarray]  # (x, y)
 
@@ -86,8 +85,9 @@ class FederatedData:
 
 def _to_client_data(client_ids, split):
   # In-memory ClientData: datasets are built from the numpy arrays on demand.
-  import tensorflow_federated as tff  # deferred: only TFF pipelines need it
-  def dataset_fn(client_id: str) -> tf.data.Dataset:
+  import tensorflow as tf  # deferred: loading data needs neither TF nor TFF
+  import tensorflow_federated as tff
+  def dataset_fn(client_id: str) -> "tf.data.Dataset":
     x, y = split[client_id]
     return tf.data.Dataset.from_tensor_slices({"x": x, "y": y})
   return tff.simulation.datasets.ClientData.from_clients_and_fn(
