@@ -22,6 +22,15 @@ import tasks  # noqa: E402
 from tff_cluster import algorithms  # noqa: E402
 from tff_cluster import hparams as hp  # noqa: E402
 
+def _task_help(name, spec):
+  defaults = " ".join(f"{k}={v}" for k, v in spec.defaults.items() if v is not None)
+  args = ", ".join(f"{d.name}={d.default}" for d in spec.task_args) or "none"
+  pad = " " * 30
+  return [f"  {name:<26}  {spec.description}",
+          f"{pad}models: {', '.join(spec.model_names)}; task_arg: {args}",
+          f"{pad}defaults: {defaults}"]
+
+
 _ALGOS = algorithms.ALGORITHMS
 _TASKS = tasks.registry()
 _ALGO_HPARAMS = algorithms.all_hparams()
@@ -35,9 +44,9 @@ __doc__ = "\n".join(
      "",
      "Algorithms (--algo):"]
     + [f"  {name:<14} {spec.description}" for name, spec in sorted(_ALGOS.items())]
-    + ["", "Tasks (--task) [models for --model, the first is the default]:"]
-    + [f"  {name:<26} {spec.description} [{', '.join(spec.model_names)}]"
-       for name, spec in sorted(_TASKS.items())]
+    + ["", "Tasks (--task); under each: its models (--model, the first is the default),",
+       "its defaults and its settings (--task_arg NAME=VALUE, default):"]
+    + [line for name, spec in sorted(_TASKS.items()) for line in _task_help(name, spec)]
     + ["", "Per-task defaults fill every hyper-parameter flag left unset."])
 
 FLAGS = flags.FLAGS
@@ -68,16 +77,27 @@ flags.DEFINE_boolean("eval_only", False, "Evaluate the saved models of the run i
                      "(default: the run's task); writes eval_<task>.json there.")
 
 
+def _flag_text(decl: hp.HParam) -> str:
+  """Help text: the declaration's, what is valid, the default."""
+  if decl.default is not None:
+    default = f" (default {decl.default}"
+  elif "default" not in decl.help.lower():
+    default = " (task default"
+  else:
+    default = " ("
+  if decl.task_defaults:
+    default += ("; " if default != " (" else "") + ", ".join(
+        f"{t}: {v}" for t, v in sorted(decl.task_defaults.items()))
+  default = "" if default == " (" else default + ")"
+  return f"{decl.help} Valid: {decl.valid_text()}{default}."
+
+
 def _define(decl: hp.HParam) -> None:
   """One flag from a declaration; its default is None (= unset) so that task
   and declaration defaults apply in `resolve_settings`."""
-  default = "task default" if decl.default is None else f"default {decl.default}"
-  if decl.task_defaults:
-    default += "; " + ", ".join(f"{t}: {v}" for t, v in sorted(decl.task_defaults.items()))
-  text = f"{decl.help} Valid: {decl.valid_text()} ({default})."
   define = {int: flags.DEFINE_integer, float: flags.DEFINE_float,
             str: flags.DEFINE_string, bool: flags.DEFINE_boolean}[decl.type]
-  define(decl.name, None, text)
+  define(decl.name, None, _flag_text(decl))
 
 
 for _decl in (*hp.TRAINING, *_RUNNER_HPARAMS, *_ALGO_HPARAMS.values()):
@@ -210,16 +230,26 @@ def _run_config(run_dir: str) -> dict:
                      "--eval_only need the directory of a run") from None
 
 
-def resume_settings() -> dict:
-  """The run's settings from its config.json, with the flags given on top;
-  refuses (UsageError) any change but a larger --rounds."""
+def run_dir_settings() -> dict:
+  """--resume / --eval_only: the run's settings from its config.json, with the
+  flags given on top. --resume refuses (UsageError) any change but a larger
+  --rounds; --eval_only may evaluate on another --task."""
   run_dir = FLAGS.output_dir
+  if not run_dir:
+    flag = "--resume" if FLAGS.resume else "--eval_only"
+    raise UsageError(f"{flag} needs --output_dir=RUN_DIR, the directory of the run")
   config = _run_config(run_dir)
   values = {name: config.get(name) for name in _flag_names() if name in config}
-  values["task_arg"] = [f"{k}={v}" for k, v in (config.get("task_args") or {}).items()]
   given = {name: FLAGS[name].value for name in _flag_names() if FLAGS[name].present}
+  if "task" in given and given["task"] != config.get("task"):
+    values.pop("model", None)  # another task: its own default model and settings
+  else:
+    values["task_arg"] = [f"{k}={v}" for k, v in (config.get("task_args") or {}).items()]
   values.update(given)
+  values["resume"], values["eval_only"] = FLAGS.resume, FLAGS.eval_only
   settings = resolve_settings(values)
+  if not FLAGS.resume:
+    return settings
   for key, old in sorted(config.items()):
     if key not in settings or key in _RESUME_MAY_CHANGE:
       continue
@@ -458,9 +488,17 @@ def _interrupted(settings: dict, code: int) -> "NoReturn":  # noqa: F821
 
 
 def _print_help() -> None:
+  """The doc, then the flags grouped: general, training, runner, per algorithm."""
+  sections = [("General", [f"  --{n}: {FLAGS[n].help}" for n in _GENERAL]),
+              ("Training (every algorithm)",
+               [f"  --{d.name}: {_flag_text(d)}" for d in hp.TRAINING]),
+              ("Runner", [f"  --{d.name}: {_flag_text(d)}" for d in _RUNNER_HPARAMS])]
+  sections += [(f"--algo={name}", [f"  --{d.name}: {_flag_text(d)}" for d in spec.hparams])
+               for name, spec in sorted(_ALGOS.items()) if spec.hparams]
   print(__doc__)
-  print("\nFlags:")
-  print(FLAGS.module_help(sys.modules[__name__]))
+  for title, lines in sections:
+    print(f"\n{title}:")
+    print("\n".join(lines))
 
 
 def main(argv) -> int:
@@ -477,7 +515,8 @@ def main(argv) -> int:
     _fail(f"unexpected argument {rest[1]!r}; flags are written --name=value (see --help)")
   logging.set_verbosity(logging.WARNING)
   try:
-    settings = resume_settings() if FLAGS.resume else resolve_settings(_flag_values())
+    settings = (run_dir_settings() if FLAGS.resume or FLAGS.eval_only
+                else resolve_settings(_flag_values()))
     if settings["eval_only"]:
       evaluate_saved(settings)
       return 0
@@ -494,9 +533,10 @@ def main(argv) -> int:
     from tff_cluster.experiment import Diverged
     if not isinstance(e, Diverged):
       raise
-    _fail(f"{e}; the last good state is checkpointed in "
-          f"{settings['output_dir']}/checkpoints and summary.json says "
-          '"reason": "diverged" (try a smaller --client_lr)', code=3)
+    saved = (f"the last good state (round {e.round_num - 1}) is checkpointed in "
+             f"{settings['output_dir']}/checkpoints; " if e.round_num else "")
+    _fail(f"{e}; {saved}summary.json says \"reason\": \"diverged\" (try a smaller "
+          "--client_lr)", code=3)
   line = {k: summary.get(k) for k in ("final_test_accuracy", "max_test_accuracy",
                                        "max_round", "mean_round_seconds")}
   print(json.dumps(line), file=sys.stderr)

@@ -176,10 +176,9 @@ def test_padded_batches_are_the_datasets_batches(n, work):
   y = np.arange(n, dtype=np.int32)
   offset = 11
   expected = list(local_training.work_dataset(x, y, work, seed=5).as_numpy_iterator())
-  padded = local_training.padded_batches(n, offset, work, seed=5)
+  padded = local_training.padded_batches(n, offset, work, seed=5, total_steps=40)
   assert int(padded.num_steps) == len(expected) == work.num_steps(n)
-  assert len(padded.sizes) >= len(expected) and \
-      len(padded.sizes) & (len(padded.sizes) - 1) == 0  # a power of two
+  assert padded.indices.shape == (40, work.batch_size) and len(padded.sizes) == 40
   for i, batch in enumerate(expected):
     size = int(padded.sizes[i])
     assert size == len(batch["y"])

@@ -130,17 +130,18 @@ def _is_numpy_int(value: Any) -> bool:
 # Settings every algorithm shares (the local solver and the round loop).
 # `None` defaults come from the task (`TaskSpec.defaults`).
 
-ROUNDS = HParam("rounds", int, None, "Communication rounds (task default).", low=1)
+ROUNDS = HParam("rounds", int, None, "Communication rounds.", low=1)
 CLIENTS_PER_ROUND = HParam("clients_per_round", int, None,
-                           "Clients sampled per round (task default).", low=1)
-LOCAL_EPOCHS = HParam("local_epochs", int, None, "Local epochs per round (task "
-                      "default); exclusive with --local_steps.", low=1)
+                           "Clients sampled per round.", low=1)
+LOCAL_EPOCHS = HParam("local_epochs", int, None, "Local epochs per round; exclusive "
+                      "with --local_steps.", low=1)
 LOCAL_STEPS = HParam("local_steps", int, None, "Local work as a number of mini-batch "
-                     "steps per round (cycling through reshuffled epochs, restarted "
-                     "every round); exclusive with --local_epochs.", low=1)
-BATCH_SIZE = HParam("batch_size", int, None, "Local mini-batch size (task default).",
+                     "steps per round (cycling through reshuffled epochs, restarted every "
+                     "round); exclusive with --local_epochs (default: unset, the epochs "
+                     "apply).", low=1)
+BATCH_SIZE = HParam("batch_size", int, None, "Local mini-batch size.",
                     low=1)
-CLIENT_LR = HParam("client_lr", float, None, "Local SGD learning rate (task default).",
+CLIENT_LR = HParam("client_lr", float, None, "Local SGD learning rate.",
                    low=0, low_open=True)
 LR_DECAY = HParam("lr_decay", float, 1.0, "Per-round multiplier of the client "
                   "learning rate: round t uses client_lr * lr_decay^(t-1).",
@@ -164,7 +165,7 @@ TRAINING = (ROUNDS, CLIENTS_PER_ROUND, LOCAL_EPOCHS, LOCAL_STEPS, BATCH_SIZE, CL
 # (possibly `dataclasses.replace`d with its own default/help), never a twin.
 
 MU = HParam("mu", float, None, "Proximal coefficient mu of the local objective "
-            "F_k(w) + (mu/2)||w - w_start||^2 (task default).", low=0)
+            "F_k(w) + (mu/2)||w - w_start||^2.", low=0)
 NUM_GROUPS = HParam("num_groups", int, 5, "m: the number of groups/clusters of a "
                     "clustered algorithm (the data's true cluster count is "
                     "--task_arg=num_clusters).", low=1,

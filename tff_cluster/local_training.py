@@ -161,19 +161,22 @@ class PaddedBatches(NamedTuple):
 
   indices: int32 [P, B]: row i holds batch i's sample indices (0 where padded).
   sizes: int32 [P]: the real size of batch i (0 for padding rows).
-  num_steps: int32 scalar: the number of real batches (P is rounded up to a
-    power of two so that few shapes are compiled).
+  num_steps: int32 scalar: the number of real batches; the loop stops there.
+    The runner pads P to the largest step count of any client, so that one
+    compiled shape serves every client (only these small index arrays are
+    padded, never the data).
   """
   indices: tf.Tensor
   sizes: tf.Tensor
   num_steps: tf.Tensor
 
 
-def padded_batches(num_samples: int, offset: int, work: LocalWork, seed: int
-                   ) -> PaddedBatches:
+def padded_batches(num_samples: int, offset: int, work: LocalWork, seed: int,
+                   total_steps: Optional[int] = None) -> PaddedBatches:
   """The batches of `client_dataset` (same order), as numpy index batches.
 
-  `offset` is the client's first row in the runner's concatenated arrays.
+  `offset` is the client's first row in the runner's concatenated arrays;
+  `total_steps` (>= the client's steps) is P, default the client's steps.
   """
   b = work.batch_size
   per_epoch = math.ceil(num_samples / b)
@@ -188,7 +191,9 @@ def padded_batches(num_samples: int, offset: int, work: LocalWork, seed: int
     if num_samples % b:
       sizes[-1][-1] = num_samples % b
   steps = work.num_steps(num_samples)
-  total = 1 << max(steps - 1, 0).bit_length()
+  total = steps if total_steps is None else total_steps
+  if total < steps:
+    raise ValueError(f"total_steps={total} is fewer than the client's {steps} steps")
   indices = np.zeros((total, b), np.int32)
   size = np.zeros(total, np.int32)
   if steps:

@@ -91,6 +91,14 @@ class LocalRunner:
       self._x = tf.constant(np.concatenate(xs))
       self._y = tf.constant(np.concatenate(ys))
     self._fns: Dict[str, Any] = {}
+    self._steps_cache: Dict[local_training.LocalWork, int] = {}
+
+  def _max_steps(self, work: local_training.LocalWork) -> int:
+    """The largest step count of any client: every client's index batches are
+    padded to it, so each mode compiles once."""
+    if work not in self._steps_cache:
+      self._steps_cache[work] = max(1, max(work.num_steps(int(n)) for n in self._sizes))
+    return self._steps_cache[work]
 
   def describe(self) -> Dict[str, Any]:
     """What `config.json` records about this runner."""
@@ -156,7 +164,8 @@ class LocalRunner:
       for i, k in enumerate(clients):
         batches = local_training.padded_batches(
             int(self._sizes[k]), int(self._offsets[k]), work,
-            experiment.client_seed(self._seed, round_num, int(k)))
+            experiment.client_seed(self._seed, round_num, int(k)),
+            total_steps=self._max_steps(work))
         key = np.int32(keys[i]) if database is not None else np.int32(0)
         summed, result, new_state = client_fn(
             database, key, received, None if client_states is None else client_states[i],

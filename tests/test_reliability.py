@@ -1,0 +1,406 @@
+"""Runs that survive: checkpoints, resume, kill -9, divergence, saved models, bad input."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import run_experiment
+import tasks
+from tests.conftest import REPO_ROOT, SHARED_DATA
+from tests.helpers import (SMALL_ARGS, assert_workers_gone, metrics_rows_written,
+                           read_metrics_csv, run_watching_workers)
+from tests.test_runners import PARITY_CASES
+from tff_cluster import algorithms, checkpoint, experiment
+from tff_cluster import hparams as hp
+from tff_cluster.results import ResultsWriter
+from tff_cluster.task import DataOptions
+
+SCRIPT = str(REPO_ROOT / "run_experiment.py")
+TIMING = ("round_seconds", "eval_seconds")
+
+
+def _main(args, capsys):
+  try:
+    code = run_experiment.main(["run_experiment.py", *args])
+  except SystemExit as e:
+    code = e.code
+  out, err = capsys.readouterr()
+  return code, out, err
+
+
+def _without_timing(rows):
+  return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+
+
+# ---------------------------------------------------------------------------
+# Save at round k, restore into a fresh driver, finish: the same run.
+
+
+@pytest.fixture(scope="module")
+def small_clusters():
+  task = tasks.get_task("synthetic_clusters")
+  return task, task.load_data(DataOptions(seed=3, num_clients=20,
+                                          extra={"num_clusters": 2}))
+
+
+def _config(rounds, runner):
+  return experiment.TrainingConfig(rounds=rounds, clients_per_round=6, local_epochs=1,
+                                   batch_size=10, client_lr=0.02, seed=4, runner=runner,
+                                   client_momentum=0.5)
+
+
+def _train(task, data, algo, runner, rounds, run_dir, resume=None):
+  options = PARITY_CASES[algo][0]
+  config = _config(rounds, runner)
+  driver = algorithms.get_algorithm(algo).make_driver(task, data, config, **options)
+  writer = ResultsWriter(str(run_dir), [*experiment.BASE_COLUMNS, *driver.extra_columns],
+                         overwrite=True, tensorboard=False,
+                         resume_rows=None if resume is None else resume["rows"])
+  summary = experiment.run_training(task, data, config, driver, writer, progress=False,
+                                    checkpoint_dir=str(run_dir), checkpoint_every=2,
+                                    resume=resume)
+  writer.close()
+  return writer.rows, summary, driver.eval_models()
+
+
+@pytest.mark.parametrize("runner", ["tff", "local"])
+@pytest.mark.parametrize("algo", sorted(algorithms.ALGORITHMS))
+def test_resume_from_a_checkpoint_gives_the_same_run(algo, runner, small_clusters, tmp_path):
+  task, data = small_clusters
+  rows, summary, (weights, client_model) = _train(task, data, algo, runner, 4,
+                                                  tmp_path / "whole")
+  # The same run stopped after round 2 (its checkpoint), restored into a fresh
+  # driver and extended to 4 rounds.
+  _train(task, data, algo, runner, 2, tmp_path / "split")
+  round_num, payload = checkpoint.load_latest(str(tmp_path / "split"))
+  assert round_num == 2
+  rows2, summary2, (weights2, client_model2) = _train(task, data, algo, runner, 4,
+                                                      tmp_path / "split", resume=payload)
+  assert _without_timing(rows2) == _without_timing(rows)
+  np.testing.assert_array_equal(client_model2, client_model)
+  for a, b in zip(weights, weights2):
+    for x, y in zip(a, b):
+      np.testing.assert_array_equal(x, y)
+  assert summary2["completed"] and summary2.get("final_assignment") == \
+      summary.get("final_assignment")
+  assert checkpoint.rounds(str(tmp_path / "split")) == [2, 4]  # the last two kept
+
+
+def test_checkpoints_are_atomic_and_fall_back_when_damaged(tmp_path):
+  for r in (0, 5, 10):
+    checkpoint.save(str(tmp_path), r, {"rows": [r]})
+  assert checkpoint.rounds(str(tmp_path)) == [5, 10]
+  assert not [n for n in os.listdir(checkpoint.directory(str(tmp_path))) if ".tmp" in n]
+  newest = os.path.join(checkpoint.directory(str(tmp_path)), "round-000010.pkl")
+  with open(newest, "r+b") as f:
+    f.truncate(10)
+  assert checkpoint.load_latest(str(tmp_path)) == (5, pickle.loads(pickle.dumps(
+      {"format": checkpoint.FORMAT, "round": 5, "rows": [5]})))
+
+
+def test_resumed_writer_drops_rows_after_the_checkpoint_and_torn_lines(tmp_path):
+  writer = ResultsWriter(str(tmp_path), ["round", "train_loss"], tensorboard=False)
+  for r in (1, 2, 3):
+    writer.write_round({"round": r, "train_loss": 1.0 / r})
+  writer.close()
+  with open(tmp_path / "metrics.csv", "a") as f:
+    f.write("4,0.2")  # a torn row
+  writer = ResultsWriter(str(tmp_path), ["round", "train_loss"], tensorboard=False,
+                         resume_rows=writer.rows[:2])
+  writer.write_round({"round": 3, "train_loss": 0.5})
+  writer.close()
+  assert [r["round"] for r in read_metrics_csv(tmp_path / "metrics.csv")] == [1, 2, 3]
+  lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+  assert [json.loads(l)["round"] for l in lines] == [1, 2, 3]
+  assert b"\r" not in (tmp_path / "metrics.csv").read_bytes()
+
+
+# ---------------------------------------------------------------------------
+# kill -9 in the middle, then --resume: exactly the uninterrupted run.
+
+
+def _cli(out_dir, *extra):
+  return [sys.executable, SCRIPT, *SMALL_ARGS, "--rounds=16", "--checkpoint_every=3",
+          "--seed=5", f"--output_dir={out_dir}", *extra]
+
+
+def _kill_when(cmd, ready, timeout=240):
+  """Starts `cmd`, SIGKILLs it once `ready()` holds; returns its return code."""
+  proc = subprocess.Popen(cmd, cwd=str(REPO_ROOT), stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+  deadline = time.monotonic() + timeout
+  while proc.poll() is None and not ready():
+    assert time.monotonic() < deadline, "the run never got far enough"
+    time.sleep(0.02)
+  proc.send_signal(signal.SIGKILL)
+  return proc.wait(timeout=30)
+
+
+def _assert_whole_rows(path):
+  with open(path, newline="") as f:
+    lines = list(csv.reader(f))
+  assert all(len(line) == len(lines[0]) for line in lines), "a torn metrics row"
+
+
+@pytest.mark.parametrize("algo,runner", [("fedgroup", "tff"), ("fedprox", "local")])
+def test_kill_9_then_resume_equals_the_uninterrupted_run(algo, runner, tmp_path):
+  extra = (f"--algo={algo}", f"--runner={runner}", "--num_groups=3")
+  killed = tmp_path / "killed"
+  if runner == "tff":
+    code, _, _, seen = run_watching_workers(
+        _cli(killed, *extra), send_signal=signal.SIGKILL, timeout=240,
+        ready=lambda: metrics_rows_written(killed / "metrics.csv") >= 8, cwd=str(REPO_ROOT))
+    assert_workers_gone(seen, timeout=5)  # the kernel takes the worker down too
+  else:
+    code = _kill_when(_cli(killed, *extra),
+                      lambda: metrics_rows_written(killed / "metrics.csv") >= 8)
+  assert code == -signal.SIGKILL
+  written = metrics_rows_written(killed / "metrics.csv")
+  assert 8 <= written < 16
+  _assert_whole_rows(killed / "metrics.csv")
+  summary = json.loads((killed / "summary.json").read_text())
+  assert summary["completed"] is False and summary["reason"] == "running"
+  assert checkpoint.rounds(str(killed))[-1] in (6, 9, 12, 15)
+
+  resumed = subprocess.run([sys.executable, SCRIPT, "--resume", f"--output_dir={killed}",
+                            "--progress=false"], cwd=str(REPO_ROOT), capture_output=True,
+                           text=True, timeout=240)
+  assert resumed.returncode == 0, resumed.stderr
+  whole = subprocess.run(_cli(tmp_path / "whole", *extra), cwd=str(REPO_ROOT),
+                         capture_output=True, text=True, timeout=240)
+  assert whole.returncode == 0, whole.stderr
+  assert _without_timing(read_metrics_csv(killed / "metrics.csv")) == \
+      _without_timing(read_metrics_csv(tmp_path / "whole" / "metrics.csv"))
+  for name in sorted(os.listdir(tmp_path / "whole" / "models" / "final")):
+    if name.endswith(".keras"):
+      a = tf.keras.models.load_model(killed / "models" / "final" / name, compile=False)
+      b = tf.keras.models.load_model(tmp_path / "whole" / "models" / "final" / name,
+                                     compile=False)
+      for x, y in zip(a.get_weights(), b.get_weights()):
+        np.testing.assert_array_equal(x, y)
+  final = json.loads((killed / "summary.json").read_text())
+  assert final["completed"] is True and final["rounds_completed"] == 16
+
+
+def test_resume_refuses_changed_settings_and_fewer_rounds(tmp_path, capsys):
+  out = tmp_path / "run"
+  assert _main([*SMALL_ARGS, "--rounds=2", f"--output_dir={out}", "--runner=local"],
+               capsys)[0] == 0
+  for args, needle in [(["--client_lr=0.5"], "client_lr=0.5 differs from the run's"),
+                       (["--algo=fedprox"], "algo=fedprox differs"),
+                       (["--rounds=1"], "--rounds=1 is fewer than the run's 2")]:
+    code, _, err = _main(["--resume", f"--output_dir={out}", *args], capsys)
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+  code, _, err = _main(["--resume", f"--output_dir={tmp_path / 'none'}"], capsys)
+  assert code == 2 and "config.json" in err
+  code, _, err = _main(["--resume", f"--output_dir={out}", "--rounds=3"], capsys)
+  assert code == 0, err
+  assert len(read_metrics_csv(out / "metrics.csv")) == 3
+
+
+# ---------------------------------------------------------------------------
+# Divergence.
+
+
+@pytest.mark.parametrize("algo,round_num", [("fedavg", 1), ("fedgroup", 0)])
+def test_divergence_stops_with_exit_3_and_checkpoints_the_last_good_state(
+    algo, round_num, tmp_path, capsys):
+  out = tmp_path / "run"
+  code, _, err = _main([*SMALL_ARGS, f"--algo={algo}", "--rounds=5", "--client_lr=3e38",
+                        "--num_groups=2", "--runner=local", f"--output_dir={out}"], capsys)
+  lines = [l for l in err.splitlines() if l.startswith("run_experiment.py")]
+  assert code == 3 and len(lines) == 1, err
+  stage = "the set-up" if round_num == 0 else f"round {round_num}"
+  assert f"diverged in {stage}" in lines[0] and "clients" in lines[0]
+  assert "Traceback" not in err
+  summary = json.loads((out / "summary.json").read_text())
+  assert summary["completed"] is False and summary["reason"] == "diverged"
+  assert summary["diverged_round"] == round_num and summary["diverged_clients"]
+  assert read_metrics_csv(out / "metrics.csv") == []  # no NaN row was written
+  if round_num:
+    assert checkpoint.rounds(str(out)) == [round_num - 1]
+
+
+# ---------------------------------------------------------------------------
+# Saved models and --eval_only.
+
+
+def test_saved_models_load_and_eval_only_reproduces_the_run(tmp_path, capsys):
+  out = tmp_path / "run"
+  assert _main([*SMALL_ARGS, "--algo=fedgroup", "--num_groups=2", "--rounds=3",
+                "--runner=local", f"--output_dir={out}"], capsys)[0] == 0
+  summary = json.loads((out / "summary.json").read_text())
+  clients = json.loads((out / "models" / "final" / "clients.json").read_text())
+  assert clients["num_models"] == 3  # 2 groups + the auxiliary model
+  assert {int(j) for j in clients["client_model"].values()} <= {0, 1, 2}
+  model = tf.keras.models.load_model(out / "models" / "final" / "model_0.keras")
+  assert model.output_shape == (None, 10)
+  code, _, err = _main(["--eval_only", f"--output_dir={out}"], capsys)
+  assert code == 0, err
+  report = json.loads((out / "eval_synthetic.json").read_text())
+  assert report["final"]["test_accuracy"] == summary["final_test_accuracy"]
+  assert report["best"]["test_accuracy"] == summary["max_test_accuracy"]
+  assert report["best"]["round"] == summary["max_round"]
+
+
+# ---------------------------------------------------------------------------
+# Bad input: one line, what is valid, non-zero exit, no traceback, nothing written.
+
+
+def _invalid_values(decl):
+  if decl.choices:
+    return ["bogus"]
+  if decl.type is bool:
+    return []
+  values = []
+  if decl.low is not None:
+    values.append(decl.low if decl.low_open else
+                  (decl.low - 1 if decl.type is int else decl.low - 0.5))
+  if decl.high is not None:
+    values.append(decl.high if decl.high_open else
+                  (decl.high + 1 if decl.type is int else decl.high + 0.5))
+  values += ["nan", "inf", "-inf"] if decl.type is float else ["1.5", "abc"]
+  return [str(v) for v in values]
+
+
+def _flag_cases():
+  cases = []
+  for decl in (*hp.TRAINING, hp.RUNNER, hp.JIT):
+    cases += [("fedavg", decl.name, v) for v in _invalid_values(decl)]
+  for name, decl in sorted(algorithms.all_hparams().items()):
+    algo = next(a for a, spec in sorted(algorithms.ALGORITHMS.items())
+                if any(d.name == name for d in spec.hparams))
+    spec_decl = next(d for d in algorithms.ALGORITHMS[algo].hparams if d.name == name)
+    cases += [(algo, name, v) for v in _invalid_values(spec_decl)]
+  return cases
+
+
+def _assert_one_line_error(code, err, out_dir, *needles, exit_code=2):
+  assert code == exit_code, err
+  lines = [l for l in err.splitlines() if l.strip() and not l.startswith("warning:")]
+  assert len(lines) == 1 and lines[0].startswith("run_experiment.py: error: "), err
+  assert "Traceback" not in err
+  for needle in needles:
+    assert needle in lines[0], (needle, lines[0])
+  assert not os.path.exists(out_dir), "a failed run left an output directory"
+
+
+@pytest.mark.parametrize("algo,flag,value", _flag_cases())
+def test_every_declared_flag_rejects_invalid_values(algo, flag, value, tmp_path, capsys):
+  out = tmp_path / "out"
+  code, _, err = _main([f"--algo={algo}", f"--{flag}={value}", f"--output_dir={out}"],
+                       capsys)
+  _assert_one_line_error(code, err, out, f"--{flag}", "valid")
+
+
+def _femnist_copy(tmp_path, damage):
+  src = SHARED_DATA / "femnist_leaf"
+  if not src.is_dir():
+    pytest.skip("../shared/data/femnist_leaf not available")
+  dst = tmp_path / "femnist"
+  shutil.copytree(src, dst)
+  path = sorted((dst / "train").glob("*.json"))[0]
+  damage(path)
+  return dst
+
+
+def _fmnist_truncated(tmp_path):
+  src = SHARED_DATA / "fashion_mnist"
+  if not src.is_dir():
+    pytest.skip("../shared/data/fashion_mnist not available")
+  dst = tmp_path / "fmnist"
+  shutil.copytree(src, dst)
+  path = dst / "train-labels-idx1-ubyte.gz"
+  data = path.read_bytes()
+  path.write_bytes(data[:len(data) // 2])
+  return dst
+
+
+DATA_CASES = {
+    "truncated_json": lambda t: (["--task=femnist", "--data_dir={}".format(_femnist_copy(
+        t, lambda p: p.write_bytes(p.read_bytes()[:1000])))], ".json"),
+    "json_missing_key": lambda t: (["--task=femnist", "--data_dir={}".format(_femnist_copy(
+        t, lambda p: p.write_text(json.dumps({"users": ["a"]}))))], "user_data"),
+    "truncated_idx_gz": lambda t: (["--task=fmnist", f"--data_dir={_fmnist_truncated(t)}"],
+                                   "train-labels-idx1-ubyte.gz"),
+    "wrong_files": lambda t: (["--task=femnist", f"--data_dir={SHARED_DATA / 'mnist'}"],
+                              "train/*.json"),
+    "missing_dir": lambda t: (["--task=fmnist", f"--data_dir={t / 'nowhere'}"], "nowhere"),
+    "too_many_clients": lambda t: (["--task=synthetic", "--num_clients=5",
+                                    "--clients_per_round=6"], "--clients_per_round=6"),
+    "num_clients_above_data": lambda t: (
+        ["--task=femnist", f"--data_dir={SHARED_DATA / 'femnist_leaf'}", "--num_clients=60"],
+        "--num_clients=60"),
+    "task_arg_not_integer": lambda t: (["--task=synthetic_clusters",
+                                        "--task_arg=num_clusters=4.5"], "num_clusters=4.5"),
+    "task_arg_zero": lambda t: (["--task=synthetic_clusters", "--task_arg=num_clusters=0"],
+                                "num_clusters=0"),
+    "task_arg_twice": lambda t: (["--task=synthetic_clusters", "--task_arg=num_clusters=3",
+                                  "--task_arg=num_clusters=4"], "twice"),
+    "task_arg_unknown": lambda t: (["--task=femnist", "--task_arg=num_clusters=3"],
+                                   "not a setting of --task=femnist"),
+    "unknown_model": lambda t: (["--task=femnist", "--model=cnn"], "--model=cnn"),
+    "both_local_works": lambda t: (["--local_epochs=2", "--local_steps=3"], "--local_steps"),
+    "jit_on_batchnorm": lambda t: (["--task=fmnist", f"--data_dir={SHARED_DATA / 'fashion_mnist'}",
+                                    "--runner=local", "--jit=on", "--num_clients=20"],
+                                   "--jit=on"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DATA_CASES))
+def test_bad_data_and_settings_give_one_line(case, tmp_path, capsys):
+  args, needle = DATA_CASES[case](tmp_path)
+  out = tmp_path / "out"
+  code, _, err = _main([*args, f"--output_dir={out}"], capsys)
+  _assert_one_line_error(code, err, out, needle)
+
+
+@pytest.mark.parametrize("path", ["", "{file}/sub", "/proc/tff_cluster_results"])
+def test_unwritable_output_dir_is_refused_before_data_loads(path, tmp_path, capsys):
+  blocker = tmp_path / "file"
+  blocker.write_text("x")
+  out = path.format(file=blocker)
+  code, _, err = _main([*SMALL_ARGS, "--rounds=1", f"--output_dir={out}"], capsys)
+  _assert_one_line_error(code, err, tmp_path / "never", "--output_dir")
+
+
+def test_flags_a_task_ignores_are_warned(tmp_path, capsys):
+  code, _, err = _main([*SMALL_ARGS, "--rounds=1", "--runner=local", "--data_dir=/tmp",
+                        "--glove_path=g.txt", f"--output_dir={tmp_path / 'o'}"], capsys)
+  assert code == 0, err
+  assert "warning: --data_dir, --glove_path ignored by --task=synthetic" in err
+
+
+def test_help_and_rejected_flags_answer_fast_without_tensorflow():
+  for args in (["--help"], ["--rounds=0"], ["--algo=nope"]):
+    start = time.monotonic()
+    out = subprocess.run([sys.executable, "-X", "importtime", SCRIPT, *args],
+                         cwd=str(REPO_ROOT), capture_output=True, text=True, timeout=60)
+    seconds = time.monotonic() - start
+    assert seconds < 2.0, (args, seconds)
+    imported = {line.split("|")[-1].strip() for line in out.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert "tensorflow" not in imported and "tensorflow_federated" not in imported, args
+
+
+def test_help_shows_task_models_and_task_args(capsys):
+  code, out, _ = _main(["--help"], capsys)
+  assert code == 0
+  assert "models: mlp, mclr; task_arg: none" in out
+  assert "task_arg: num_clusters=5" in out and "defaults: rounds=200" in out
+  for name in ("--checkpoint_every", "--resume", "--eval_only", "--runner", "--jit",
+               "--local_steps", "--client_momentum", "--lr_decay", "--num_groups"):
+    assert name in out, name
