@@ -18,6 +18,7 @@ Tasks (settings from `DataOptions.extra`, defaults in brackets):
   fmnist_clusterwise_class  WeCFL's (n_cluster, n_client)-class partition:
                             'classes_per_cluster' [3], 'classes_per_client'
                             [2], 'num_clusters' [5].
+Models: the FMNIST CNN with BatchNorm (default) or LeNet-5 (`--model=lenet5`).
 All default to 200 clients (WeCFL: Ma et al., "On the Convergence of Clustered
 Federated Learning"). The optimization defaults (lr 0.01, batch 10, 10 local
 epochs, 20 clients per round, mu 0.01) are this project's choice in FedGroup's
@@ -113,6 +114,7 @@ def load_clusterwise_class(options: DataOptions) -> FederatedData:
 def _spec(name, description, load_data, *task_args):
   return TaskSpec(name=name, description=description, load_data=load_data,
                   model_fn=models.fmnist_cnn, model_name="fmnist_cnn",
+                  other_models={"lenet5": models.lenet5},
                   loss=models.SPARSE_CE_LOGITS, defaults=DEFAULTS, source=SOURCE,
                   task_args=task_args)
 

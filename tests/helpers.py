@@ -181,3 +181,14 @@ def assert_workers_gone(seen: Set[int], timeout: float = 0.0) -> None:
     except ProcessLookupError:
       pass
   assert not survivors, f"worker_binary processes {sorted(survivors)} outlived their run"
+
+
+def main_in_process(args, capsys):
+  """Runs run_experiment.main in this process; returns (exit code, stdout, stderr)."""
+  import run_experiment
+  try:
+    code = run_experiment.main(["run_experiment.py", *args])
+  except SystemExit as e:
+    code = e.code
+  out, err = capsys.readouterr()
+  return code, out, err

@@ -15,8 +15,8 @@ import tensorflow as tf
 import run_experiment
 import tasks
 from tests.conftest import REPO_ROOT
-from tests.helpers import (SMALL_ARGS, assert_workers_gone, read_metrics_csv,
-                           run_watching_workers)
+from tests.helpers import (SMALL_ARGS, assert_workers_gone, main_in_process,
+                           read_metrics_csv, run_watching_workers)
 from tff_cluster import algorithms, experiment, local_training
 from tff_cluster.evaluation import Evaluator
 from tff_cluster.results import ResultsWriter
@@ -28,14 +28,7 @@ ALL_TASKS = sorted(tasks.registry())
 ALL_ALGOS = sorted(algorithms.ALGORITHMS)
 
 
-def _main(args, capsys):
-  """Runs the CLI in-process; returns (exit code, stdout, stderr)."""
-  try:
-    code = run_experiment.main(["run_experiment.py", *args])
-  except SystemExit as e:
-    code = e.code
-  out, err = capsys.readouterr()
-  return code, out, err
+_main = main_in_process
 
 
 def _assert_usage_error(code, err, *needles):

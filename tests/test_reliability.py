@@ -17,11 +17,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import run_experiment
 import tasks
 from tests.conftest import REPO_ROOT, SHARED_DATA
-from tests.helpers import (SMALL_ARGS, assert_workers_gone, metrics_rows_written,
-                           read_metrics_csv, run_watching_workers)
+from tests.helpers import (SMALL_ARGS, assert_workers_gone, main_in_process,
+                           metrics_rows_written, read_metrics_csv, run_watching_workers)
 from tests.test_runners import PARITY_CASES
 from tff_cluster import algorithms, checkpoint, experiment
 from tff_cluster import hparams as hp
@@ -32,13 +31,7 @@ SCRIPT = str(REPO_ROOT / "run_experiment.py")
 TIMING = ("round_seconds", "eval_seconds")
 
 
-def _main(args, capsys):
-  try:
-    code = run_experiment.main(["run_experiment.py", *args])
-  except SystemExit as e:
-    code = e.code
-  out, err = capsys.readouterr()
-  return code, out, err
+_main = main_in_process
 
 
 def _without_timing(rows):

@@ -116,6 +116,17 @@ class LocalWork:
     return self.steps if num_samples else 0
 
 
+@tf.function(reduce_retracing=True)
+def _epoch_orders(num_samples, seeds, epochs, width):
+  """Row q: `epoch_order(num_samples[q], seeds[q], epochs[q])`, padded with -1
+  to `width` (many clients' and epochs' orders in one call)."""
+  def one(args):
+    n, seed, epoch = args
+    order = epoch_order(n, seed, epoch)
+    return tf.pad(order, [[0, width - n]], constant_values=-1)
+  return tf.map_fn(one, (num_samples, seeds, epochs), fn_output_signature=tf.int64)
+
+
 def epoch_order(num_samples: int, seed: int, epoch) -> tf.Tensor:
   """The sample order of pass `epoch`: a stateless shuffle seeded by (seed, epoch).
 
@@ -126,7 +137,7 @@ def epoch_order(num_samples: int, seed: int, epoch) -> tf.Tensor:
   with tf.device("/CPU:0"):
     return tf.random.experimental.stateless_shuffle(
         tf.range(num_samples, dtype=tf.int64),
-        seed=tf.stack([tf.constant(seed, tf.int64), tf.cast(epoch, tf.int64)]))
+        seed=tf.stack([tf.cast(seed, tf.int64), tf.cast(epoch, tf.int64)]))
 
 
 def client_dataset(x: np.ndarray, y: np.ndarray, batch_size: int, epochs: int,
@@ -178,30 +189,47 @@ def padded_batches(num_samples: int, offset: int, work: LocalWork, seed: int,
   `offset` is the client's first row in the runner's concatenated arrays;
   `total_steps` (>= the client's steps) is P, default the client's steps.
   """
-  b = work.batch_size
-  per_epoch = math.ceil(num_samples / b)
-  epochs = work.num_epochs(num_samples)
-  rows, sizes = [], []
-  for epoch in range(epochs):
-    order = epoch_order(num_samples, seed, epoch).numpy()
-    padded = np.zeros(per_epoch * b, np.int64)
-    padded[:num_samples] = order + offset
-    rows.append(padded.reshape(per_epoch, b))
-    sizes.append(np.full(per_epoch, b, np.int32))
-    if num_samples % b:
-      sizes[-1][-1] = num_samples % b
   steps = work.num_steps(num_samples)
   total = steps if total_steps is None else total_steps
-  if total < steps:
-    raise ValueError(f"total_steps={total} is fewer than the client's {steps} steps")
-  indices = np.zeros((total, b), np.int32)
-  size = np.zeros(total, np.int32)
-  if steps:
-    indices[:steps] = np.concatenate(rows)[:steps]
-    size[:steps] = np.concatenate(sizes)[:steps]
-    # Padded slots of a partial batch point at row `offset` (masked out).
-    indices[:steps][np.arange(b)[None, :] >= size[:steps, None]] = offset
-  return PaddedBatches(indices, size, np.int32(steps))
+  stacked = stacked_padded_batches([num_samples], [offset], work, [seed], total)
+  return PaddedBatches(stacked.indices[0], stacked.sizes[0], stacked.num_steps[0])
+
+
+def stacked_padded_batches(num_samples: Sequence[int], offsets: Sequence[int],
+                           work: LocalWork, seeds: Sequence[int], total_steps: int
+                           ) -> PaddedBatches:
+  """`padded_batches` of several clients stacked: indices [K, P, B], sizes
+  [K, P], num_steps [K] (P = `total_steps`, at least every client's steps).
+  Every client's and epoch's order comes from one TF call."""
+  b = work.batch_size
+  epochs = [work.num_epochs(int(n)) for n in num_samples]
+  steps = [work.num_steps(int(n)) for n in num_samples]
+  if max(steps, default=0) > total_steps:
+    raise ValueError(f"total_steps={total_steps} is fewer than a client's "
+                     f"{max(steps)} steps")
+  width = max(int(n) for n in num_samples)
+  pair_n = np.repeat(np.asarray(num_samples, np.int64), epochs)
+  pair_seed = np.repeat(np.asarray(seeds, np.int64), epochs)
+  pair_epoch = np.concatenate([np.arange(e, dtype=np.int64) for e in epochs])
+  orders = _epoch_orders(pair_n, pair_seed, pair_epoch, tf.constant(width, tf.int64)).numpy()
+  k = len(num_samples)
+  indices = np.zeros((k, total_steps, b), np.int32)
+  sizes = np.zeros((k, total_steps), np.int32)
+  row = 0
+  for c, (n, offset, e, s) in enumerate(zip(num_samples, offsets, epochs, steps)):
+    n = int(n)
+    per_epoch = math.ceil(n / b)
+    # Each epoch's order, cut into batches; a partial last batch's empty slots
+    # point at the client's first row (their weight is 0).
+    padded = np.full((e, per_epoch * b), offset, np.int64)
+    padded[:, :n] = orders[row:row + e, :n] + offset
+    row += e
+    epoch_sizes = np.full(per_epoch, b, np.int32)
+    if n % b:
+      epoch_sizes[-1] = n % b
+    indices[c, :s] = padded.reshape(e * per_epoch, b)[:s]
+    sizes[c, :s] = np.tile(epoch_sizes, e)[:s]
+  return PaddedBatches(indices, sizes, np.asarray(steps, np.int32))
 
 
 # ---------------------------------------------------------------------------
@@ -324,9 +352,8 @@ class PaddedTrainer(_Trainer):
     lr = tf.cast(lr, tf.float32)
     batch_size = tf.shape(data.indices)[1]
     v = self._start(start, velocity)
-    num_examples = tf.constant(0.0)
-    loss_sum = tf.constant(0.0)
-    for i in tf.range(data.num_steps):
+
+    def body(i, num_examples, loss_sum, v):
       if self._exact:
         rows = data.indices[i, :data.sizes[i]]
         mask = None
@@ -336,9 +363,15 @@ class PaddedTrainer(_Trainer):
       loss_x_n, n, new_v = sgd_step(
           self.model, self.loss, tf.gather(self._x, rows), tf.gather(self._y, rows),
           mask, lr, anchor, mu, self.momentum, v)
-      v = tuple(new_v) if new_v is not None else ()
-      num_examples += n
-      loss_sum += loss_x_n
+      return i + 1, num_examples + n, loss_sum + loss_x_n, \
+          tuple(new_v) if new_v is not None else ()
+
+    # The padded length bounds the loop: a static bound, so XLA compiles one
+    # loop for every client (a bound of num_steps would recompile per value).
+    _, num_examples, loss_sum, v = tf.while_loop(
+        lambda i, *_: i < data.num_steps, body,
+        (tf.constant(0), tf.constant(0.0), tf.constant(0.0), v),
+        maximum_iterations=data.indices.shape[0])
     return self._finish(start, num_examples, loss_sum, v)
 
 

@@ -90,7 +90,8 @@ class LocalRunner:
     with tf.device(self.device):
       self._x = tf.constant(np.concatenate(xs))
       self._y = tf.constant(np.concatenate(ys))
-    self._fns: Dict[str, Any] = {}
+    self._server: Dict[str, Any] = {}
+    self._rounds: Dict[str, Any] = {}
     self._steps_cache: Dict[local_training.LocalWork, int] = {}
 
   def _max_steps(self, work: local_training.LocalWork) -> int:
@@ -105,37 +106,72 @@ class LocalRunner:
     return {"runner": self.name, "device": self.device, "jit": self.jit,
             "model_family": self.model_family, "exact_batches": self.exact_batches}
 
-  def _compiled(self, mode: str):
-    if mode in self._fns:
-      return self._fns[mode]
-    d = self.definition
-    model, loss = self._model, self._loss
+  def _one_client(self, mode: str):
+    """Client c of a round's stacked inputs -> (summed, result, state)."""
+    d, model, loss = self.definition, self._model, self._loss
 
-    @tf.function
-    def broadcast_fn(state, params):
-      return d.broadcast(state, params, mode)
-
-    @tf.function
-    def database_fn(state):
-      return d.database(state, mode)
-
-    @tf.function(jit_compile=self.jit)
-    def client_fn(database, key, received, client_state, indices, sizes, num_steps,
-                  x, y):
+    def one(c, database, keys, received, client_states, indices, sizes, num_steps, x, y):
       trainer = local_training.PaddedTrainer(
           model, loss, x, y, momentum=d.momentum, exact_batches=self.exact_batches)
       selected = None if database is None else tf.nest.map_structure(
-          lambda t: tf.gather(t, key), database)
-      data = local_training.PaddedBatches(indices, sizes, num_steps)
+          lambda t: tf.gather(t, keys[c]), database)
+      client_state = None if client_states is None else tf.nest.map_structure(
+          lambda t: t[c], client_states)
+      data = local_training.PaddedBatches(indices[c], sizes[c], num_steps[c])
       out = d.client_work(trainer, selected, received, client_state, data, mode)
-      return out.summed, out.result, out.state
+      return out.summed, out.result, () if out.state is None else out.state
 
-    @tf.function
-    def server_fn(state, summed):
-      return d.server_update(state, summed, mode)
+    return one
 
-    self._fns[mode] = (broadcast_fn, database_fn, client_fn, server_fn)
-    return self._fns[mode]
+  def _server_fns(self, mode: str):
+    """(broadcast_fn, database_fn, server_fn) of `mode`, as tf.functions."""
+    if mode not in self._server:
+      d = self.definition
+      self._server[mode] = (
+          tf.function(lambda state, params: d.broadcast(state, params, mode)),
+          tf.function(lambda state: d.database(state, mode)),
+          tf.function(lambda state, summed: d.server_update(state, summed, mode)))
+    return self._server[mode]
+
+  def _round_fn(self, mode: str, args):
+    """Trains every client of the round in one compiled call: a
+    `tf.while_loop` over the stacked clients whose carry holds the running
+    sum, their results and new states going to `TensorArray`s."""
+    if mode in self._rounds:
+      return self._rounds[mode]
+    one = self._one_client(mode)
+    # The output structure (shapes, dtypes) of one client, from a trace only.
+    traced = tf.function(one).get_concrete_function(tf.constant(0), *args)
+    specs = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype),
+                                  traced.structured_outputs)
+    summed_spec, result_spec, state_spec = specs
+
+    @tf.function(jit_compile=self.jit)
+    def round_fn(database, keys, received, client_states, indices, sizes, num_steps, x, y):
+      num_clients = indices.shape[0]
+
+      def arrays(spec):
+        return [tf.TensorArray(s.dtype, size=num_clients, element_shape=s.shape)
+                for s in tf.nest.flatten(spec)]
+
+      def body(c, total, results, states):
+        summed, result, state = one(c, database, keys, received, client_states, indices,
+                                    sizes, num_steps, x, y)
+        total = tf.nest.map_structure(tf.add, total, summed)
+        results = [a.write(c, v) for a, v in zip(results, tf.nest.flatten(result))]
+        states = [a.write(c, v) for a, v in zip(states, tf.nest.flatten(state))]
+        return c + 1, total, results, states
+
+      zeros = tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), summed_spec)
+      _, total, results, states = tf.while_loop(
+          lambda c, *_: c < num_clients, body,
+          (tf.constant(0), zeros, arrays(result_spec), arrays(state_spec)))
+      stack = lambda spec, arrs: tf.nest.pack_sequence_as(  # noqa: E731
+          spec, [a.stack() for a in arrs])
+      return total, stack(result_spec, results), stack(state_spec, states)
+
+    self._rounds[mode] = round_fn
+    return round_fn
 
   def put_state(self, state):
     """The server state as tensors on this runner's device."""
@@ -151,30 +187,35 @@ class LocalRunner:
           keys: Optional[Sequence[int]] = None,
           client_states: Optional[List[Any]] = None) -> RoundOutput:
     """One call of `mode` for `clients` (indices into the data's clients)."""
-    broadcast_fn, database_fn, client_fn, server_fn = self._compiled(mode)
     d = self.definition
+    clients = [int(k) for k in clients]
+    batches = local_training.stacked_padded_batches(
+        self._sizes[clients], self._offsets[clients], work,
+        [experiment.client_seed(self._seed, round_num, k) for k in clients],
+        self._max_steps(work))
+    if d.num_keys(mode):
+      check_keys(keys, d.num_keys(mode), len(clients))
+      key_array = np.asarray(keys, np.int32)
+    else:
+      key_array = np.zeros(len(clients), np.int32)
     with tf.device(self.device):
       state = self.put_state(state)
+      stacked_states = None
+      if client_states is not None:
+        stacked_states = tf.nest.map_structure(lambda *xs: tf.stack(xs), *client_states)
+      broadcast_fn, database_fn, server_fn = self._server_fns(mode)
       received = broadcast_fn(state, round_params(lr))
-      database = None
-      if d.num_keys(mode):
-        database = database_fn(state)
-        check_keys(keys, d.num_keys(mode), len(clients))
-      total, results, new_states = None, [], []
-      for i, k in enumerate(clients):
-        batches = local_training.padded_batches(
-            int(self._sizes[k]), int(self._offsets[k]), work,
-            experiment.client_seed(self._seed, round_num, int(k)),
-            total_steps=self._max_steps(work))
-        key = np.int32(keys[i]) if database is not None else np.int32(0)
-        summed, result, new_state = client_fn(
-            database, key, received, None if client_states is None else client_states[i],
-            batches.indices, batches.sizes, batches.num_steps, self._x, self._y)
-        total = summed if total is None else tf.nest.map_structure(tf.add, total, summed)
-        results.append(result)
-        new_states.append(new_state)
+      database = database_fn(state) if d.num_keys(mode) else None
+      args = (database, key_array, received, stacked_states, batches.indices, batches.sizes,
+              batches.num_steps, self._x, self._y)
+      total, results, new_states = self._round_fn(mode, args)(*args)
       new_server_state = server_fn(state, total)
-    return RoundOutput(new_server_state, _to_numpy(total),
-                       [_to_numpy(r) for r in results],
-                       new_states if client_states is not None else None)
-
+    results = _to_numpy(results)
+    per_client = [tf.nest.map_structure(lambda a, i=i: a[i], results)
+                  for i in range(len(clients))]
+    if client_states is None:
+      return RoundOutput(new_server_state, _to_numpy(total), per_client, None)
+    new_states = _to_numpy(new_states)
+    return RoundOutput(new_server_state, _to_numpy(total), per_client,
+                       [tf.nest.map_structure(lambda a, i=i: a[i], new_states)
+                        for i in range(len(clients))])
