@@ -3,15 +3,32 @@
 from __future__ import annotations
 
 import os
+import signal
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+
+def _quiet_exit(signum, frame):
+  del frame
+  print("run_experiment.py: error: interrupted before the run started; nothing was "
+        "written", file=sys.stderr)
+  os._exit(128 + signum)
+
+
+if __name__ == "__main__":
+  # Until main() runs, a signal (e.g. Ctrl-C during the imports below) ends the
+  # process with one line instead of a traceback.
+  for _sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    signal.signal(_sig, _quiet_exit)
+
+import contextlib  # noqa: E402
 import dataclasses  # noqa: E402
 import datetime  # noqa: E402
 import json  # noqa: E402
 import re  # noqa: E402
 import shutil  # noqa: E402
-import sys  # noqa: E402
+import threading  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
 
@@ -480,6 +497,8 @@ def evaluate_saved(settings: dict) -> dict:
 
 
 def _interrupted(settings: dict, code: int) -> "NoReturn":  # noqa: F821
+  for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a second one: no traceback
+    signal.signal(sig, signal.SIG_IGN)
   out = settings.get("output_dir")
   if out and os.path.isfile(os.path.join(out, "summary.json")):
     _fail(f"interrupted; partial results are in {out} (summary.json: completed=false; "
@@ -501,7 +520,32 @@ def _print_help() -> None:
     print("\n".join(lines))
 
 
+@contextlib.contextmanager
+def _signals_as_exit():
+  """SIGINT raises KeyboardInterrupt, SIGTERM/SIGHUP SystemExit(128 + signum),
+  so that every way of stopping a run closes it (summary, one closing line)."""
+  def handler(signum, frame):
+    del frame
+    raise SystemExit(128 + signum)
+
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+  previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
+  previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
+  try:
+    yield
+  finally:
+    for sig, old in previous.items():
+      signal.signal(sig, old)
+
+
 def main(argv) -> int:
+  with _signals_as_exit():
+    return _main(argv)
+
+
+def _main(argv) -> int:
   if any(a in ("-h", "--help", "-help", "--helpshort", "--helpfull") for a in argv[1:]):
     _print_help()
     return 0

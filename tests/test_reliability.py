@@ -347,6 +347,13 @@ DATA_CASES = {
                                    "not a setting of --task=femnist"),
     "unknown_model": lambda t: (["--task=femnist", "--model=cnn"], "--model=cnn"),
     "both_local_works": lambda t: (["--local_epochs=2", "--local_steps=3"], "--local_steps"),
+    "pretrain_scale_too_small": lambda t: (["--algo=fedgroup", "--pretrain_scale=0.01"],
+                                           "invalid --pretrain_scale=0.01"),
+    "newcomers_leave_too_few": lambda t: (["--algo=fedgroup", "--num_clients=20",
+                                           "--clients_per_round=2", "--newcomer_fraction=0.9",
+                                           "--num_groups=5"],
+                                          "invalid --newcomer_fraction=0.9"),
+    "seed_too_large": lambda t: (["--seed=4294967296"], "--seed=4294967296"),
     "jit_on_batchnorm": lambda t: (["--task=fmnist", f"--data_dir={SHARED_DATA / 'fashion_mnist'}",
                                     "--runner=local", "--jit=on", "--num_clients=20"],
                                    "--jit=on"),
@@ -397,3 +404,25 @@ def test_help_shows_task_models_and_task_args(capsys):
   for name in ("--checkpoint_every", "--resume", "--eval_only", "--runner", "--jit",
                "--local_steps", "--client_momentum", "--lr_decay", "--num_groups"):
     assert name in out, name
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_a_signal_closes_a_local_run_with_one_line_and_a_summary(sig, tmp_path):
+  out = tmp_path / "run"
+  proc = subprocess.Popen(
+      [sys.executable, SCRIPT, *SMALL_ARGS, "--rounds=500", "--runner=local",
+       f"--output_dir={out}"], cwd=str(REPO_ROOT), stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+  deadline = time.monotonic() + 120
+  while metrics_rows_written(out / "metrics.csv") < 2:
+    assert proc.poll() is None and time.monotonic() < deadline
+    time.sleep(0.05)
+  proc.send_signal(sig)
+  _, err = proc.communicate(timeout=60)
+  assert proc.returncode == 128 + sig, err
+  lines = [l for l in err.splitlines() if l.startswith("run_experiment.py")]
+  assert len(lines) == 1 and "interrupted; partial results" in lines[0], err
+  assert "Traceback" not in err
+  summary = json.loads((out / "summary.json").read_text())
+  assert summary["completed"] is False and summary["reason"] == "interrupted"
+  _assert_whole_rows(out / "metrics.csv")

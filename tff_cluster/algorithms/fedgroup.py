@@ -302,10 +302,16 @@ class FedGroupDriver(experiment.Driver):
       self.num_pretrain = min(num_groups, len(pool))
     else:
       self.num_pretrain = min(int(round(pretrain_scale * num_groups)), len(pool))
+    if len(pool) < num_groups:
+      raise ValueError(
+          f"invalid --newcomer_fraction={newcomer_fraction}: leaves {len(pool)} clients "
+          f"to pre-train, fewer than --num_groups={num_groups}; valid: at most "
+          f"{(n - num_groups) / n:g}")
     if self.num_pretrain < num_groups:
       raise ValueError(
-          f"invalid --num_groups={num_groups}: only {self.num_pretrain} clients can "
-          f"be pre-trained; valid: 1..{self.num_pretrain}")
+          f"invalid --pretrain_scale={pretrain_scale:g}: pre-trains round({pretrain_scale:g}"
+          f" x {num_groups}) = {self.num_pretrain} clients, fewer than --num_groups="
+          f"{num_groups}; valid: a number >= 1")
     if config.clients_per_round > n - num_newcomers and self.newcomer_rounds:
       raise ValueError(
           f"invalid --newcomer_fraction={newcomer_fraction}: leaves {n - num_newcomers} "

@@ -1,22 +1,27 @@
 """The `local` runner: an algorithm's definition executed in-process.
 
 No TFF. The clients' training arrays are placed on the device once
-(concatenated, with each client's offset); each round, every sampled client's
-batches are index batches into them (`local_training.padded_batches`: the
-same batches, in the same order, as the `tff` runner's datasets). A client's
-whole local training is one call of a compiled function: a `tf.while_loop`
-over its batches, with no host round trip inside, XLA-compiled (`jit`) where
-that is faster:
+(concatenated, with each client's offset). Each round, the sampled clients'
+batches become index batches into them (`local_training.stacked_padded_batches`:
+the same batches, in the same order, as the `tff` runner's datasets), every
+client padded to the largest step count of any client so that the shapes
+never change. The round's whole client loop is then one compiled call: a
+`tf.while_loop` over the stacked clients, each running its local SGD as a
+`tf.while_loop` over its batches, the clients' sum carried in the loop and
+their results and new states collected in `TensorArray`s. Nothing returns to
+the host inside a round. XLA compiles it (`jit`) where that is faster:
 
   jit='auto'  on a GPU: yes; on a CPU: dense models (MCLR, MLP) yes,
-              convolutional and recurrent models no (TF 2.14's XLA makes CNN
-              steps 13-30x slower on CPU, see benchmarks/runner_speed.py);
+              convolutional and recurrent models no (TF 2.14's XLA made CNN
+              steps 10-30x slower on CPU; `benchmarks/runner_speed.py`
+              measures LeNet-5 both ways);
               models with BatchNorm: no (their batches are sliced to the real
               size, a dynamic shape XLA cannot compile).
   jit='on'    always (refused for BatchNorm models, see above);
   jit='off'   never.
 
-The server-side functions run as `tf.function`s on the same device.
+The server-side functions (broadcast, database, server update) run as
+`tf.function`s on the same device.
 """
 
 from __future__ import annotations
