@@ -32,7 +32,7 @@ import threading  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
 
-from absl import app, flags, logging  # noqa: E402
+from absl import flags, logging  # noqa: E402
 import numpy as np  # noqa: E402
 
 import tasks  # noqa: E402

@@ -32,7 +32,7 @@ call. The runners:
 from __future__ import annotations
 
 import collections
-from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, List, NamedTuple, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf

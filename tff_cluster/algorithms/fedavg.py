@@ -16,7 +16,7 @@ server optimizer) for research pipelines.
 from __future__ import annotations
 
 import collections
-from typing import Callable, List, Optional
+from typing import Callable, List
 
 import numpy as np
 import tensorflow as tf

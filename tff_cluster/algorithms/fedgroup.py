@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import collections
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
