@@ -508,7 +508,8 @@ def _interrupted(settings: dict, code: int) -> "NoReturn":  # noqa: F821
 
 def _print_help() -> None:
   """The doc, then the flags grouped: general, training, runner, per algorithm."""
-  sections = [("General", [f"  --{n}: {FLAGS[n].help}" for n in _GENERAL]),
+  sections = [("General", [f"  --{'[no]' if FLAGS[n].boolean else ''}{n}: {FLAGS[n].help}"
+                           for n in _GENERAL]),
               ("Training (every algorithm)",
                [f"  --{d.name}: {_flag_text(d)}" for d in hp.TRAINING]),
               ("Runner", [f"  --{d.name}: {_flag_text(d)}" for d in _RUNNER_HPARAMS])]

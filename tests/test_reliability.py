@@ -400,7 +400,7 @@ def test_help_shows_task_models_and_task_args(capsys):
   assert code == 0
   assert "models: mlp, mclr; task_arg: none" in out
   assert "task_arg: num_clusters=5" in out and "defaults: rounds=200" in out
-  for name in ("--checkpoint_every", "--resume", "--eval_only", "--runner", "--jit",
+  for name in ("--checkpoint_every", "--[no]resume", "--[no]eval_only", "--runner", "--jit",
                "--local_steps", "--client_momentum", "--lr_decay", "--num_groups"):
     assert name in out, name
 
