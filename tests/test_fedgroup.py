@@ -228,5 +228,5 @@ def test_rcc_rac_and_newcomers():
   later = runner.run_round(2, np.flatnonzero(runner.newcomers))
   assert later["num_cold_clients"] == 6
   assert (runner.assignment[runner.newcomers] >= 0).all()
-  p = runner._num_params * 4
+  p = runner.num_params * 4
   assert later["bytes_down"] == 6 * p + 6 * 3 * p and later["bytes_up"] == 6 * p

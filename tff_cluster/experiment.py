@@ -109,12 +109,21 @@ class Driver:
   state: Any = None
 
   def __init__(self, task: TaskSpec, data: FederatedData, config: TrainingConfig,
-               definition):
+               make_definition):
+    """`make_definition(weight_specs, num_trainable, momentum=..., persist_momentum=...)`
+    builds the algorithm's `Definition` for the task's model and the config's
+    local solver. The driver keeps the seeded initial weights `w0` and the
+    model's size `num_params`."""
     from tff_cluster import runners
     self.task = task
     self.data = data
     self.config = config
+    specs, num_trainable = model_layout(task)
+    definition = make_definition(specs, num_trainable, momentum=config.client_momentum,
+                                 persist_momentum=config.persist_momentum)
     self.definition = definition
+    self.w0 = initial_weights(task, config.seed)
+    self.num_params = int(sum(np.size(w) for w in self.w0))
     self.runner = runners.make_runner(config.runner, definition, task.model_fn,
                                       task.loss, data, config.seed, config.jit)
     self.client_states: Dict[int, Any] = {}
@@ -158,7 +167,7 @@ class Driver:
 
   def snapshot_numpy(self, snapshot: Dict[str, Any]) -> Dict[str, Any]:
     """`snapshot` with every tensor as a numpy array (what a checkpoint stores)."""
-    to_numpy = lambda s: tf.nest.map_structure(np.asarray, s)  # noqa: E731
+    from tff_cluster.runners import to_numpy
     return {"state": None if snapshot["state"] is None else
             self.runner.numpy_state(snapshot["state"]),
             "client_states": {k: to_numpy(v) for k, v in snapshot["client_states"].items()},

@@ -62,22 +62,19 @@ class FedAvgDriver(experiment.Driver):
   """One global model for every client."""
 
   def __init__(self, task, data, config: experiment.TrainingConfig, mu: float = 0.0):
-    specs, num_trainable = experiment.model_layout(task)
-    super().__init__(task, data, config, FedAvgDefinition(
-        specs, num_trainable, mu=mu, momentum=config.client_momentum,
-        persist_momentum=config.persist_momentum))
-    self._w0 = experiment.initial_weights(task, config.seed)
-    self._num_params = int(sum(np.size(w) for w in self._w0))
+    super().__init__(task, data, config,
+                     lambda specs, num_trainable, **solver: FedAvgDefinition(
+                         specs, num_trainable, mu=mu, **solver))
     self.state = None
 
   def setup(self):
-    self.state = self.runner.put_state(self.definition.initial_state(self._w0))
-    return {"num_parameters": self._num_params}
+    self.state = self.runner.put_state(self.definition.initial_state(self.w0))
+    return {"num_parameters": self.num_params}
 
   def run_round(self, round_num, sampled):
     out = self.train_clients("train", self.state, sampled, round_num)
     self.state = out.state
-    model_bytes = self._num_params * experiment.BYTES_PER_PARAMETER
+    model_bytes = self.num_params * experiment.BYTES_PER_PARAMETER
     return {"train_loss": float(out.summed["loss_sum"] / max(out.summed["weight"], 1.0)),
             "bytes_down": len(sampled) * model_bytes,
             "bytes_up": len(sampled) * model_bytes}

@@ -276,12 +276,10 @@ class FedGroupDriver(experiment.Driver):
                        "(at most the number of clients)")
     if not 0 <= newcomer_fraction < 1:
       raise ValueError(f"invalid --newcomer_fraction={newcomer_fraction}; valid: [0, 1)")
-    specs, num_trainable = experiment.model_layout(task)
-    super().__init__(task, data, config, FedGroupDefinition(
-        specs, num_trainable, num_groups, mu=mu, group_agg_lr=group_agg_lr,
-        momentum=config.client_momentum, persist_momentum=config.persist_momentum))
-    self._data = data
-    self._config = config
+    super().__init__(task, data, config,
+                     lambda specs, num_trainable, **solver: FedGroupDefinition(
+                         specs, num_trainable, num_groups, mu=mu,
+                         group_agg_lr=group_agg_lr, **solver))
     self.m = num_groups
     self.measure = measure
     self.pretrain_scale = pretrain_scale
@@ -317,8 +315,6 @@ class FedGroupDriver(experiment.Driver):
           f"invalid --newcomer_fraction={newcomer_fraction}: leaves {n - num_newcomers} "
           f"clients for the first rounds, fewer than --clients_per_round="
           f"{config.clients_per_round}")
-    self._w0 = experiment.initial_weights(task, config.seed)
-    self._num_params = int(sum(np.size(w) for w in self._w0))
     self.assignment = np.full(n, -1, np.int64)
     self.state = None
     self._summary: Dict[str, object] = {}
@@ -332,7 +328,7 @@ class FedGroupDriver(experiment.Driver):
     t0 = time.perf_counter()
     pool = np.flatnonzero(~self.newcomers)
     chosen = np.sort(self._rng.choice(pool, self.num_pretrain, replace=False))
-    out = self.train_clients("pretrain", self.definition.initial_state(self._w0), chosen,
+    out = self.train_clients("pretrain", self.definition.initial_state(self.w0), chosen,
                              0, work=self.pretrain_work, persist=False)
     deltas = [list(r["delta"]) for r in out.results]
     if self.cold_start == "rcc":
@@ -340,11 +336,11 @@ class FedGroupDriver(experiment.Driver):
     else:
       labels = clustering.cluster_updates(
           np.stack([clustering.flatten_weights(d) for d in deltas]), self.m,
-          self.measure, seed=self._config.seed)
+          self.measure, seed=self.config.seed)
     self.assignment[chosen] = labels
-    self.state = self.runner.put_state(cold_start_state(self._w0, deltas, labels, self.m))
+    self.state = self.runner.put_state(cold_start_state(self.w0, deltas, labels, self.m))
     seconds = time.perf_counter() - t0
-    model_bytes = self._num_params * experiment.BYTES_PER_PARAMETER
+    model_bytes = self.num_params * experiment.BYTES_PER_PARAMETER
     self._summary.update(
         cold_start_seconds=seconds,
         cold_start_clients=int(len(chosen)),
@@ -352,7 +348,7 @@ class FedGroupDriver(experiment.Driver):
                                     max(out.summed["num_examples"], 1.0)),
         cold_start_bytes_down=int(len(chosen) * model_bytes),
         cold_start_bytes_up=int(len(chosen) * model_bytes),
-        num_parameters=self._num_params)
+        num_parameters=self.num_params)
     return {}
 
   def run_round(self, round_num, sampled):
@@ -371,7 +367,7 @@ class FedGroupDriver(experiment.Driver):
     self.state = out.state
     self.assignment[sampled] = [int(r["group"]) for r in out.results]
     s = out.summed
-    model_bytes = self._num_params * experiment.BYTES_PER_PARAMETER
+    model_bytes = self.num_params * experiment.BYTES_PER_PARAMETER
     return {
         "train_loss": float(s["loss_sum"] / max(s["num_examples"], 1.0)),
         "discrepancy": float(s["update_norm_sum"] / s["num_clients"]),
@@ -399,7 +395,7 @@ class FedGroupDriver(experiment.Driver):
     return out
 
   def _cluster_scores(self):
-    truth = self._data.true_clusters
+    truth = self.data.true_clusters
     assigned = self.assignment >= 0
     if truth is None or not assigned.any():
       return {}
@@ -409,7 +405,7 @@ class FedGroupDriver(experiment.Driver):
   def summary(self):
     out = dict(self._summary)
     out["final_assignment"] = {cid: int(g) for cid, g in
-                               zip(self._data.client_ids, self.assignment)}
+                               zip(self.data.client_ids, self.assignment)}
     out["group_sizes"] = [int((self.assignment == j).sum()) for j in range(self.m)]
     out["num_groups"] = self.m
     out.update(self._cluster_scores())

@@ -29,6 +29,13 @@ class RoundOutput(NamedTuple):
   client_states: Optional[List[Any]]
 
 
+def to_numpy(structure):
+  """A nested structure with every tensor as a numpy array."""
+  import numpy as np
+  import tensorflow as tf
+  return tf.nest.map_structure(np.asarray, structure)
+
+
 def check_keys(keys, num_keys: int, num_clients: int) -> None:
   """One key per client, each in 0..num_keys-1 (else one clear ValueError)."""
   if keys is None or len(keys) != num_clients:

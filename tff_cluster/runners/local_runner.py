@@ -33,7 +33,7 @@ import tensorflow as tf
 
 from tff_cluster import experiment, local_training
 from tff_cluster.algorithms.definition import round_params
-from tff_cluster.runners import RoundOutput, check_keys
+from tff_cluster.runners import RoundOutput, check_keys, to_numpy
 
 JIT_CHOICES = ("auto", "on", "off")
 
@@ -55,10 +55,6 @@ def resolve_jit(setting: str, family: str, exact_batches: bool, device: str) -> 
   if exact_batches:
     return False
   return device.startswith("/GPU") or family == "dense"
-
-
-def _to_numpy(structure):
-  return tf.nest.map_structure(lambda t: np.asarray(t), structure)
 
 
 class LocalRunner:
@@ -185,7 +181,7 @@ class LocalRunner:
 
   @staticmethod
   def numpy_state(state):
-    return _to_numpy(state)
+    return to_numpy(state)
 
   def run(self, mode: str, state, clients: Sequence[int], round_num: int,
           work: local_training.LocalWork, lr: float,
@@ -215,12 +211,12 @@ class LocalRunner:
               batches.num_steps, self._x, self._y)
       total, results, new_states = self._round_fn(mode, args)(*args)
       new_server_state = server_fn(state, total)
-    results = _to_numpy(results)
+    results = to_numpy(results)
     per_client = [tf.nest.map_structure(lambda a, i=i: a[i], results)
                   for i in range(len(clients))]
     if client_states is None:
-      return RoundOutput(new_server_state, _to_numpy(total), per_client, None)
-    new_states = _to_numpy(new_states)
-    return RoundOutput(new_server_state, _to_numpy(total), per_client,
+      return RoundOutput(new_server_state, to_numpy(total), per_client, None)
+    new_states = to_numpy(new_states)
+    return RoundOutput(new_server_state, to_numpy(total), per_client,
                        [tf.nest.map_structure(lambda a, i=i: a[i], new_states)
                         for i in range(len(clients))])

@@ -28,7 +28,7 @@ import tensorflow_federated as tff
 
 from tff_cluster import experiment, local_training, runtime, tff_types
 from tff_cluster.algorithms.definition import round_params
-from tff_cluster.runners import RoundOutput, check_keys
+from tff_cluster.runners import RoundOutput, check_keys, to_numpy
 
 PARAMS_SPEC = collections.OrderedDict(lr=tf.TensorSpec([], tf.float32))
 KEY_TYPE = tff.TensorType(np.int32, [1])
@@ -189,7 +189,7 @@ class TffRunner:
 
   @staticmethod
   def numpy_state(state):
-    return tf.nest.map_structure(np.asarray, state)
+    return to_numpy(state)
 
   def datasets(self, clients: Sequence[int], round_num: int,
                work: local_training.LocalWork) -> List[tf.data.Dataset]:
@@ -214,6 +214,6 @@ class TffRunner:
     if stateful:
       args.append(list(client_states))
     out = self.computation(mode)(*args)
-    results = [tf.nest.map_structure(np.asarray, r) for r in out[2]]
-    return RoundOutput(out[0], tf.nest.map_structure(np.asarray, out[1]), results,
+    results = [to_numpy(r) for r in out[2]]
+    return RoundOutput(out[0], to_numpy(out[1]), results,
                        list(out[3]) if stateful else None)
