@@ -8,8 +8,10 @@ convention (floats in [0, 1], 1.0 = background).
 Model: the MLP 784-512-<classes> FedGroup uses for FEMNIST (`--model=mlp`, the
 default), or MCLR 784-><classes> (`--model=mclr`). Defaults follow
 FedGroup (Duan et al., "FedGroup: Efficient Clustered Federated Learning via
-Decomposed Data-Driven Measure"): lr 0.003, batch 10, 10 local epochs, 20
-clients per round, and FedProx's mu = 1.
+Decomposed Data-Driven Measure", Section 5.1): lr 0.003, batch 10, E = 20
+local epochs, 20 clients per round, FedProx's mu = 1 and T = 200 rounds (the
+FedGroup paper does not state T; 200 is FedProx's). These are LEAF's 62-class
+writers; the paper's "FEMNIST" is FedProx's 10-letter sample, `femnist_fedprox`.
 
 Views (same writers, relabelled; a writer left without train or test samples
 in a view is dropped):
@@ -34,7 +36,7 @@ from tff_cluster.data.partition import ROTATIONS, rotate_images
 from tff_cluster.hparams import HParam
 from tff_cluster.task import DataOptions, TaskSpec, task_arg
 
-DEFAULTS = dict(rounds=200, clients_per_round=20, local_epochs=10, batch_size=10,
+DEFAULTS = dict(rounds=200, clients_per_round=20, local_epochs=20, batch_size=10,
                 client_lr=0.003, mu=1.0, num_clients=None)  # None: all writers
 
 SOURCE = "FedGroup (Duan et al.) FEMNIST setting; LEAF FEMNIST data"

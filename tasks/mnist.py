@@ -2,7 +2,8 @@
 
 Li et al., "Federated Optimization in Heterogeneous Networks" (FedProx),
 Section 5.1; FedGroup (Duan et al.) uses the same data with lr 0.03, batch
-10, 10 local epochs, 20 clients per round and mu = 1.
+10, E = 20 local epochs, 20 clients per round, mu = 1 and m = 3 groups.
+Rounds default to FedProx's T = 100 (the FedGroup paper does not state T).
 
 Data, by what `--data_dir` holds:
 * train/*.json and test/*.json: the JSON FedProx's `data/mnist/generate_niid.py`
@@ -28,7 +29,7 @@ from tff_cluster.task import DataOptions, TaskSpec, task_arg
 CLASSES_PER_CLIENT = HParam("classes_per_client", int, 2, "digits per client", low=1,
                             high=10)
 
-DEFAULTS = dict(rounds=200, clients_per_round=20, local_epochs=10, batch_size=10,
+DEFAULTS = dict(rounds=100, clients_per_round=20, local_epochs=20, batch_size=10,
                 client_lr=0.03, mu=1.0, num_clients=1000)
 
 

@@ -11,8 +11,9 @@ Model: LEAF / FedGroup's LSTM(100) x 2 -> dense 30 -> sigmoid over a frozen
 GloVe embedding. Its vocabulary comes from the data, so `model_fn` needs
 `load_data` to have run first in the same process (it raises otherwise).
 
-Defaults follow FedGroup (Duan et al.): lr 0.3, batch 10, 10 local epochs, 20
-clients per round, mu = 0.01.
+Defaults follow FedGroup (Duan et al., Section 5.1): lr 0.3, batch 10, E = 20
+local epochs, 20 clients per round, mu = 0.01, and T = 800 rounds (FedProx's and
+both FedGroup authors' codes'; the paper does not state T).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from tff_cluster.data import leaf
 from tff_cluster.data.federated import DataError, FederatedData
 from tff_cluster.task import DataOptions, TaskSpec
 
-DEFAULTS = dict(rounds=200, clients_per_round=20, local_epochs=10, batch_size=10,
+DEFAULTS = dict(rounds=800, clients_per_round=20, local_epochs=20, batch_size=10,
                 client_lr=0.3, mu=0.01, num_clients=None)  # None: all users
 
 # The embedding matrix of the last load_data call (the model's vocabulary).

@@ -1,6 +1,7 @@
 """FedGrouProx: FedGroup whose clients add (mu/2)||w - w_group||^2 locally.
 
-Duan et al. (FedGroup), Section 4: the FedProx proximal term anchored at the
+Duan et al. (FedGroup), Section 3.2 (Algorithm 2 line 15, Eq. (3)): the FedProx
+proximal term anchored at the
 client's group model; mu = 1 for synthetic, MNIST and FEMNIST and 0.01 for
 Sent140 (FedProx's recommendations).
 """

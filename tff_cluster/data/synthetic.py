@@ -1,7 +1,7 @@
 """Synthetic(alpha, beta) federated data, the FedProx/LEAF recipe.
 
-Shi et al. / Li et al., "Federated Optimization in Heterogeneous Networks"
-(FedProx), Section 5.1: for client k,
+Shamir et al.'s setting as Li et al., "Federated Optimization in
+Heterogeneous Networks" (FedProx), Section 5.1, builds it: for client k,
   u_k ~ N(0, alpha^2), B_k ~ N(0, beta^2)       (alpha, beta: standard deviations)
   W_k ~ N(u_k, 1) in R^{60x10},  b_k ~ N(u_k, 1) in R^10
   v_k ~ N(B_k, 1) in R^60,  x ~ N(v_k, Sigma), Sigma = diag(j^-1.2), j = 1..60
