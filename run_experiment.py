@@ -41,7 +41,7 @@ from tff_cluster import hparams as hp  # noqa: E402
 
 def _task_help(name, spec):
   defaults = " ".join(f"{k}={v}" for k, v in spec.defaults.items() if v is not None)
-  args = ", ".join(f"{d.name}={d.default}" for d in spec.task_args) or "none"
+  args = ", ".join(f"{d.name}={hp.format_value(d.default)}" for d in spec.task_args) or "none"
   pad = " " * 30
   return [f"  {name:<26}  {spec.description}",
           f"{pad}models: {', '.join(spec.model_names)}; task_arg: {args}",
@@ -76,7 +76,9 @@ flags.DEFINE_integer("num_clients", None, "Number of clients, for tasks that "
 flags.DEFINE_string("data_dir", None, "Directory with the task's data files.")
 flags.DEFINE_float("synthetic_alpha", 1.0, "Synthetic(alpha, beta): model heterogeneity.")
 flags.DEFINE_float("synthetic_beta", 1.0, "Synthetic(alpha, beta): input heterogeneity.")
-flags.DEFINE_string("glove_path", None, "GloVe text file for sent140 (glove.6B.300d.txt).")
+flags.DEFINE_string("glove_path", None, "GloVe vectors for sent140: a text file of any "
+                    "dimension, plain or .gz (glove.6B.300d.txt), or a directory with one "
+                    "glove*.txt[.gz].")
 flags.DEFINE_multi_string("task_arg", [], "Task-specific setting NAME=VALUE, repeatable "
                           "(e.g. --task_arg=num_clusters=4 for cluster-structured tasks).")
 flags.DEFINE_string("output_dir", None, "Results directory (default: "
@@ -221,12 +223,20 @@ def _parse_task_args(items, task) -> dict:
       raise UsageError(f"--task_arg {name} given twice; valid: once per setting")
     decl = declared[name]
     try:
-      value = {int: int, float: float, str: str}[decl.type](raw)
-      out[name] = decl.check(value)
+      out[name] = decl.check(_typed(decl, raw))
     except (ValueError, hp.HParamError):
       raise UsageError(f"invalid --task_arg={name}={raw}; valid: {decl.valid_text()}") \
           from None
   return out
+
+
+def _typed(decl, raw: str):
+  """A `--task_arg` text as the declaration's type (bool: true/false, any case)."""
+  if decl.type is bool:
+    if raw.lower() not in ("true", "false"):
+      raise ValueError(raw)
+    return raw.lower() == "true"
+  return decl.type(raw)
 
 
 def _flag_names():
@@ -261,7 +271,8 @@ def run_dir_settings() -> dict:
   if "task" in given and given["task"] != config.get("task"):
     values.pop("model", None)  # another task: its own default model and settings
   else:
-    values["task_arg"] = [f"{k}={v}" for k, v in (config.get("task_args") or {}).items()]
+    values["task_arg"] = [f"{k}={hp.format_value(v)}"
+                          for k, v in (config.get("task_args") or {}).items()]
   values.update(given)
   values["resume"], values["eval_only"] = FLAGS.resume, FLAGS.eval_only
   settings = resolve_settings(values)
@@ -368,6 +379,15 @@ def _load_task_data(settings: dict, task):
     raise UsageError(f"invalid --num_clients={settings['num_clients']}: --task={task.name} "
                      f"has {data.num_clients} clients; valid: 1..{data.num_clients}")
   if settings["clients_per_round"] > data.num_clients:
+    # A task whose own setting decides how many clients remain names it (e.g.
+    # sent140's "--task_arg=min_tweets=50").
+    setting = getattr(data, "client_count_setting", None)
+    if setting:
+      raise UsageError(
+          f"invalid {setting}: leaves {data.num_clients} clients, fewer than "
+          f"--clients_per_round={settings['clients_per_round']}; valid: a setting that "
+          f"keeps >= {settings['clients_per_round']} clients, or --clients_per_round <= "
+          f"{data.num_clients}")
     raise UsageError(
         f"invalid --clients_per_round={settings['clients_per_round']}: the task has "
         f"{data.num_clients} clients; valid: 1..{data.num_clients}")

@@ -11,7 +11,8 @@ from typing import Dict
 
 from tff_cluster.task import TaskSpec
 
-_MODULES = ("synthetic", "femnist", "sent140", "mnist", "fmnist", "cifar10")
+_MODULES = ("synthetic", "femnist", "femnist_fedprox", "sent140", "mnist", "fmnist",
+            "cifar10")
 
 
 def registry() -> Dict[str, TaskSpec]:

@@ -1,15 +1,37 @@
-"""LEAF Sent140 (tweets by user, binary sentiment) with the stacked LSTM.
+"""Sent140 (tweets by user, binary sentiment) with the stacked LSTM.
 
-Data: LEAF's Sent140 JSON (`--data_dir` with train/*.json and test/*.json,
-e.g. `./preprocess.sh -s niid --sf 0.3 -k 30 -t sample` in LEAF's
-data/sent140) and GloVe 6B 300-d vectors (`--glove_path .../glove.6B.300d.txt`).
-Each user is a client; tweets become their first 25 tokens as GloVe ids
-(0 = padding, last = unknown word); only words that occur in the tweets are
-taken from GloVe, so the frozen embedding stays small.
+Data (`--data_dir`), either:
+
+* LEAF's Sent140 JSON: a directory with train/*.json and test/*.json, e.g.
+  from `./preprocess.sh -s niid --sf 0.3 -k 30 -t sample` in LEAF's
+  data/sent140 (already sampled, filtered and split: the task args below are
+  refused with it); or
+* the raw Sentiment140 CSV (`training.1600000.processed.noemoticon.csv`, no
+  header, Latin-1, columns polarity 0/4, tweet id, date, query, user, text),
+  given as the file or its directory; in a directory the official name wins,
+  else the one `*.csv` not named `test*` (the manual test set
+  `testdata.manual.2009.06.14.csv` is not training data); several candidates
+  are an error listing them. It gets LEAF's preprocessing
+  (`tff_cluster.data.sent140`): grouped by user, label 1 for polarity 4 and
+  0 for 0; `--task_arg=sample_fraction=F` (LEAF `--sf`, default 1.0) keeps
+  whole users, drawn in seeded random order, up to a fraction F of all
+  tweets; `--task_arg=min_tweets=K` (LEAF `-k`, default 3 as in LEAF's
+  small-sized command `--sf 0.05 -k 3`) drops users with fewer tweets; then
+  each user's tweets are split like LEAF's `-t sample --tf 0.9`:
+  max(1, int(0.9 n)) train tweets and the rest test, users with < 2 tweets
+  dropped, so a 2-tweet user gets 1 train + 1 test tweet.
+
+GloVe (`--glove_path`): a text file `word v1 ... vD` of any dimension D, plain
+or .gz (e.g. glove.6B.300d.txt, the papers'), or a directory holding one
+glove*.txt[.gz]. Each user is a client; tweets become their first 25 tokens
+(LEAF's tokenization) as GloVe ids (0 = padding, last = unknown word); only
+words that occur in the tweets are taken from GloVe, so the frozen embedding
+stays small.
 
 Model: LEAF / FedGroup's LSTM(100) x 2 -> dense 30 -> sigmoid over a frozen
-GloVe embedding. Its vocabulary comes from the data, so `model_fn` needs
-`load_data` to have run first in the same process (it raises otherwise).
+GloVe embedding of the file's dimension. Its vocabulary comes from the data,
+so `model_fn` needs `load_data` to have run first in the same process (it
+raises otherwise).
 
 Defaults follow FedGroup (Duan et al., Section 5.1): lr 0.3, batch 10, E = 20
 local epochs, 20 clients per round, mu = 0.01, and T = 800 rounds (FedProx's and
@@ -22,20 +44,38 @@ import numpy as np
 
 from tff_cluster import models
 from tff_cluster.data import leaf
+from tff_cluster.data import sent140 as sent140_data
 from tff_cluster.data.federated import DataError, FederatedData
-from tff_cluster.task import DataOptions, TaskSpec
+from tff_cluster.hparams import HParam
+from tff_cluster.task import DataOptions, TaskSpec, task_arg
 
 DEFAULTS = dict(rounds=800, clients_per_round=20, local_epochs=20, batch_size=10,
                 client_lr=0.3, mu=0.01, num_clients=None)  # None: all users
+
+MIN_TWEETS = HParam(
+    "min_tweets", int, sent140_data.DEFAULT_MIN_TWEETS,
+    "raw CSV only: keep users with at least this many tweets (LEAF -k)", low=0)
+SAMPLE_FRACTION = HParam(
+    "sample_fraction", float, sent140_data.DEFAULT_SAMPLE_FRACTION,
+    "raw CSV only: share of all tweets kept, as whole users drawn at random "
+    "(LEAF --sf)", low=0, low_open=True, high=1)
+TASK_ARGS = (MIN_TWEETS, SAMPLE_FRACTION)
 
 # The embedding matrix of the last load_data call (the model's vocabulary).
 _EMBEDDING = {"matrix": None}
 
 
 def load_sent140(options: DataOptions) -> FederatedData:
-  data, embedding = leaf.load_sent140(options.data_dir, options.glove_path,
-                                      seed=options.seed)
+  given = {d.name: task_arg(options, d) for d in TASK_ARGS if d.name in options.extra}
+  data, embedding = sent140_data.load_sent140(
+      options.data_dir, options.glove_path, seed=options.seed, **given)
   data = leaf.sample_clients(data, options.num_clients, options.seed)
+  if sent140_data.find_data(options.data_dir)[0] == "csv":
+    # The CLI names these when too few users are left for --clients_per_round.
+    named = [d for d in TASK_ARGS if d.name in given] or [MIN_TWEETS]
+    data.client_count_setting = " and ".join(
+        f"--task_arg={d.name}={given.get(d.name, d.default)}" for d in named) + (
+            "" if given else " (the default)")
   _EMBEDDING["matrix"] = embedding
   return data
 
@@ -55,9 +95,11 @@ def model_fn():
 TASKS = [
     TaskSpec(
         name="sent140",
-        description="LEAF Sent140, one client per user, binary sentiment, "
-                    "GloVe-300 + LSTM 100x2 (--data_dir, --glove_path)",
+        description="Sent140, one client per user, binary sentiment: LEAF JSON or the "
+                    "raw Sentiment140 CSV with LEAF's preprocessing (users with >= "
+                    "min_tweets, 90/10 per-user split: 2 tweets -> 1+1), GloVe of any "
+                    "dimension + LSTM 100x2 (--data_dir, --glove_path)",
         load_data=load_sent140, model_fn=model_fn, model_name="lstm", loss=models.BINARY_PROBS,
-        defaults=DEFAULTS,
-        source="FedGroup (Duan et al.) Sent140 setting; LEAF Sent140 data/model"),
+        defaults=DEFAULTS, task_args=TASK_ARGS,
+        source="FedGroup (Duan et al.) Sent140 setting; LEAF Sent140 data/model/preprocessing"),
 ]

@@ -58,7 +58,7 @@ def _random_state(m, seed=0):
   group_updates = [rng.normal(0, 0.1, g.shape).astype(np.float32) for g in group_models]
   aux = [g.mean(0) for g in group_models]
   return collections.OrderedDict(group_models=group_models, group_updates=group_updates,
-                                 aux_model=aux)
+                                 group_active=np.ones(m, np.float32), aux_model=aux)
 
 
 def test_initial_state_is_member_mean():
@@ -79,11 +79,17 @@ def test_server_update_hand_example():
   updates = [tf.constant([[0.5], [0.25]])]
   sums = [tf.constant([[1 * 2.0 + 3 * 6.0], [0.0]])]
   weights = tf.constant([4.0, 0.0])
-  new_models, new_updates, aux = fedgroup.group_server_update(
+  new_models, new_updates, aux, active = fedgroup.group_server_update(
       models_, updates, sums, weights, 0.0)
   np.testing.assert_allclose(new_models[0].numpy(), [[1.0 + 5.0], [5.0]])
   # Group 1 had no member: it keeps its model and its previous latest update.
   np.testing.assert_allclose(new_updates[0].numpy(), [[5.0], [0.25]])
+  # The auxiliary model averages only the groups that have had members.
+  np.testing.assert_allclose(active.numpy(), [1.0, 0.0])
+  np.testing.assert_allclose(aux[0].numpy(), [6.0])
+  _, _, aux, active = fedgroup.group_server_update(
+      models_, updates, sums, weights, 0.0, group_active=tf.constant([0.0, 1.0]))
+  np.testing.assert_allclose(active.numpy(), [1.0, 1.0])
   np.testing.assert_allclose(aux[0].numpy(), [(6.0 + 5.0) / 2])
 
 
@@ -92,7 +98,7 @@ def test_server_update_applies_inter_group_step():
   flat = rng.normal(size=(3, 4)).astype(np.float32)
   models_ = [tf.constant(flat[:, :1]), tf.constant(flat[:, 1:])]
   zeros = [tf.zeros_like(t) for t in models_]
-  new_models, new_updates, _ = fedgroup.group_server_update(
+  new_models, new_updates, _, _ = fedgroup.group_server_update(
       models_, zeros, zeros, tf.constant([1.0, 1.0, 0.0]), 0.3)
   expected = clustering.inter_group_step_np(flat.astype(np.float64), 0.3)
   got = np.concatenate([t.numpy() for t in new_models], axis=1)
@@ -149,33 +155,177 @@ def test_round_is_groupwise_fedavg():
       np.mean(drifts), rel=1e-4)
 
 
-def test_cold_client_trains_from_aux_and_joins_matching_group():
-  data = _data(4)
-  m = 3
-  comps = fedgroup.build_fedgroup(_mclr, models.SPARSE_CE_LOGITS, _spec(data), m)
-  state = _random_state(m, seed=1)
-  dataset = _datasets(data, [2], seed=9)[0]
-  delta, weight = _local(list(state["aux_model"]), dataset)
-  flat = clustering.flatten_weights(delta)
-  # Make group 1's latest update point along this client's update.
-  directions = np.stack([np.random.default_rng(4).normal(size=flat.shape),
-                         flat * 2.0 + 0.01, -flat])
-  sizes = [w.size for w in delta]
-  splits = np.cumsum(sizes)[:-1]
-  state["group_updates"] = [
-      np.stack([np.split(row, splits)[l].reshape(w.shape) for row in directions]).astype(np.float32)
-      for l, w in enumerate(delta)]
-  expected_group = clustering.assign_by_direction(flat, directions)
-  assert expected_group == 1
-  new_state, _, returned = comps.cold(
-      state, round_params(LR), [_datasets(data, [2], seed=9)[0]], [np.array([m], np.int32)])
-  assert int(returned[0]["group"]) == expected_group
-  # Its update (trained from the auxiliary model) counts toward group 1.
-  for l in range(len(delta)):
-    np.testing.assert_allclose(np.asarray(new_state["group_models"][l][1]),
-                               state["group_models"][l][1] + delta[l], atol=1e-5)
-    np.testing.assert_array_equal(np.asarray(new_state["group_models"][l][0]),
-                                  state["group_models"][l][0])
+def _driver_case(runner, rule, seed=0, **options):
+  """A 12-client FedGroup driver after its cold start (3 of 12 pre-trained)."""
+  data = _data(12, seed=seed)
+  config = experiment.TrainingConfig(rounds=10, clients_per_round=2, local_epochs=1,
+                                     batch_size=10, client_lr=LR, seed=0, runner=runner)
+  options = {"num_groups": 3, "pretrain_scale": 1.0, "newcomer_rule": rule,
+             "pretrain_iters": 7, **options}
+  driver = fedgroup.make_driver(_cluster_task(), data, config, **options)
+  driver.setup()
+  return data, config, driver
+
+
+def _flat(weights):
+  return np.concatenate([np.asarray(w, np.float64).ravel() for w in weights])
+
+
+def _unflat(flat, like):
+  out, i = [], 0
+  for w in like:
+    out.append(flat[i:i + w.size].reshape(w.shape).astype(np.float32))
+    i += w.size
+  return out
+
+
+@pytest.mark.parametrize("runner", ["tff", "local"])
+@pytest.mark.parametrize("rule", ["paper", "flexcfl"])
+def test_newcomer_trains_from_its_chosen_group_and_lands_there(rule, runner):
+  data, config, driver = _driver_case(runner, rule)
+  warm = int(np.flatnonzero(driver.assignment >= 0)[0])
+  warm_group = int(driver.assignment[warm])
+  target = (warm_group + 1) % 3  # the group the newcomer must choose
+  cold = int(np.flatnonzero(driver.assignment < 0)[0])
+  state = driver.runner.numpy_state(driver.state)
+  round_num = 1
+  # The newcomer pre-trains from the rule's start model with the cold-start
+  # setting (7 steps), its shuffle seeded apart from the round's training.
+  start = state["aux_model"] if rule == "paper" else driver.w0
+  x, y = data.train[data.client_ids[cold]]
+  pre = local_training.work_dataset(x, y, driver.pretrain_work, experiment.client_seed(
+      0, fedgroup.NEWCOMER_SHUFFLE_BASE + round_num, cold))
+  pre_delta, _ = _local(list(start), pre)
+  # Point the target group's direction along the pre-training update and the
+  # others against it; the rule's directions are the only ones it may read.
+  flat = _flat(pre_delta)
+  rng = np.random.default_rng(1)
+  directions = np.stack([-flat + rng.normal(0, 0.01, flat.shape) for _ in range(3)])
+  directions[target] = flat
+  field = "group_updates" if rule == "paper" else "init_updates"
+  decoy = "init_updates" if rule == "paper" else "group_updates"
+  state[field] = [np.stack([_unflat(row, pre_delta)[l] for row in directions])
+                  for l in range(len(pre_delta))]
+  if decoy in state:
+    state[decoy] = [np.stack([_unflat(-row, pre_delta)[l] for row in directions])
+                    for l in range(len(pre_delta))]
+  driver.state = driver.runner.put_state(state)
+  row = driver.run_round(round_num, np.array(sorted([warm, cold])))
+  assert row["num_cold_clients"] == 1
+  assert driver.assignment[cold] == target
+  new = driver.runner.numpy_state(driver.state)["group_models"]
+  # Its round's update was computed from w_target and is the target's only one.
+  group_start = [layer[target] for layer in state["group_models"]]
+  train = local_training.work_dataset(x, y, config.local_work,
+                                      experiment.client_seed(0, round_num, cold))
+  delta, _ = _local(group_start, train)
+  for l, layer in enumerate(new):
+    np.testing.assert_allclose(layer[target], group_start[l] + delta[l], atol=1e-5)
+  untouched = ({0, 1, 2} - {target, warm_group}).pop()
+  for l, layer in enumerate(new):
+    np.testing.assert_array_equal(layer[untouched], state["group_models"][l][untouched])
+  # Bytes: the newcomer also downloads the start model and m directions.
+  p = driver.num_params * 4
+  assert row["bytes_down"] == 2 * p + (1 + 3) * p and row["bytes_up"] == 2 * p
+
+
+def test_rac_redraws_every_round_rac_once_keeps_the_first_draw():
+  _, _, rac = _driver_case("tff", "paper", cold_start="rac")
+  pretrained = np.flatnonzero(rac.pretrained)
+  kept = rac.assignment[pretrained].copy()
+  others = np.flatnonzero(~rac.pretrained)[:2]
+  sampled = np.sort(np.concatenate([others, pretrained[:1]]))
+  history = []
+  for t in range(1, 9):
+    row = rac.run_round(t, sampled)
+    assert row["num_cold_clients"] == 0  # nobody goes through the newcomer rule
+    history.append(rac.assignment[others].copy())
+  history = np.array(history)
+  # Each non-pre-trained client drew again every round: several groups, and
+  # the draws are the driver's uniform ones (not a function of the previous).
+  assert all(len(set(history[:, i])) > 1 for i in range(2)), history
+  np.testing.assert_array_equal(rac.assignment[pretrained], kept)
+  # Tested with the last group it drew.
+  _, client_model = rac.eval_models()
+  np.testing.assert_array_equal(client_model[others], history[-1])
+
+  _, _, once = _driver_case("tff", "paper", cold_start="rac_once")
+  first = None
+  for t in range(1, 5):
+    once.run_round(t, others)
+    first = once.assignment[others].copy() if first is None else first
+    np.testing.assert_array_equal(once.assignment[others], first)
+
+
+def _eta_models():
+  # Three groups of two one-weight layers: w_0 = (3, 4), w_1 = (0, 2), w_2 = (1, 0).
+  return [tf.constant([[3.0], [0.0], [1.0]]), tf.constant([[4.0], [2.0], [0.0]])]
+
+
+def _eta_update(rule, members):
+  models_ = _eta_models()
+  zeros = [tf.zeros_like(t) for t in models_]
+  new, _, _, _ = fedgroup.group_server_update(models_, zeros, zeros, tf.constant(members),
+                                              0.5, group_agg_rule=rule)
+  return np.concatenate([t.numpy() for t in new], axis=1)
+
+
+def test_inter_group_rules_on_a_hand_computed_three_group_example():
+  s13, s20, s5 = np.sqrt(13.0), np.sqrt(20.0), np.sqrt(5.0)
+  # alg2: w_j + 0.5 sum_{l != j} (w_l - w_j) / ||w_l - w_j||, for every group.
+  alg2 = [[3 - 0.5 * (3 / s13 + 2 / s20), 4 - 0.5 * (2 / s13 + 4 / s20)],
+          [0 + 0.5 * (3 / s13 + 1 / s5), 2 + 0.5 * (2 / s13 - 2 / s5)],
+          [1 + 0.5 * (2 / s20 - 1 / s5), 0 + 0.5 * (4 / s20 + 2 / s5)]]
+  np.testing.assert_allclose(_eta_update("alg2", [1.0, 1.0, 1.0]), alg2, rtol=1e-6)
+  np.testing.assert_allclose(_eta_update("alg2", [1.0, 1.0, 0.0]), alg2, rtol=1e-6)
+  # authors: a_l = 0.5 / ||w_l|| = (0.1, 0.25, 0.5);
+  # w_j <- (w_j + sum_{l != j} a_l w_l) / (1 + sum_{l != j} a_l).
+  authors = [[3.5 / 1.75, 4.5 / 1.75], [0.8 / 1.6, 2.4 / 1.6], [1.3 / 1.35, 0.9 / 1.35]]
+  np.testing.assert_allclose(_eta_update("authors", [1.0, 1.0, 1.0]), authors, rtol=1e-6)
+  # Group 2 without members: it neither moves nor contributes.
+  authors_2_empty = [[3.0 / 1.25, 4.5 / 1.25], [0.3 / 1.1, 2.4 / 1.1], [1.0, 0.0]]
+  np.testing.assert_allclose(_eta_update("authors", [1.0, 1.0, 0.0]), authors_2_empty,
+                             rtol=1e-6)
+
+
+def test_assigned_accuracy_leaves_out_clients_never_assigned():
+  from tff_cluster.evaluation import EvalResult
+  result = EvalResult(accuracy=(1 + 3 + 2) / (4 + 4 + 2), loss=0.0,
+                      per_client_correct=np.array([1.0, 3.0, 2.0]),
+                      per_client_count=np.array([4.0, 4.0, 2.0]),
+                      per_client_loss_sum=np.zeros(3))
+  assert fedgroup.assigned_accuracy(result, np.array([-1, 0, 2])) == pytest.approx(5 / 6)
+  assert fedgroup.assigned_accuracy(result, np.array([1, 0, 2])) == pytest.approx(0.6)
+  assert np.isnan(fedgroup.assigned_accuracy(result, np.array([-1, -1, -1])))
+
+
+def test_assigned_accuracy_column_and_summary_in_a_run():
+  data, config, driver = _driver_case("local", "paper")
+  driver = fedgroup.make_driver(_cluster_task(), data, config, num_groups=3,
+                                pretrain_scale=1.0, pretrain_iters=7)
+  summary = experiment.run_training(_cluster_task(), data, config, driver, progress=False)
+  assert "max_test_accuracy_assigned" in summary
+  assert 0.0 <= summary["max_test_accuracy_assigned"] <= 1.0
+
+
+def test_group_discrepancy_by_hand():
+  # Two groups of 1-d models; three clients.
+  before = [np.array([[0.0, 0.0], [10.0, 10.0]])]
+  after = [np.array([[1.0, 0.0], [10.0, 12.0]])]
+  results = [{"group": 0, "delta": [np.array([3.0, 4.0])]},   # ||(3,4)-(1,0)|| = sqrt(20)
+             {"group": 0, "delta": [np.array([-1.0, 0.0])]},  # ||(-1,0)-(1,0)|| = 2
+             {"group": 1, "delta": [np.array([0.0, 2.0])]}]   # 0
+  # sum_j (c_j / sum c) * mean over group j = (2/3)(sqrt(20)+2)/2 + (1/3) 0
+  assert fedgroup.group_discrepancy(before, after, results) == pytest.approx(
+      (2 / 3) * (np.sqrt(20.0) + 2) / 2)
+
+
+def test_pretraining_length_options():
+  assert fedgroup.pretrain_work(10, None, None).steps == 50
+  assert fedgroup.pretrain_work(10, 7, None).steps == 7
+  assert fedgroup.pretrain_work(10, None, 1).epochs == 1
+  with pytest.raises(ValueError, match="--pretrain_iters=7 with --pretrain_epochs=1"):
+    fedgroup.pretrain_work(10, 7, 1)
 
 
 def _cluster_task(num_clusters=4):
@@ -207,8 +357,8 @@ def test_rcc_rac_and_newcomers():
   rcc = fedgroup.make_driver(task, data, config, num_groups=3, cold_start="rcc")
   rcc.setup()
   assert sorted(rcc.assignment[rcc.assignment >= 0].tolist()) == [0, 1, 2]
-  # RAC: cold clients get a group before training (none stays cold after a round).
-  rac = fedgroup.make_driver(task, data, config, num_groups=3, cold_start="rac",
+  # RAC once: cold clients get a group before training (none stays cold after a round).
+  rac = fedgroup.make_driver(task, data, config, num_groups=3, cold_start="rac_once",
                              pretrain_scale=2)
   rac.setup()
   cold_before = rac.assignment < 0
@@ -229,4 +379,4 @@ def test_rcc_rac_and_newcomers():
   assert later["num_cold_clients"] == 6
   assert (runner.assignment[runner.newcomers] >= 0).all()
   p = runner.num_params * 4
-  assert later["bytes_down"] == 6 * p + 6 * 3 * p and later["bytes_up"] == 6 * p
+  assert later["bytes_down"] == 6 * p + 6 * (1 + 3) * p and later["bytes_up"] == 6 * p

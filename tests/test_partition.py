@@ -49,7 +49,6 @@ def _same(a: P.Partition, b: P.Partition) -> bool:
 
 
 ALL = {
-    "fedprox": lambda s: P.fedprox_mnist_noniid(LABELS, num_clients=100, seed=s),
     "pathological": lambda s: P.n_class_pathological(LABELS, 50, 2, s),
     "dirichlet": lambda s: P.dirichlet_label_skew(LABELS, 50, 0.5, s),
     "quantity": lambda s: P.quantity_skew(N, 50, 1.0, s),
@@ -70,15 +69,108 @@ def test_disjoint_all_used_and_deterministic(name):
   assert not _same(part, make(1))
 
 
-def test_fedprox_two_digits_and_power_law_sizes():
-  labels = np.repeat(np.arange(NUM_CLASSES), 1000)
-  part = P.fedprox_mnist_noniid(labels, num_clients=200, seed=0)
-  _assert_disjoint(part, len(labels))
-  assert all(len(c) == 2 for c in _classes(part, labels))
-  sizes = part.sizes()
-  # Heavy tail: the largest client dwarfs the median one, unlike equal shards.
-  assert sizes.max() / np.median(sizes) > 10
-  assert sizes.min() >= 2  # at least one sample of each of its two digits
+# FedProx's MNIST recipe on 10 devices x 2 digits: digit l's k-th image is
+# pooled index l + 10 k (30 images per digit), so every index is hand-checkable.
+FEDPROX_LABELS = np.tile(np.arange(NUM_CLASSES), 30)
+
+
+def _digit_images(digit, start, stop):
+  return [digit + 10 * k for k in range(start, stop)]
+
+
+def test_fedprox_mnist_phase1_exact_images_and_digits():
+  part = P.fedprox_mnist(FEDPROX_LABELS, num_clients=10, classes_per_client=2,
+                         seed=0)
+  assert part.num_clients == 10 and part.true_clusters is None
+  assert part.cluster_info["classes"].tolist() == [
+      [u, (u + 1) % 10] for u in range(10)]
+  idx = part.client_indices
+  # Device 0 takes the first 5 of digit 0, then the first 5 of digit 1.
+  assert idx[0][:10].tolist() == [0, 10, 20, 30, 40, 1, 11, 21, 31, 41]
+  # Device 1: digit 1's cursor is at 5 (device 0 took 5); digit 2 is fresh.
+  assert idx[1][:10].tolist() == [51, 61, 71, 81, 91, 2, 12, 22, 32, 42]
+  # Device 9: digit 9 after device 8's five, digit 0 after device 0's five.
+  assert idx[9][:10].tolist() == [59, 69, 79, 89, 99, 50, 60, 70, 80, 90]
+  for u in range(1, 9):
+    assert idx[u][:10].tolist() == (_digit_images(u, 5, 10)
+                                    + _digit_images(u + 1, 0, 5))
+  for u in range(10):  # exactly the digits (u, u+1) mod 10
+    assert set(FEDPROX_LABELS[idx[u]].tolist()) == {u, (u + 1) % 10}
+  flat = np.concatenate(idx)
+  assert len(flat) == len(np.unique(flat))  # no image used twice
+
+
+def test_fedprox_mnist_phase2_shares_from_seeded_lognormal():
+  part = P.fedprox_mnist(FEDPROX_LABELS, 10, 2, seed=7)
+  props = np.random.default_rng(7).lognormal(0.0, 2.0, (10, 1, 2))
+  np.testing.assert_array_equal(part.cluster_info["props"], props)
+  # 30 images per digit, 2 slots x 5 taken in phase 1: 20 left to share.
+  shares = 20 * props / props.sum(axis=(1, 2), keepdims=True)
+  np.testing.assert_allclose(part.cluster_info["shares"], shares, rtol=1e-12)
+  n = shares.astype(np.int64)  # n[l, 0, j]: slot j of the device holding l there
+  idx = part.client_indices
+  # Device u gets int(shares[u, 0, 0]) of digit u and int(shares[u+1, 0, 1])
+  # of digit u+1; sums of truncated shares stay below 20, so none is refused.
+  assert part.cluster_info["slots_refused"] == 0
+  sizes = [10 + n[u, 0, 0] + n[(u + 1) % 10, 0, 1] for u in range(10)]
+  assert part.sizes().tolist() == sizes
+  assert part.cluster_info["samples_used"] == sum(sizes)
+  # Digit 3's cursor after phase 1 is 10; device 2 (slot 1) reads it first,
+  # then device 3 (slot 0).
+  a, b = n[3, 0, 1], n[3, 0, 0]
+  assert idx[2][10 + n[2, 0, 0]:].tolist() == _digit_images(3, 10, 10 + a)
+  assert idx[3][10:10 + b].tolist() == _digit_images(3, 10 + a, 10 + a + b)
+  # Digit 0: device 0 (slot 0, u = 0) reads before device 9 (slot 1).
+  c, d = n[0, 0, 0], n[0, 0, 1]
+  assert idx[0][10:10 + c].tolist() == _digit_images(0, 10, 10 + c)
+  assert idx[9][10 + n[9, 0, 0]:].tolist() == _digit_images(0, 10 + c,
+                                                           10 + c + d)
+  flat = np.concatenate(idx)
+  assert len(flat) == len(np.unique(flat))
+  assert P.fedprox_mnist(FEDPROX_LABELS, 10, 2, seed=7).sizes().tolist() == sizes
+  assert P.fedprox_mnist(FEDPROX_LABELS, 10, 2, seed=8).sizes().tolist() != sizes
+
+
+def test_fedprox_mnist_strict_cursor_rule():
+  # One device per digit (c = 1, 3 devices): a share is all 95 images left,
+  # and FedProx only takes it if cursor + n < count: 5 + 95 is not < 100.
+  labels = np.repeat(np.arange(NUM_CLASSES), 100)
+  part = P.fedprox_mnist(labels, 3, 1, seed=3)
+  shares = part.cluster_info["shares"][:3, 0, 0]
+  n = shares.astype(np.int64)
+  want = [5 + k if 5 + k < 100 else 5 for k in n]
+  assert part.sizes().tolist() == want
+  assert 5 in want  # at least one refusal is exercised (95.0 exactly)
+  assert part.cluster_info["slots_refused"] == want.count(5)
+  assert part.client_indices[0][:5].tolist() == [0, 1, 2, 3, 4]
+
+
+def test_fedprox_mnist_general_n_scales_by_slots():
+  # N = 15: slot 0 holds digits 0..9, 0..4 and slot 1 holds 1..9, 0, 1..5,
+  # so digit 0 sits in 2 + 1 slots, 1..4 in 2 + 2, 5 in 1 + 2, 6..9 in 1 + 1.
+  labels = np.repeat(np.arange(NUM_CLASSES), 200)
+  part = P.fedprox_mnist(labels, 15, 2, seed=0)
+  digits = part.cluster_info["classes"]
+  slots = np.bincount(digits.ravel(), minlength=10)
+  assert slots.tolist() == [3, 4, 4, 4, 4, 3, 2, 2, 2, 2]
+  # Block 1 (devices 10..14) reads props[l, 1, 0] only for l = 0..4: digit 9's
+  # unread entry takes no share, so scaling all of props[9] would fall short.
+  assert part.cluster_info["shares"][9].sum() > 200 - 5 * 2
+  shares = part.cluster_info["shares"]
+  for l in range(10):  # the shares read by some slot sum to 200 - 5 * slots
+    read = sum(shares[l, u // 10, j] for u in range(15) for j in range(2)
+               if digits[u, j] == l)
+    assert read == pytest.approx(200 - 5 * slots[l])
+  assert part.cluster_info["props"].shape == (10, 2, 2)  # ceil(15 / 10) blocks
+
+
+def test_fedprox_mnist_phase1_too_small_is_one_line():
+  labels = np.repeat(np.arange(NUM_CLASSES), 200)
+  P.fedprox_mnist(labels, 200, 2, seed=0)  # 40 slots x 5 = 200 per digit: fits
+  with pytest.raises(DataError, match="digit 0 has 200 images but 41 "
+                     "device-slots need 205; use at most 200 clients") as info:
+    P.fedprox_mnist(labels, 201, 2, seed=0)
+  assert "\n" not in str(info.value)
 
 
 @pytest.mark.parametrize("k", [1, 2, 3])
@@ -272,6 +364,9 @@ def test_build_federated_data_deterministic():
     (lambda: P.rotation_clusters(N, 10, 5, 0), "num_clusters"),
     (lambda: P.n_class_pathological(LABELS.reshape(-1, 2), 10, 2, 0), "1-D"),
     (lambda: P.label_permutation_clusters(LABELS, 10, 2, 5, 0), "num_classes"),
+    (lambda: P.fedprox_mnist(LABELS + 1, 10, 2, 0), "digit labels 0..9"),
+    (lambda: P.fedprox_mnist(LABELS, 10, 11, 0), "classes_per_client"),
+    (lambda: P.fedprox_mnist(LABELS, 0, 2, 0), "num_clients"),
 ])
 def test_bad_arguments_raise_one_line(call, match):
   with pytest.raises(DataError, match=match) as info:

@@ -1,6 +1,6 @@
 """The task registry: specs, models, and the real-data tasks' partitions.
 
-FEMNIST views and the Fashion-MNIST tasks load the real files from
+FEMNIST views and the (Fashion-)MNIST tasks load the real files from
 ../shared/data (skipped, saying why, only when that folder is absent); the
 other tasks run on small files written to tmp_path.
 """
@@ -17,9 +17,10 @@ import pytest
 
 import tasks
 from tasks import femnist as femnist_tasks
+from tasks import mnist as mnist_tasks
 from tasks import sent140 as sent140_tasks
 from tff_cluster import models
-from tff_cluster.data import leaf, vision
+from tff_cluster.data import leaf, partition, vision
 from tff_cluster.data.federated import DataError
 from tff_cluster.data.partition import rotate_images
 from tff_cluster.task import DataOptions
@@ -27,6 +28,7 @@ from tff_cluster.task import DataOptions
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 FEMNIST_DIR = SHARED / "femnist_leaf"
 FMNIST_DIR = SHARED / "fashion_mnist"
+MNIST_DIR = SHARED / "mnist"
 
 DEFAULT_KEYS = {"rounds", "clients_per_round", "local_epochs", "batch_size",
                 "client_lr", "mu", "num_clients"}
@@ -37,7 +39,7 @@ EXPECTED_CLASSES = {
     "femnist": 62, "femnist_digits": 10, "femnist_upper": 26,
     "femnist_lower": 26, "rotated_femnist_digits": 10, "mnist": 10,
     "fmnist": 10, "rotated_fmnist": 10, "fmnist_clusterwise_dir": 10,
-    "fmnist_clusterwise_class": 10, "cifar10": 10, "sent140": 2}
+    "fmnist_clusterwise_class": 10, "cifar10": 10, "sent140": 2, "femnist_fedprox": 26}
 
 REGISTRY = tasks.registry()
 
@@ -307,13 +309,21 @@ def test_fmnist_clusterwise(fmnist_options):
 
 
 def test_mnist_from_idx(tmp_path):
-  write_mnist_idx(tmp_path)
+  write_mnist_idx(tmp_path)  # 2,000 images, 200 of each digit
   data = REGISTRY["mnist"].load_data(DataOptions(data_dir=str(tmp_path),
                                                  num_clients=50))
   assert data.num_clients == 50 and data.num_classes == 10
-  assert all(len(s) == 2 for s in _labels_per_client(data))
+  assert _labels_per_client(data) == [{u % 10, (u + 1) % 10} for u in range(50)]
+  n = data.num_train_samples() + data.num_test_samples()
+  assert n.min() >= 10
+  assert data.num_train_samples().tolist() == [int(0.9 * k) for k in n]
   assert REGISTRY["mnist"].defaults["client_lr"] == 0.03
   assert REGISTRY["mnist"].defaults["num_clients"] == 1000
+  # 201 devices put digit 0 in 41 slots: 205 images for phase 1, only 200.
+  with pytest.raises(DataError, match="use at most 200 clients") as info:
+    REGISTRY["mnist"].load_data(DataOptions(data_dir=str(tmp_path),
+                                            num_clients=201))
+  assert "\n" not in str(info.value)
 
 
 def test_mnist_from_fedprox_json(tmp_path):
@@ -323,6 +333,87 @@ def test_mnist_from_fedprox_json(tmp_path):
   write_json(tmp_path / "test" / "mytest.json", users)
   data = REGISTRY["mnist"].load_data(DataOptions(data_dir=str(tmp_path)))
   assert data.num_clients == 4 and data.num_train_samples().sum() == 12
+
+
+# ---------------------------------------------------------------------------
+# MNIST on the real idx files: FedProx's generator recipe.
+
+# Seed 0 on the real MNIST: images the recipe uses (of 70,000) and the largest
+# device (truncated shares leave the rest unused).
+MNIST_SEED0_USED = 69041
+MNIST_SEED0_LARGEST = 1854
+
+
+@pytest.fixture(scope="module")
+def real_mnist():
+  if not MNIST_DIR.is_dir():
+    pytest.skip(f"real data {MNIST_DIR} absent (../shared/data)")
+  return vision.load_mnist(str(MNIST_DIR))
+
+
+@pytest.fixture(scope="module")
+def mnist_task(real_mnist):
+  return REGISTRY["mnist"].load_data(DataOptions(data_dir=str(MNIST_DIR)))
+
+
+def test_mnist_real_pixels_standardised_over_pool(real_mnist):
+  x, y = real_mnist
+  assert x.shape == (70000, 784) and np.bincount(y)[0] == 6903
+  z = mnist_tasks.standardize_pixels(x)
+  assert z.dtype == np.float32 and x.max() == 1.0  # x left untouched
+  assert np.abs(z.mean(axis=0, dtype=np.float64)).max() < 1e-5
+  # Pixel 0 is blank in every image: std 0, so (0 - 0) / 0.001 = 0.
+  assert np.all(z[:, 0] == 0)
+  # Pixel 406 (row 14, column 14), by hand on the raw 0-255 values.
+  raw = np.rint(x[:, 406].astype(np.float64) * 255)
+  mean = raw.sum() / 70000
+  std = np.sqrt(((raw - mean) ** 2).sum() / 70000)
+  for i in (0, 59999, 60000, 69999):  # train and test images alike
+    assert z[i, 406] == pytest.approx((raw[i] - mean) / (std + 0.001), abs=1e-5)
+  assert z[:, 406].std(dtype=np.float64) == pytest.approx(std / (std + 0.001),
+                                                         rel=1e-5)
+
+
+def test_mnist_real_fedprox_recipe(real_mnist, mnist_task):
+  data = mnist_task
+  assert data.num_clients == 1000
+  assert data.client_ids == [f"client_{u:04d}" for u in range(1000)]
+  assert _labels_per_client(data) == [{u % 10, (u + 1) % 10}
+                                      for u in range(1000)]
+  train, test = data.num_train_samples(), data.num_test_samples()
+  n = train + test
+  assert n.min() >= 10 and n.sum() == MNIST_SEED0_USED
+  assert n.max() == MNIST_SEED0_LARGEST
+  assert train.tolist() == [int(0.9 * k) for k in n]
+  assert f"{MNIST_SEED0_USED:,} of 70,000" in data.description
+  assert "standardised" in data.description
+  # A device's train + test rows are its pooled images, standardised over
+  # all 70,000 (not over the device or the used images).
+  x, y = real_mnist
+  part = partition.fedprox_mnist(y, 1000, 2, seed=0)
+  # Device 0's first 5 images are the first five 0s of the training file.
+  assert part.client_indices[0][:5].tolist() == np.flatnonzero(y == 0)[:5].tolist()
+  z = mnist_tasks.standardize_pixels(x)
+  for u in (0, 1, 999):
+    cid = data.client_ids[u]
+    got = np.concatenate([data.train[cid][0], data.test[cid][0]])
+    want = z[part.client_indices[u]]
+    assert np.array_equal(np.sort(got, axis=0), np.sort(want, axis=0))
+
+
+def test_mnist_real_deterministic_by_seed(real_mnist, mnist_task, monkeypatch):
+  x, y = real_mnist
+  monkeypatch.setattr(vision, "load_mnist", lambda data_dir: (x.copy(), y))
+  again = REGISTRY["mnist"].load_data(DataOptions(data_dir=str(MNIST_DIR)))
+  for cid in mnist_task.client_ids:
+    for split in ("train", "test"):
+      a, b = getattr(mnist_task, split)[cid], getattr(again, split)[cid]
+      assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+  sizes0 = partition.fedprox_mnist(y, 1000, 2, seed=0).sizes()
+  assert np.array_equal(sizes0, mnist_task.num_train_samples()
+                        + mnist_task.num_test_samples())
+  assert not np.array_equal(partition.fedprox_mnist(y, 1000, 2, seed=1).sizes(),
+                            sizes0)
 
 
 def test_cifar10_task(tmp_path):

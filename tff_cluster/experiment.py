@@ -135,18 +135,21 @@ class Driver:
   def train_clients(self, mode: str, state, clients: Sequence[int], round_num: int,
                     keys: Optional[Sequence[int]] = None,
                     work: Optional[local_training.LocalWork] = None,
-                    persist: bool = True):
+                    persist: bool = True, shuffle_round: Optional[int] = None):
     """One runner call; threads the clients' persistent states.
 
     `persist=False` runs with fresh client states and keeps none (e.g. a
-    cold start's pre-training).
+    cold start's pre-training). The clients' data shuffles are seeded by
+    `shuffle_round` (default `round_num`), the learning rate is round_num's.
     """
     states = None
     if self.definition.client_state_spec(mode) is not None:
       fresh = self.definition.initial_client_state(mode)
       states = [self.client_states.get(int(k), fresh) if persist else fresh
                 for k in clients]
-    out = self.runner.run(mode, state, clients, round_num, work or self.config.local_work,
+    out = self.runner.run(mode, state, clients,
+                          round_num if shuffle_round is None else shuffle_round,
+                          work or self.config.local_work,
                           self.config.lr_at(round_num), keys=keys, client_states=states)
     bad = [self.data.client_ids[int(k)] for k, r in zip(clients, out.results)
            if not _all_finite(r)]

@@ -65,12 +65,24 @@ FEDGROUP_HPARAMS = _group(
            "mean absolute difference of cosines).", choices=("edc", "madc")),
     HParam("pretrain_scale", float, 20.0, "alpha: min(alpha*m, N) clients are "
            "pre-trained for the group cold start.", low=0, low_open=True),
+    HParam("pretrain_iters", int, None, "Mini-batch steps of the cold-start pre-training, "
+           "cycling through the client's reshuffled data (default 50, both authors' "
+           "codes; exclusive with --pretrain_epochs).", low=1),
     HParam("pretrain_epochs", int, None, "Local epochs of the cold-start pre-training "
-           "(default: the round's local work).", low=1),
-    HParam("group_agg_lr", float, 0.0, "eta_g: inter-group aggregation rate (0 = off).",
-           low=0),
-    HParam("cold_start", str, "default", "default, rcc (random cluster centres) or rac "
-           "(random assignment of cold clients).", choices=("default", "rcc", "rac")),
+           "instead of --pretrain_iters (no default; the paper's text implies 1).", low=1),
+    HParam("group_agg_lr", float, 0.0, "eta_g: inter-group aggregation rate (0 = off, "
+           "as in the paper's Table 3).", low=0),
+    HParam("group_agg_rule", str, "alg2", "Inter-group aggregation: alg2 (Algorithm 2 "
+           "line 19 as printed) or authors (Eq. (20) normalised, as the authors' codes "
+           "run it).", choices=("alg2", "authors")),
+    HParam("cold_start", str, "default", "default, rcc (random cluster centres), rac "
+           "(clients not pre-trained draw a random group every round they are "
+           "sampled) or rac_once (a random group once).",
+           choices=("default", "rcc", "rac", "rac_once")),
+    HParam("newcomer_rule", str, "paper", "Client cold start: paper (pre-train from the "
+           "auxiliary model, compare with the groups' latest updates, Eq. (9)) or "
+           "flexcfl (pre-train from w0, compare with the cold-start directions).",
+           choices=("paper", "flexcfl")),
     HParam("newcomer_fraction", float, 0.0, "Fraction of clients held out of "
            "pre-training and of the first 10% of rounds.", low=0, high=1,
            high_open=True),

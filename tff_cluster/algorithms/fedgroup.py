@@ -2,33 +2,63 @@
 Learning via Decomposed Data-Driven Measure", 2021).
 
 Server state: m group models w_j (stacked, leading dimension m), each group's
-latest update Delta w_j, and the auxiliary global model w.
+latest update Delta w_j, which groups have had members, and the auxiliary
+global model w (the mean of the groups that have had members).
 
-Group cold start (Algorithm 3): min(alpha*m, N) clients each run one local
-update from w_0; their updates Delta W (rows = clients) are clustered into m
-groups by EDC (cosine similarity to the top-m right singular vectors of
-Delta W, then K-Means++) or MADC (complete linkage on the mean absolute
-difference of pairwise cosine similarities). Group j starts at the mean of its
-members' trained models; Delta w_j = mean of their updates.
+Group cold start (Algorithm 3): min(alpha*m, N) clients each pre-train from
+w_0; their updates Delta W (rows = clients) are clustered into m groups by EDC
+(cosine similarity to the top-m right singular vectors of Delta W, then
+K-Means++) or MADC (complete linkage on the mean absolute difference of
+pairwise cosine similarities). Group j starts at the mean of its members'
+pre-trained models; Delta w_j = the mean of their updates.
+
+Pre-training length (`--pretrain_iters` / `--pretrain_epochs`): the paper's
+Algorithm 3 calls the full ClientUpdate (E epochs), but its Section 3.4 says a
+pre-trained client "continues to train E - 1 epochs", i.e. pre-training is one
+epoch. Both authors' codes pre-train 50 mini-batch steps, cycling through the
+client's reshuffled data as needed; that is the default (`--pretrain_iters=50`).
+`--pretrain_epochs=1` is the paper's text.
 
 Round (Algorithm 2): each sampled client receives only its group's model
-(`tff.federated_select` keyed by group id; key m selects the auxiliary model
-for a client not yet in a group), runs `local_epochs` of mini-batch SGD
-(FedGrouProx adds (mu/2)||w - w_group||^2) and returns its update. A client
-not yet in a group (client cold start) trains from w and joins
-g* = argmin_j (1 - cos(Delta w_j, Delta w_i)) / 2; its update counts toward g*.
-Each group averages its members' updates weighted by examples (a group with
-no sampled member keeps its model); then the optional inter-group step
-w_j <- w_j + eta_g sum_{l != j} (w_l - w_j) / ||w_l - w_j||; then
-w = mean_j w_j and Delta w_j = change of w_j this round (groups without
+(`tff.federated_select` keyed by group id), runs the round's local work
+(FedGrouProx adds (mu/2)||w - w_group||^2) and returns its update. Each group
+averages its members' updates weighted by examples (a group with no sampled
+member keeps its model); then the optional inter-group step (below); then the
+auxiliary model and Delta w_j (the change of w_j this round; groups without
 sampled members keep their previous Delta w_j).
 
-Where the cold client's choice is made: the paper's server compares the
-client's update with the Delta w_j. TFF never exposes one client's update to
-the server, so the cold client receives the m directions Delta w_j and picks
-g* itself (same rule, same result). In rounds that sample a cold client the
-simulation broadcasts the directions to all sampled clients; `bytes_down`
-counts them for the cold clients only, since only they need them.
+Client cold start, for a sampled client not yet in a group
+(`--newcomer_rule`):
+  paper (default): Section 3.4, Eq. (9): the client pre-trains from the
+    auxiliary model w (same length as the group cold start) and joins
+    g* = argmin_j (1 - cos(Delta w_j, Delta w_pre)) / 2 against the groups'
+    latest updates Delta w_j;
+  flexcfl: as the authors' TF2 code runs it: the client pre-trains from w_0
+    and is compared with each group's fixed cold-start direction (the mean
+    cold-start update of its members).
+Under both rules the client then does the round's local training from
+w_{g*}, and that update counts toward g*: an update is only ever added to the
+model it was computed from. The choice is made on the client (it receives the
+m directions), since a TFF server never sees one client's update; `bytes_down`
+counts the start model and the m directions for those clients.
+
+Cold-start ablations (`--cold_start`): rcc pre-trains m random clients, each
+one group's centre (the rest join by the newcomer rule); rac gives every
+client that was not pre-trained in the group cold start a new uniformly random
+group each round it is sampled, and tests it with the last group it drew (the
+authors' original TF1 code, whose per-round re-grouping is what the paper's
+RAC ablation measures); rac_once assigns such a client a random group once, at
+its first participation (the authors' TF2 code).
+
+Inter-group aggregation (`--group_agg_lr` eta_g > 0, `--group_agg_rule`); the
+paper is inconsistent between Algorithm 2 and Eq. (20):
+  alg2 (default): Algorithm 2 line 19 as printed, for all m groups:
+    w_j <- w_j + eta_g sum_{l != j} (w_l - w_j) / ||w_l - w_j||;
+  authors: Eq. (20) normalised as both authors' codes run it, for the groups
+    with sampled members this round (l and j range over them):
+    w_j <- (w_j + sum_{l != j} (eta_g/||w_l||) w_l) / (1 + sum_{l != j} eta_g/||w_l||).
+eta_g values are not interchangeable between the two rules. The paper's
+Table 3 runs with eta_g = 0 (inter-group aggregation disabled), the default.
 """
 
 from __future__ import annotations
@@ -43,8 +73,14 @@ import tensorflow as tf
 from tff_cluster import clustering, experiment, local_training
 from tff_cluster.algorithms.definition import ClientOutput, Definition, flat_norm
 
-COLD_STARTS = ("default", "rcc", "rac")
+COLD_STARTS = ("default", "rcc", "rac", "rac_once")
 MEASURES = ("edc", "madc")
+NEWCOMER_RULES = ("paper", "flexcfl")
+GROUP_AGG_RULES = ("alg2", "authors")
+DEFAULT_PRETRAIN_ITERS = 50
+# Newcomer pre-training shuffles are seeded by this + the round number, apart
+# from the round's own local training (seeded by the round number).
+NEWCOMER_SHUFFLE_BASE = 1 << 30
 
 
 # ----------------------------------------------------------------------------
@@ -76,29 +112,75 @@ def scatter_to_group(delta: Sequence[tf.Tensor], weight: tf.Tensor,
   return sums, onehot * weight
 
 
+def _row_shape(rows: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
+  """Shape broadcasting an [m] vector against an [m, ...] stack."""
+  return tf.concat([tf.shape(rows), tf.ones([tf.rank(w) - 1], tf.int32)], 0)
+
+
+def authors_inter_group_step(group_models: Sequence[tf.Tensor], eta: float,
+                             active: tf.Tensor):
+  """Eq. (20) as both FedGroup authors' codes run it, for the `active` groups.
+
+  For each active j: w_j <- (w_j + sum_{l != j} a_l w_l) / (1 + sum_{l != j} a_l)
+  with a_l = eta / ||w_l|| over the active l (||.|| over all layers jointly);
+  inactive groups are unchanged and do not contribute. All from the old models.
+  """
+  m = tf.shape(active)[0]
+  sq = tf.add_n([tf.reduce_sum(tf.square(tf.reshape(tf.cast(w, tf.float64), [m, -1])), 1)
+                 for w in group_models])
+  coef = tf.math.divide_no_nan(tf.constant(eta, tf.float64) * tf.cast(active, tf.float64),
+                               tf.sqrt(sq))
+  total = tf.reduce_sum(coef)
+  out = []
+  for w in group_models:
+    w64 = tf.cast(w, tf.float64)
+    mixed = tf.tensordot(coef, w64, axes=1)[tf.newaxis]  # sum_l a_l w_l
+    c = tf.reshape(coef, _row_shape(coef, w))
+    new = (w64 + mixed - c * w64) / (1.0 + total - c)
+    out.append(tf.where(tf.reshape(active, _row_shape(active, w)), tf.cast(new, w.dtype), w))
+  return out
+
+
 def group_server_update(group_models: Sequence[tf.Tensor],
                         group_updates: Sequence[tf.Tensor],
                         update_sums: Sequence[tf.Tensor], weight_sums: tf.Tensor,
-                        group_agg_lr: float):
+                        group_agg_lr: float, group_active: Optional[tf.Tensor] = None,
+                        group_agg_rule: str = "alg2"):
   """Per-group weighted mean update, inter-group step, auxiliary model.
 
-  Returns (new group models, new Delta w_j, new auxiliary model).
+  Returns (new group models, new Delta w_j, new auxiliary model, new
+  group_active). The auxiliary model is the mean of the groups that have had
+  members (sampled members this round or `group_active`); all groups if none.
   """
   has_members = weight_sums > 0
   new_models = []
   for w, s in zip(group_models, update_sums):
-    shape = tf.concat([tf.shape(weight_sums), tf.ones([tf.rank(w) - 1], tf.int32)], 0)
-    denom = tf.reshape(tf.where(has_members, weight_sums, 1.0), shape)
+    denom = tf.reshape(tf.where(has_members, weight_sums, 1.0), _row_shape(weight_sums, w))
     new_models.append(w + s / denom)  # s is zero where the group had no member
   if group_agg_lr > 0:
-    new_models = clustering.inter_group_step(new_models, group_agg_lr)
+    if group_agg_rule == "alg2":
+      new_models = clustering.inter_group_step(new_models, group_agg_lr)
+    elif group_agg_rule == "authors":
+      new_models = authors_inter_group_step(new_models, group_agg_lr, has_members)
+    else:
+      raise ValueError(f"invalid --group_agg_rule={group_agg_rule}; valid: "
+                       f"{', '.join(GROUP_AGG_RULES)}")
   new_updates = []
   for new, old, previous in zip(new_models, group_models, group_updates):
-    shape = tf.concat([tf.shape(weight_sums), tf.ones([tf.rank(new) - 1], tf.int32)], 0)
-    mask = tf.reshape(has_members, shape)
+    mask = tf.reshape(has_members, _row_shape(weight_sums, new))
     new_updates.append(tf.where(mask, new - old, previous))
-  aux = [tf.reduce_mean(w, axis=0) for w in new_models]
-  return new_models, new_updates, aux
+  active = tf.cast(has_members, tf.float32)
+  if group_active is not None:
+    active = tf.maximum(active, tf.cast(group_active, tf.float32))
+  return new_models, new_updates, auxiliary_model(new_models, active), active
+
+
+def auxiliary_model(group_models: Sequence[tf.Tensor], active: tf.Tensor):
+  """The mean of the active groups' models (of all groups if none is active)."""
+  active = tf.cast(active, tf.float32)
+  weights = tf.where(tf.reduce_sum(active) > 0, active, tf.ones_like(active))
+  weights = weights / tf.reduce_sum(weights)
+  return [tf.tensordot(tf.cast(weights, w.dtype), w, axes=1) for w in group_models]
 
 
 # ----------------------------------------------------------------------------
@@ -108,95 +190,130 @@ def group_server_update(group_models: Sequence[tf.Tensor],
 class FedGroupDefinition(Definition):
   """FedGroup's round as plain TF functions (see the module docstring).
 
-  State: `group_models` and `group_updates` (each weight stacked [m, ...]) and
-  `aux_model`. Modes:
+  State: `group_models` and `group_updates` (each weight stacked [m, ...]),
+  `group_active` ([m], 1 for a group that has had members), `aux_model`; with
+  the flexcfl newcomer rule also `init_model` (w_0) and `init_updates` (the
+  groups' cold-start directions). Modes:
     pretrain: every client receives the auxiliary model (w_0 before the cold
-      start) and returns its update to the host (group cold start);
-    warm: each client selects its group's model by key 0..m-1;
-    cold: key m selects the auxiliary model for a client not yet in a group,
-      and every client also receives the m directions Delta w_j.
+      start), pre-trains and returns its update to the host (group cold start);
+    newcomer: a client not yet in a group pre-trains from the rule's start
+      model and picks g* against the rule's m directions; returns g* only;
+    warm: each client selects its group's model by key 0..m-1, trains, and
+      its update counts toward that group.
   """
 
-  modes = ("pretrain", "warm", "cold")
+  modes = ("pretrain", "newcomer", "warm")
 
   def __init__(self, weights_spec, num_trainable: int, num_groups: int, mu: float = 0.0,
-               group_agg_lr: float = 0.0, **solver):
+               group_agg_lr: float = 0.0, group_agg_rule: str = "alg2",
+               newcomer_rule: str = "paper", **solver):
     super().__init__(weights_spec, num_trainable, **solver)
     if num_groups < 1:
       raise ValueError(f"invalid --num_groups={num_groups}; valid: an integer >= 1")
+    if group_agg_rule not in GROUP_AGG_RULES:
+      raise ValueError(f"invalid --group_agg_rule={group_agg_rule}; valid: "
+                       f"{', '.join(GROUP_AGG_RULES)}")
+    if newcomer_rule not in NEWCOMER_RULES:
+      raise ValueError(f"invalid --newcomer_rule={newcomer_rule}; valid: "
+                       f"{', '.join(NEWCOMER_RULES)}")
     self.m = int(num_groups)
     self.mu = float(mu)
     self.group_agg_lr = float(group_agg_lr)
+    self.group_agg_rule = group_agg_rule
+    self.newcomer_rule = newcomer_rule
 
   def initial_state(self, initial_weights):
     """Every group and the auxiliary model at w_0 (before the cold start)."""
     w0 = [np.asarray(w) for w in initial_weights]
-    return collections.OrderedDict(
+    zeros = [np.zeros((self.m, *w.shape), w.dtype) for w in w0]
+    return self._with_rule_fields(collections.OrderedDict(
         group_models=[np.stack([w] * self.m) for w in w0],
-        group_updates=[np.zeros((self.m, *w.shape), w.dtype) for w in w0],
-        aux_model=w0)
+        group_updates=zeros, group_active=np.zeros(self.m, np.float32),
+        aux_model=w0), w0, zeros)
+
+  def _with_rule_fields(self, state, w0, directions):
+    if self.newcomer_rule == "flexcfl":
+      state["init_model"] = [np.asarray(w) for w in w0]
+      state["init_updates"] = [np.asarray(d) for d in directions]
+    return state
+
+  def cold_start_state(self, w0, member_updates, labels):
+    """The state after the group cold start (`cold_start_state`), with the
+    fixed cold-start directions the flexcfl newcomer rule compares with."""
+    state = cold_start_state(w0, member_updates, labels, self.m)
+    return self._with_rule_fields(state, w0, state["group_updates"])
 
   def num_keys(self, mode):
-    return {"pretrain": 0, "warm": self.m, "cold": self.m + 1}[mode]
+    return {"pretrain": 0, "newcomer": 0, "warm": self.m}[mode]
 
   def database(self, state, mode):
-    # Rows 0..m-1: the group models; row m: the auxiliary model (cold clients).
-    # Each row carries its key, so a client knows which group it was given.
+    # Row j: group j's model and its key, so a client knows its group.
     # (Fields in sorted order: TFF's federated_select orders them so.)
-    return collections.OrderedDict(
-        key=tf.range(self.m + 1, dtype=tf.int32),
-        model=[tf.concat([g, a[tf.newaxis]], 0)
-               for g, a in zip(state["group_models"], state["aux_model"])])
+    return collections.OrderedDict(key=tf.range(self.m, dtype=tf.int32),
+                                   model=list(state["group_models"]))
 
   def broadcast(self, state, params, mode):
     out = collections.OrderedDict(lr=params["lr"])
     if mode == "pretrain":
       out["model"] = list(state["aux_model"])
-    if mode == "cold":
-      out["directions"] = list(state["group_updates"])
+    elif mode == "newcomer":
+      if self.newcomer_rule == "paper":
+        out["model"] = list(state["aux_model"])
+        out["directions"] = list(state["group_updates"])
+      else:
+        out["model"] = list(state["init_model"])
+        out["directions"] = list(state["init_updates"])
     return out
 
   def client_state_spec(self, mode):
-    return None if mode == "pretrain" else super().client_state_spec(mode)
+    return None if mode != "warm" else super().client_state_spec(mode)
 
   def client_work(self, trainer, selected, received, client_state, data, mode):
-    if mode == "pretrain":
+    if mode in ("pretrain", "newcomer"):
       out, _ = self.local_update(trainer, received["model"], data, received["lr"], None)
       summed = collections.OrderedDict(loss_sum=out.loss_sum,
                                        num_examples=out.num_examples)
-      return ClientOutput(summed, collections.OrderedDict(delta=out.delta,
-                                                          loss_sum=out.loss_sum))
+      if mode == "pretrain":
+        result = collections.OrderedDict(delta=out.delta, loss_sum=out.loss_sum)
+      else:
+        result = collections.OrderedDict(
+            group=direction_choice(out.delta, list(received["directions"])),
+            loss_sum=out.loss_sum)
+      return ClientOutput(summed, result)
     out, new_state = self.local_update(trainer, list(selected["model"]), data,
                                        received["lr"], client_state, mu=self.mu)
     group = selected["key"]
-    if mode == "cold":
-      group = tf.where(group >= self.m,
-                       direction_choice(out.delta, list(received["directions"])), group)
     sums, weights = scatter_to_group(out.delta, out.num_examples, group, self.m)
     summed = collections.OrderedDict(
         update_sums=sums, weight_sums=weights, loss_sum=out.loss_sum,
         num_examples=out.num_examples, update_norm_sum=flat_norm(out.delta),
         num_clients=tf.constant(1.0))
-    return ClientOutput(summed, collections.OrderedDict(group=group, loss_sum=out.loss_sum),
-                        new_state)
+    result = collections.OrderedDict(group=group, delta=out.delta, loss_sum=out.loss_sum)
+    return ClientOutput(summed, result, new_state)
 
   def server_update(self, state, summed, mode):
-    if mode == "pretrain":
+    if mode != "warm":
       return state
-    models, updates, aux = group_server_update(
+    models, updates, aux, active = group_server_update(
         list(state["group_models"]), list(state["group_updates"]),
-        list(summed["update_sums"]), summed["weight_sums"], self.group_agg_lr)
-    return collections.OrderedDict(group_models=models, group_updates=updates,
-                                   aux_model=aux)
+        list(summed["update_sums"]), summed["weight_sums"], self.group_agg_lr,
+        state["group_active"], self.group_agg_rule)
+    new = collections.OrderedDict(group_models=models, group_updates=updates,
+                                  group_active=active, aux_model=aux)
+    for name in ("init_model", "init_updates"):
+      if name in state:
+        new[name] = state[name]
+    return new
 
 
 FedGroupComputations = collections.namedtuple(
-    "FedGroupComputations", ["definition", "pretrain", "warm", "cold"])
+    "FedGroupComputations", ["definition", "pretrain", "newcomer", "warm"])
 
 
 def build_fedgroup(model_fn: Callable[[], tf.keras.Model], loss: str, element_spec,
                    num_groups: int, mu: float = 0.0, group_agg_lr: float = 0.0,
-                   client_momentum: float = 0.0) -> FedGroupComputations:
+                   client_momentum: float = 0.0, group_agg_rule: str = "alg2",
+                   newcomer_rule: str = "paper") -> FedGroupComputations:
   """FedGroup's TFF computations (the `tff` runner's), for research pipelines.
 
   Args:
@@ -207,39 +324,45 @@ def build_fedgroup(model_fn: Callable[[], tf.keras.Model], loss: str, element_sp
     mu: FedGrouProx proximal coefficient (0 = FedGroup).
     group_agg_lr: inter-group aggregation rate eta_g (0 = off).
     client_momentum: heavy-ball beta of local SGD (buffer reset every round).
+    group_agg_rule: 'alg2' or 'authors' (module docstring).
+    newcomer_rule: 'paper' or 'flexcfl' (module docstring).
 
-  Returns `FedGroupComputations(definition, pretrain, warm, cold)`; each is a
-  federated computation `(state, params, datasets[, keys]) -> (state, summed,
+  Returns `FedGroupComputations(definition, pretrain, newcomer, warm)`; each is
+  a federated computation `(state, params, datasets[, keys]) -> (state, summed,
   per-client results)` (see `tff_runner.build_round`), with
   `params = tff_cluster.algorithms.definition.round_params(lr)`:
-    pretrain: one local update per client from the auxiliary model; results
-      hold each client's update (group cold start, `cold_start_state`);
-    warm: keys are `int32[1]` groups 0..m-1; results hold each client's group;
-    cold: keys may also be m (a client not yet in a group: it trains from the
-      auxiliary model and joins the group its update points to).
+    pretrain: one pre-training per client from the auxiliary model; results
+      hold each client's update (group cold start, `definition.cold_start_state`);
+    newcomer: clients not yet in a group pre-train and pick their group; the
+      state is unchanged; results hold each client's group;
+    warm: keys are `int32[1]` groups 0..m-1; results hold each client's group
+      and update.
   The initial state is `definition.initial_state(w0)`, replaced after the
-  pre-training by `cold_start_state(...)`.
+  pre-training by `definition.cold_start_state(...)`.
   """
   from tff_cluster.runners import tff_runner
 
   model = model_fn()
   definition = FedGroupDefinition(local_training.weights_type_spec(model),
                                   len(model.trainable_variables), num_groups, mu=mu,
-                                  group_agg_lr=group_agg_lr, momentum=client_momentum)
+                                  group_agg_lr=group_agg_lr, group_agg_rule=group_agg_rule,
+                                  newcomer_rule=newcomer_rule, momentum=client_momentum)
   comps = {mode: tff_runner.build_round(definition, mode, model_fn, loss, element_spec)
            for mode in definition.modes}
   return FedGroupComputations(definition, **comps)
 
 
 def cold_start_state(w0: Sequence[np.ndarray], member_updates: Sequence[Sequence[np.ndarray]],
-                  labels: np.ndarray, num_groups: int) -> Dict[str, list]:
+                     labels: np.ndarray, num_groups: int) -> Dict[str, list]:
   """Group j = mean of its members' trained models; Delta w_j = mean update.
 
   `member_updates[i]` is client i's update (list of arrays), `labels[i]` its
-  group. The auxiliary model is the mean of the m group models.
+  group. A group without members stays at w_0. The auxiliary model is the
+  mean of the groups with members.
   """
   labels = np.asarray(labels)
   models, updates = [], []
+  active = np.array([np.any(labels == j) for j in range(num_groups)], np.float32)
   for layer, w in enumerate(w0):
     layer_updates = np.stack([u[layer] for u in member_updates])
     mean_updates = np.stack([
@@ -247,9 +370,10 @@ def cold_start_state(w0: Sequence[np.ndarray], member_updates: Sequence[Sequence
         else np.zeros_like(w) for j in range(num_groups)])
     updates.append(mean_updates.astype(w.dtype))
     models.append((w[np.newaxis] + mean_updates).astype(w.dtype))
-  aux = [g.mean(axis=0) for g in models]
+  weights = active if active.any() else np.ones(num_groups, np.float32)
+  aux = [np.tensordot(weights / weights.sum(), g, axes=1).astype(g.dtype) for g in models]
   return collections.OrderedDict(group_models=models, group_updates=updates,
-                                 aux_model=aux)
+                                 group_active=active, aux_model=aux)
 
 
 # ----------------------------------------------------------------------------
@@ -257,16 +381,29 @@ def cold_start_state(w0: Sequence[np.ndarray], member_updates: Sequence[Sequence
 # ----------------------------------------------------------------------------
 
 
+def pretrain_work(batch_size: int, pretrain_iters: Optional[int],
+                  pretrain_epochs: Optional[int]) -> local_training.LocalWork:
+  """The cold-start pre-training: `pretrain_iters` steps (default 50) or
+  `pretrain_epochs` epochs; giving both is an error."""
+  if pretrain_iters is not None and pretrain_epochs is not None:
+    raise ValueError(f"invalid --pretrain_iters={pretrain_iters} with --pretrain_epochs="
+                     f"{pretrain_epochs}; valid: give at most one of them")
+  if pretrain_epochs is not None:
+    return local_training.LocalWork(batch_size, epochs=pretrain_epochs)
+  return local_training.LocalWork(batch_size, steps=pretrain_iters or DEFAULT_PRETRAIN_ITERS)
+
+
 class FedGroupDriver(experiment.Driver):
   """Group cold start, then FedGroup rounds; holds each client's group."""
 
-  checkpoint_attrs = ("assignment", "newcomers", "_rng", "_summary")
+  checkpoint_attrs = ("assignment", "pretrained", "newcomers", "_rng", "_summary")
 
   def __init__(self, task, data, config: experiment.TrainingConfig, *,
                num_groups: int = 5, measure: str = "edc", pretrain_scale: float = 20.0,
-               pretrain_epochs: Optional[int] = None, group_agg_lr: float = 0.0,
-               cold_start: str = "default", newcomer_fraction: float = 0.0,
-               mu: float = 0.0):
+               pretrain_iters: Optional[int] = None, pretrain_epochs: Optional[int] = None,
+               group_agg_lr: float = 0.0, group_agg_rule: str = "alg2",
+               cold_start: str = "default", newcomer_rule: str = "paper",
+               newcomer_fraction: float = 0.0, mu: float = 0.0):
     if measure not in MEASURES:
       raise ValueError(f"invalid --measure={measure}; valid: {', '.join(MEASURES)}")
     if cold_start not in COLD_STARTS:
@@ -276,17 +413,15 @@ class FedGroupDriver(experiment.Driver):
                        "(at most the number of clients)")
     if not 0 <= newcomer_fraction < 1:
       raise ValueError(f"invalid --newcomer_fraction={newcomer_fraction}; valid: [0, 1)")
+    self.pretrain_work = pretrain_work(config.batch_size, pretrain_iters, pretrain_epochs)
     super().__init__(task, data, config,
                      lambda specs, num_trainable, **solver: FedGroupDefinition(
                          specs, num_trainable, num_groups, mu=mu,
-                         group_agg_lr=group_agg_lr, **solver))
+                         group_agg_lr=group_agg_lr, group_agg_rule=group_agg_rule,
+                         newcomer_rule=newcomer_rule, **solver))
     self.m = num_groups
     self.measure = measure
     self.pretrain_scale = pretrain_scale
-    # The cold start's pre-training does the round's local work unless
-    # --pretrain_epochs says otherwise.
-    self.pretrain_work = (config.local_work if pretrain_epochs is None else
-                          local_training.LocalWork(config.batch_size, epochs=pretrain_epochs))
     self.cold_start = cold_start
     self._rng = np.random.default_rng(np.random.SeedSequence([config.seed, 11]))
     n = data.num_clients
@@ -316,13 +451,19 @@ class FedGroupDriver(experiment.Driver):
           f"clients for the first rounds, fewer than --clients_per_round="
           f"{config.clients_per_round}")
     self.assignment = np.full(n, -1, np.int64)
+    self.pretrained = np.zeros(n, bool)
     self.state = None
     self._summary: Dict[str, object] = {}
     self.extra_columns = (
-        ["discrepancy", "num_cold_clients", "num_assigned"]
+        ["test_accuracy_assigned", "mean_update_norm", "group_discrepancy",
+         "num_cold_clients", "num_assigned"]
         + [f"group_{j}_accuracy" for j in range(num_groups)]
         + [f"group_{j}_size" for j in range(num_groups)]
         + (["ari", "purity"] if data.true_clusters is not None else []))
+
+  def _describe_pretrain(self) -> str:
+    w = self.pretrain_work
+    return f"{w.steps} steps" if w.steps is not None else f"{w.epochs} epochs"
 
   def setup(self):
     t0 = time.perf_counter()
@@ -334,16 +475,19 @@ class FedGroupDriver(experiment.Driver):
     if self.cold_start == "rcc":
       labels = np.arange(self.m)  # each pre-trained client is one group's centre
     else:
-      labels = clustering.cluster_updates(
+      labels = canonical_labels(clustering.cluster_updates(
           np.stack([clustering.flatten_weights(d) for d in deltas]), self.m,
-          self.measure, seed=self.config.seed)
+          self.measure, seed=self.config.seed))
     self.assignment[chosen] = labels
-    self.state = self.runner.put_state(cold_start_state(self.w0, deltas, labels, self.m))
+    self.pretrained[chosen] = True
+    self.state = self.runner.put_state(self.definition.cold_start_state(self.w0, deltas,
+                                                                        labels))
     seconds = time.perf_counter() - t0
     model_bytes = self.num_params * experiment.BYTES_PER_PARAMETER
     self._summary.update(
         cold_start_seconds=seconds,
         cold_start_clients=int(len(chosen)),
+        cold_start_pretraining=self._describe_pretrain(),
         cold_start_train_loss=float(out.summed["loss_sum"] /
                                     max(out.summed["num_examples"], 1.0)),
         cold_start_bytes_down=int(len(chosen) * model_bytes),
@@ -356,24 +500,35 @@ class FedGroupDriver(experiment.Driver):
       # Newcomers arrive after the first 10% of rounds: resample without them.
       eligible = np.flatnonzero(~self.newcomers)
       sampled = np.sort(self._rng.choice(eligible, len(sampled), replace=False))
-    cold = self.assignment[sampled] < 0
-    if self.cold_start == "rac" and cold.any():
-      # Random assignment of cold clients: they join a uniformly random group.
-      self.assignment[sampled[cold]] = self._rng.integers(0, self.m, cold.sum())
-      cold = self.assignment[sampled] < 0
-    keys = [int(g) if g >= 0 else self.m for g in self.assignment[sampled]]
-    out = self.train_clients("cold" if cold.any() else "warm", self.state, sampled,
-                             round_num, keys=keys)
+    if self.cold_start == "rac":
+      # Every client not pre-trained in the group cold start draws a new group.
+      redraw = sampled[~self.pretrained[sampled]]
+      self.assignment[redraw] = self._rng.integers(0, self.m, len(redraw))
+    elif self.cold_start == "rac_once":
+      cold = sampled[self.assignment[sampled] < 0]
+      self.assignment[cold] = self._rng.integers(0, self.m, len(cold))
+    cold = sampled[self.assignment[sampled] < 0]
+    if len(cold):
+      # Client cold start: pre-train, pick g* (the newcomer rule), then train
+      # this round from w_{g*} like every other member.
+      joined = self.train_clients("newcomer", self.state, cold, round_num,
+                                  work=self.pretrain_work, persist=False,
+                                  shuffle_round=NEWCOMER_SHUFFLE_BASE + round_num)
+      self.assignment[cold] = [int(r["group"]) for r in joined.results]
+    before = self.runner.numpy_state(self.state)["group_models"]
+    out = self.train_clients("warm", self.state, sampled, round_num,
+                             keys=[int(g) for g in self.assignment[sampled]])
     self.state = out.state
-    self.assignment[sampled] = [int(r["group"]) for r in out.results]
+    after = self.runner.numpy_state(self.state)["group_models"]
     s = out.summed
     model_bytes = self.num_params * experiment.BYTES_PER_PARAMETER
     return {
         "train_loss": float(s["loss_sum"] / max(s["num_examples"], 1.0)),
-        "discrepancy": float(s["update_norm_sum"] / s["num_clients"]),
-        "num_cold_clients": int(cold.sum()),
+        "mean_update_norm": float(s["update_norm_sum"] / s["num_clients"]),
+        "group_discrepancy": group_discrepancy(before, after, out.results),
+        "num_cold_clients": int(len(cold)),
         "num_assigned": int((self.assignment >= 0).sum()),
-        "bytes_down": int(len(sampled) * model_bytes + cold.sum() * self.m * model_bytes),
+        "bytes_down": int(len(sampled) * model_bytes + len(cold) * (1 + self.m) * model_bytes),
         "bytes_up": int(len(sampled) * model_bytes),
     }
 
@@ -387,7 +542,7 @@ class FedGroupDriver(experiment.Driver):
     return self._models(), client_model
 
   def round_eval_metrics(self, result):
-    out = {}
+    out = {"test_accuracy_assigned": assigned_accuracy(result, self.assignment)}
     for j in range(self.m):
       out[f"group_{j}_accuracy"] = result.group_accuracy(self.assignment, j)
       out[f"group_{j}_size"] = int((self.assignment == j).sum())
@@ -410,6 +565,47 @@ class FedGroupDriver(experiment.Driver):
     out["num_groups"] = self.m
     out.update(self._cluster_scores())
     return out
+
+
+def canonical_labels(labels: np.ndarray) -> np.ndarray:
+  """Group ids renumbered in order of first appearance (client order).
+
+  A clustering's ids are arbitrary; this makes them a function of the
+  partition alone, so two runs that find the same groups number them alike.
+  """
+  labels = np.asarray(labels)
+  order = {}
+  for g in labels:
+    order.setdefault(int(g), len(order))
+  return np.array([order[int(g)] for g in labels], labels.dtype)
+
+
+def assigned_accuracy(result, assignment: np.ndarray) -> float:
+  """The paper's score: correct / test examples over the clients assigned to
+  a group (clients never assigned are left out); NaN if there are none."""
+  mask = np.asarray(assignment) >= 0
+  count = result.per_client_count[mask].sum()
+  return float(result.per_client_correct[mask].sum() / count) if count else float("nan")
+
+
+def group_discrepancy(before, after, results) -> float:
+  """sum_j (c_j / sum c) mean_{k in group j} ||w_k - w_{g_j}^{t+1}||, which is
+  the mean over the round's clients of the distance from a client's trained
+  model w_k = w_{g_j}^t + Delta_k to its group's model after aggregation.
+
+  `before`/`after`: the stacked group models [m, ...] per layer; `results`:
+  per-client results with `group` and `delta`.
+  """
+  if not results:
+    return float("nan")
+  distances = []
+  for r in results:
+    g = int(r["group"])
+    sq = sum(float(np.sum(np.square(np.asarray(b[g], np.float64) + np.asarray(d, np.float64)
+                                    - np.asarray(a[g], np.float64))))
+             for b, a, d in zip(before, after, r["delta"]))
+    distances.append(np.sqrt(sq))
+  return float(np.mean(distances))
 
 
 def make_driver(task, data, config: experiment.TrainingConfig, **options):

@@ -13,12 +13,12 @@ from tff_cluster.algorithms import fedgroup
 
 
 def build_fedgrouprox(model_fn, loss, element_spec, num_groups: int, mu: float,
-                      group_agg_lr: float = 0.0):
-  """See `fedgroup.build_fedgroup`; `mu` > 0 is the proximal coefficient."""
+                      **options):
+  """See `fedgroup.build_fedgroup` (same options); `mu` > 0 is the proximal
+  coefficient."""
   if mu <= 0:
     raise ValueError(f"FedGrouProx needs mu > 0, got {mu}; use fedgroup for mu = 0")
-  return fedgroup.build_fedgroup(model_fn, loss, element_spec, num_groups, mu=mu,
-                                 group_agg_lr=group_agg_lr)
+  return fedgroup.build_fedgroup(model_fn, loss, element_spec, num_groups, mu=mu, **options)
 
 
 def make_driver(task, data, config: experiment.TrainingConfig, mu: float, **options):

@@ -33,6 +33,9 @@ class FederatedData:
     true_clusters: int array aligned with `client_ids` (ground-truth cluster of
       each client), or None when the partition defines none.
     description: one line on where the data came from (provenance).
+    client_count_setting: the task setting that decided how many clients
+      there are (e.g. "--task_arg=min_tweets=5"), named by the CLI when too
+      few remain; None when only the data decides.
   """
   client_ids: List[str]
   train: Dict[str, Arrays]
@@ -40,6 +43,7 @@ class FederatedData:
   num_classes: int
   true_clusters: Optional[np.ndarray] = None
   description: str = ""
+  client_count_setting: Optional[str] = None
 
   def __post_init__(self):
     if set(self.train) != set(self.client_ids) or set(self.test) != set(

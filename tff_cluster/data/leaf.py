@@ -24,7 +24,8 @@ Pixel and label conventions are kept as LEAF/FedProx wrote them:
   (4.0); they are converted to int (a non-integral label is an error).
 * Sent140: x = [tweet id, date, query, user, text], y in {0, 1}; the text is
   tokenized like LEAF's `language_utils.split_line` and mapped to GloVe word
-  ids (see `load_glove`, `tweet_to_ids`).
+  ids (see `load_glove`, `tweet_to_ids`). GloVe may have any dimension, plain
+  text or .gz. The raw Sentiment140 CSV is read by `tff_cluster.data.sent140`.
 
 Train/test users: LEAF's `-t sample` split gives every user samples in both
 splits, which clustered FL needs (every client is trained and evaluated). A
@@ -39,10 +40,12 @@ split 90/10 with `split_train_test`, seeded by `seed`.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
 import warnings
+import zlib
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -59,6 +62,7 @@ SYNTHETIC_NUM_FEATURES = 60
 IMAGE_PIXELS = 784
 SENT140_SEQ_LEN = 25
 GLOVE_FILE = "glove.6B.300d.txt"
+GLOVE_SUFFIXES = (".txt", ".txt.gz")
 
 # Where users get each dataset: appended to the "missing files" errors.
 FEMNIST_HINT = (
@@ -372,49 +376,112 @@ def tokenize(text: str) -> List[str]:
   return _TOKEN_RE.findall(str(text).lower())
 
 
-def load_glove(path: str, dim: int = 300, words: Optional[Iterable[str]] = None
-               ) -> Tuple[Dict[str, int], np.ndarray]:
-  """Reads a GloVe text file (`word v1 ... v<dim>` per line).
+def find_glove(path: Optional[str]) -> str:
+  """The GloVe file to read: `path` itself, or the one `glove*.txt` /
+  `glove*.txt.gz` file in the directory `path` (DataError when there is none
+  or more than one, listing them)."""
+  if not path:
+    raise DataError(f"no GloVe file given: expected {GLOVE_FILE} or any "
+                    f"glove*.txt[.gz] (any dimension, or its directory); "
+                    f"{GLOVE_HINT}")
+  path = os.path.expanduser(str(path))
+  if os.path.isdir(path):
+    found = sorted(n for n in os.listdir(path)
+                   if n.lower().startswith("glove")
+                   and n.lower().endswith(GLOVE_SUFFIXES)
+                   and os.path.isfile(os.path.join(path, n)))
+    if not found:
+      raise DataError(f"{path}: no glove*.txt or glove*.txt.gz file in this "
+                      f"directory; {GLOVE_HINT}")
+    if len(found) > 1:
+      raise DataError(f"{path}: {len(found)} GloVe files ({', '.join(found)}); "
+                      f"valid: pass one of them as --glove_path")
+    return os.path.join(path, found[0])
+  if not os.path.isfile(path):
+    raise DataError(f"GloVe file {path} not found: expected {GLOVE_FILE} or "
+                    f"any glove*.txt[.gz]; {GLOVE_HINT}")
+  return path
 
+
+def _is_number(text: str) -> bool:
+  try:
+    float(text)
+  except ValueError:
+    return False
+  return True
+
+
+def _glove_lines(path: str):
+  # (line number, line without its end) of a plain or gzip GloVe file.
+  if path.lower().endswith(".gz"):
+    f = gzip.open(path, "rt", encoding="utf-8", errors="replace")
+  else:
+    f = open(path, "r", encoding="utf-8", errors="replace")
+  with f:
+    for lineno, line in enumerate(f, 1):
+      yield lineno, line.rstrip("\r\n").rstrip(" ")
+
+
+def load_glove(path: Optional[str], dim: Optional[int] = None,
+               words: Optional[Iterable[str]] = None
+               ) -> Tuple[Dict[str, int], np.ndarray]:
+  """Reads GloVe vectors: text lines `word v1 ... v<dim>`, plain or `.gz`.
+
+  `path` is the file or a directory holding one `glove*.txt[.gz]` (see
+  `find_glove`). `dim=None` takes the dimension from the first line; every
+  line must then have it (a DataError names the file and line otherwise).
   Returns (vocab, embedding): vocab maps word -> row of `embedding`
   (float32, [len(vocab) + 2, dim]); row 0 is padding and the last row is
   the unknown word, both zeros. With `words`, only those words are kept
   (Sent140 passes the tokens its tweets use, so the matrix stays small).
   """
-  if not path:
-    raise DataError(f"no GloVe file given: expected {GLOVE_FILE}; {GLOVE_HINT}")
-  path = os.path.expanduser(str(path))
-  if not os.path.isfile(path):
-    raise DataError(f"GloVe file {path} not found: expected {GLOVE_FILE}; "
-                    f"{GLOVE_HINT}")
+  path = find_glove(path)
   keep = None if words is None else set(words)
   vocab: Dict[str, int] = {}
-  vectors = [np.zeros(dim, np.float32)]  # row 0: padding.
-  with open(path, "r", encoding="utf-8", errors="replace") as f:
-    for lineno, line in enumerate(f, 1):
+  vectors = []
+  try:
+    for lineno, line in _glove_lines(path):
+      if not line:
+        continue
+      spaces = line.count(" ")
+      if dim is None:
+        parts = line.split(" ")
+        if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
+          raise DataError(f"{path} line {lineno}: {line!r} looks like a word2vec "
+                          f"header; expected GloVe text, 'word v1 ... vD' per line")
+        if spaces < 1:
+          raise DataError(f"{path} line {lineno}: expected a word and its "
+                          f"vector, got {line[:40]!r}")
+        dim = spaces
+      # Every line is checked for its width; a line with more fields is a
+      # word containing spaces (some GloVe releases have them) unless its
+      # second field is a number.
+      if spaces < dim or (spaces > dim and _is_number(line.split(" ", 2)[1])):
+        raise DataError(f"{path} line {lineno}: expected a word and {dim} "
+                        f"numbers, got {spaces} numbers")
       # Cheap skip of unwanted words (400k lines in glove.6B) before splitting.
       if keep is not None and line.split(" ", 1)[0] not in keep:
         continue
-      parts = line.rstrip("\n").rstrip(" ").split(" ")
-      if len(parts) < dim + 1:
-        if not line.strip():
-          continue
-        raise DataError(f"{path} line {lineno}: expected a word and {dim} "
-                        f"numbers, got {len(parts) - 1} numbers")
-      # Some GloVe releases have tokens containing spaces: the vector is last.
+      parts = line.split(" ")
       word = " ".join(parts[:-dim])
       if word in vocab or (keep is not None and word not in keep):
         continue
       try:
         vec = np.asarray(parts[-dim:], dtype=np.float32)
-      except ValueError as e:
-        raise DataError(f"{path} line {lineno}: non-numeric vector") from e
-      vocab[word] = len(vectors)
+      except ValueError:
+        raise DataError(f"{path} line {lineno}: non-numeric vector") from None
+      vocab[word] = len(vectors) + 1
       vectors.append(vec)
+  except (OSError, EOFError, zlib.error) as e:
+    raise DataError(f"{path}: cannot read ({e.__class__.__name__}: {e}); "
+                    f"expected GloVe text, plain or .gz") from None
+  if dim is None:
+    raise DataError(f"{path}: empty, no word vectors found")
   if keep is None and not vocab:
     raise DataError(f"{path}: no word vectors found")
-  vectors.append(np.zeros(dim, np.float32))  # last row: unknown word.
-  return vocab, np.stack(vectors)
+  zero = np.zeros((1, dim), np.float32)  # row 0: padding; last: unknown word.
+  return vocab, np.concatenate([zero, np.asarray(vectors, np.float32).reshape(
+      -1, dim), zero])
 
 
 def tweet_to_ids(text: str, vocab: Dict[str, int],
@@ -434,19 +501,20 @@ def _tweet_text(client: str, row) -> str:
 
 
 def load_sent140(path: str, glove_path: Optional[str], seed: int = 0,
-                 seq_len: int = SENT140_SEQ_LEN, dim: int = 300, **kwargs
-                 ) -> Tuple[FederatedData, np.ndarray]:
-  """LEAF Sent140 -> (FederatedData with int32 token ids [n, seq_len], y 0/1,
-  embedding matrix [V + 2, dim] for those ids).
+                 seq_len: int = SENT140_SEQ_LEN, dim: Optional[int] = None,
+                 **kwargs) -> Tuple[FederatedData, np.ndarray]:
+  """LEAF Sent140 JSON -> (FederatedData with int32 token ids [n, seq_len],
+  y 0/1, embedding matrix [V + 2, dim] for those ids).
 
-  The GloVe file is checked before the JSON is parsed so a missing file fails
-  fast. Only words occurring in the tweets are kept from GloVe.
+  The GloVe file is found before the JSON is parsed so a missing file fails
+  fast; its dimension is read from the file unless `dim` is given. Only words
+  occurring in the tweets are kept from GloVe. (The raw Sentiment140 CSV is
+  read by `tff_cluster.data.sent140`.)
   """
   # Fail fast, before parsing JSON: a missing data path, then a missing GloVe.
   if not path or not os.path.exists(os.path.expanduser(str(path))):
     read_leaf(path, SENT140_HINT)  # raises the DataError naming the files.
-  if not glove_path or not os.path.isfile(os.path.expanduser(str(glove_path))):
-    load_glove(glove_path, dim)  # raises the DataError naming the file.
+  glove_path = find_glove(glove_path)  # raises the DataError naming the file.
   raw = read_leaf(path, SENT140_HINT)
   train_raw, test_raw = raw
   words = set()

@@ -13,7 +13,8 @@ every sample is used.
 rotating the images of a rotation cluster or permuting its labels.
 
 Settings implemented:
-  * FedProx (Li et al., MLSys 2020) MNIST: 2 digits per client, power-law sizes.
+  * FedProx (Li et al., MLSys 2020) MNIST: its generator's recipe (1,000
+    devices, digits (u, u+1) mod 10, 5 images per digit, lognormal shares).
   * Pathological n-class non-IID (McMahan et al., FedAvg): label shards.
   * Dirichlet label skew (Hsu et al. 2019) and quantity skew (Li et al.,
     "Federated Learning on Non-IID Data Silos", 2021).
@@ -34,10 +35,12 @@ import numpy as np
 
 from tff_cluster.data.federated import DataError, FederatedData, split_train_test
 
-# FedProx-style sizes: lognormal(0, 2) weights (the sigma FedProx's generator
-# uses), on top of a small floor per (client, class) so no client is empty.
-_POWER_LAW_SIGMA = 2.0
-_POWER_LAW_MIN_PER_CLASS = 5
+# FedProx's MNIST generator: 10 digits, 5 images per (device, digit) slot
+# first, the rest by lognormal(0, 2) shares read per block of 10 devices.
+FEDPROX_MNIST_DIGITS = 10
+FEDPROX_MNIST_PHASE1 = 5
+FEDPROX_MNIST_SIGMA = 2.0
+FEDPROX_MNIST_BLOCK = 10
 
 # Rotation clusters: cluster k is rotated by 90 * k degrees.
 ROTATIONS = (0, 90, 180, 270)
@@ -295,44 +298,124 @@ def _check_class_request(labels, num_clients, classes_per_client):
   return labels, num_clients, classes_per_client, classes, counts
 
 
-def fedprox_mnist_noniid(labels, num_clients: int = 1000,
-                         classes_per_client: int = 2,
-                         seed: int = 0) -> Partition:
-  """FedProx's non-IID MNIST: each client holds 2 digits, power-law sizes.
+def _fedprox_mnist_digits(num_clients: int, classes_per_client: int) -> np.ndarray:
+  """Digits of each device, [num_clients, classes_per_client]: (u + j) mod 10."""
+  return (np.arange(num_clients)[:, None]
+          + np.arange(classes_per_client)[None, :]) % FEDPROX_MNIST_DIGITS
 
-  Li et al., "Federated Optimization in Heterogeneous Networks" (FedProx),
-  Section 5.1 / Appendix: 1000 devices, 2 digits each, the number of samples
-  per device following a power law.
 
-  Recipe used here:
-    1. Digits: every client gets `classes_per_client` distinct digits; how many
-       clients share a digit is balanced (in proportion to the digit's count).
-    2. Sizes: each client draws a weight w ~ lognormal(0, 2) (as FedProx's
-       generator does; heavy-tailed, so a few clients hold most data). Each
-       digit's samples are split among the clients holding it: first
-       min(5, n_digit // holders) each, then the rest in proportion to w.
-       A client's size is therefore ~ 2 * 5 + (its share of w), i.e. sizes
-       follow the lognormal weights, normalized to the available samples.
-  Every sample of a digit that some client holds is used (all samples when
-  num_clients * classes_per_client >= number of classes); no sample twice.
+def _fedprox_mnist_max_clients(counts: np.ndarray, classes_per_client: int,
+                               upper: int) -> int:
+  """Largest N <= upper whose phase 1 fits `counts` (slots grow with N)."""
+  def fits(n):
+    slots = np.bincount(_fedprox_mnist_digits(n, classes_per_client).ravel(),
+                        minlength=FEDPROX_MNIST_DIGITS)
+    return bool(np.all(FEDPROX_MNIST_PHASE1 * slots <= counts))
+  low, high = 0, upper  # fits(0) holds, fits(upper) does not
+  while high - low > 1:
+    mid = (low + high) // 2
+    low, high = (mid, high) if fits(mid) else (low, mid)
+  return low
+
+
+def fedprox_mnist(labels, num_clients: int = 1000, classes_per_client: int = 2,
+                  seed: int = 0) -> Partition:
+  """FedProx's non-IID MNIST recipe (Li et al., MLSys 2020, Section 5.1).
+
+  Follows the data generator published with FedProx
+  (`data/mnist/generate_niid.py`), with 1,000 devices and 2 digits each there:
+    * each digit's images are taken in pooled order (pass train then test, in
+      file order), through one cursor per digit; nothing is shuffled first;
+    * device u holds digits (u + j) mod 10, j = 0..classes_per_client-1;
+    * phase 1: for u = 0..N-1 and each of its digits in order, the next 5
+      images of that digit;
+    * phase 2: props ~ lognormal(0, 2), shape (10, ceil(N / 10),
+      classes_per_client), from np.random.default_rng(seed). Device u's slot j
+      (digit l) reads props[l, u // 10, j]. props[l] is scaled so that the
+      entries read by some slot sum to the images of digit l left after phase
+      1, i.e. count_l - 5 * (number of slots holding l). FedProx writes this
+      as count_l - 1000, which is the same number for N = 1000 and 2 digits
+      (each digit sits in 200 slots); when N is a multiple of 10 every entry
+      of props[l] is read, as in FedProx, otherwise the last block's unread
+      entries do not take a share. Then, in the order of phase 1, the slot
+      gets the next int(share) images of l, but only if cursor + int(share)
+      < count_l (otherwise none, as in FedProx).
+  Truncation and that strict test leave some images unused; none is used
+  twice. Every device has >= 5 * classes_per_client images, so the 90/10
+  split of `build_federated_data` is exactly train = int(0.9 n), test = the
+  rest, FedProx's split. A client's indices are in the order it received
+  them (phase 1, then phase 2), not sorted.
+
+  Args:
+    labels: pooled labels, digits 0-9.
+    num_clients: number of devices N (FedProx: 1000).
+    classes_per_client: digits per device, 1..10 (FedProx: 2).
+    seed: seed of the lognormal draw.
+
+  Returns:
+    A `Partition` without clusters; cluster_info holds 'classes' (the
+    [N, classes_per_client] digits of each device), 'props' (the raw
+    lognormal draw), 'shares' (props scaled per digit), 'samples_used' and
+    'slots_refused' (phase-2 slots with int(share) > 0 that the cursor test
+    skipped).
   """
-  labels, num_clients, classes_per_client, classes, counts = _check_class_request(
-      labels, num_clients, classes_per_client)
-  caps = np.minimum(num_clients, counts)  # a client needs >= 1 of each digit
-  if caps.sum() < num_clients * classes_per_client:
+  labels = _check_labels(labels)
+  if labels.max() >= FEDPROX_MNIST_DIGITS:
     raise DataError(
-        f"{len(labels)} samples cannot give {num_clients} clients "
-        f"{classes_per_client} distinct classes each with >= 1 sample per "
-        "class; use fewer clients or classes_per_client")
+        f"FedProx's MNIST recipe needs digit labels 0..9, got a label "
+        f"{labels.max()}")
+  num_clients = _check_positive_int("num_clients", num_clients)
+  c = _check_positive_int("classes_per_client", classes_per_client)
+  if c > FEDPROX_MNIST_DIGITS:
+    raise DataError(
+        f"classes_per_client must be between 1 and {FEDPROX_MNIST_DIGITS} "
+        f"for MNIST, got {c}")
+  by_digit = [np.flatnonzero(labels == l) for l in range(FEDPROX_MNIST_DIGITS)]
+  counts = np.array([len(i) for i in by_digit], dtype=np.int64)
+  digits = _fedprox_mnist_digits(num_clients, c)
+  slots = np.bincount(digits.ravel(), minlength=FEDPROX_MNIST_DIGITS)
+  need = FEDPROX_MNIST_PHASE1 * slots
+  if np.any(need > counts):
+    l = int(np.argmax(need > counts))
+    raise DataError(
+        f"FedProx's MNIST recipe gives {FEDPROX_MNIST_PHASE1} images of each "
+        f"of a device's digits first: digit {l} has {counts[l]} images but "
+        f"{slots[l]} device-slots need {need[l]}; use at most "
+        f"{_fedprox_mnist_max_clients(counts, c, num_clients)} clients or "
+        f"fewer classes_per_client")
+
+  parts: List[List[np.ndarray]] = [[] for _ in range(num_clients)]
+  cursor = np.zeros(FEDPROX_MNIST_DIGITS, dtype=np.int64)
+  for u in range(num_clients):  # phase 1
+    for l in digits[u]:
+      parts[u].append(by_digit[l][cursor[l]:cursor[l] + FEDPROX_MNIST_PHASE1])
+      cursor[l] += FEDPROX_MNIST_PHASE1
+
   rng = np.random.default_rng(seed)
-  dealt, slots = _deal_labels(num_clients, classes_per_client, classes,
-                              counts.astype(np.float64), caps, rng)
-  client_weight = rng.lognormal(0.0, _POWER_LAW_SIGMA, num_clients)
-  indices = _split_by_slots(labels, slots, num_clients, rng,
-                            slot_weights=client_weight[slots[:, 1]],
-                            min_per_slot=_POWER_LAW_MIN_PER_CLASS)
-  return Partition(indices, None, {"classes": dealt,
-                                   "size_weights": client_weight})
+  blocks = -(-num_clients // FEDPROX_MNIST_BLOCK)
+  props = rng.lognormal(0.0, FEDPROX_MNIST_SIGMA,
+                        (FEDPROX_MNIST_DIGITS, blocks, c))
+  block = np.arange(num_clients) // FEDPROX_MNIST_BLOCK
+  read = np.zeros(props.shape, dtype=bool)  # entries some slot reads
+  read[digits, block[:, None], np.arange(c)[None, :]] = True
+  left = counts - cursor
+  shares = np.zeros_like(props)
+  for l in range(FEDPROX_MNIST_DIGITS):
+    if read[l].any():
+      shares[l] = left[l] * props[l] / props[l][read[l]].sum()
+  refused = 0
+  for u in range(num_clients):  # phase 2
+    for j, l in enumerate(digits[u]):
+      n = int(shares[l, block[u], j])
+      if cursor[l] + n < counts[l]:
+        parts[u].append(by_digit[l][cursor[l]:cursor[l] + n])
+        cursor[l] += n
+      elif n:
+        refused += 1
+  indices = [np.concatenate(p) for p in parts]
+  return Partition(indices, None, {
+      "classes": digits, "props": props, "shares": shares,
+      "samples_used": int(cursor.sum()), "slots_refused": refused})
 
 
 def n_class_pathological(labels, num_clients: int, classes_per_client: int,
