@@ -102,7 +102,7 @@ def rows_for(tasks: Sequence[str], args) -> List[dict]:
       out.append(dict(row="MNIST-MCLR", flags=["--task=mnist",
                                                 f"--data_dir={args.mnist_dir}"]))
     elif task == "femnist_fedprox":
-      for model in ("mclr", "mlp"):
+      for model in args.femnist_models.split(","):
         out.append(dict(row=f"FEMNIST-{model.upper()}",
                         flags=["--task=femnist_fedprox", f"--data_dir={args.femnist_dir}",
                                f"--model={model}"]))
@@ -179,6 +179,7 @@ def main(argv=None):
   p.add_argument("--jobs", type=int, default=2, help="runs in parallel")
   p.add_argument("--mnist_dir", default=os.path.join(SHARED, "mnist"))
   p.add_argument("--femnist_dir", default=os.path.join(SHARED, "femnist_leaf"))
+  p.add_argument("--femnist_models", default="mclr,mlp", help="femnist_fedprox rows")
   p.add_argument("--out", default=os.path.join(REPO_ROOT, "results", "fedgroup_table3"))
   p.add_argument("--table", default=os.path.join(REPO_ROOT, "benchmarks", "results",
                                                  "fedgroup_table3"))

@@ -192,3 +192,15 @@ def main_in_process(args, capsys):
     code = e.code
   out, err = capsys.readouterr()
   return code, out, err
+
+
+def assert_one_line_error(code, err, out_dir, *needles, exit_code=2):
+  """A rejected run: `exit_code`, one `run_experiment.py: error:` line holding
+  every needle, no traceback, no output directory left behind."""
+  assert code == exit_code, err
+  lines = [l for l in err.splitlines() if l.strip() and not l.startswith("warning:")]
+  assert len(lines) == 1 and lines[0].startswith("run_experiment.py: error: "), err
+  assert "Traceback" not in err
+  for needle in needles:
+    assert needle in lines[0], (needle, lines[0])
+  assert not os.path.exists(out_dir), "a failed run left an output directory"

@@ -359,17 +359,5 @@ def test_reads_tffs_emnist_sqlite(tmp_path):
   assert data.num_clients == 20 and "from 26 distinct source images" in data.description
 
 
-# ---------------------------------------------------------------------------
-# CLI.
-
-
-def test_cli_leaf_json_without_letters_is_one_line_exit_2(tmp_path, capsys):
-  write_leaf(tmp_path / "digits", [0, 1, 2, 3, 10, 50])
-  out = tmp_path / "out"
-  code, _, err = main_in_process(["--task=femnist_fedprox", f"--data_dir={tmp_path / 'digits'}",
-                                  "--rounds=1", f"--output_dir={out}"], capsys)
-  assert code == 2, err
-  lines = [l for l in err.splitlines() if l.strip() and not l.startswith("warning:")]
-  assert len(lines) == 1 and lines[0].startswith("run_experiment.py: error: "), err
-  assert "no lower-case a-j images" in lines[0] and "Traceback" not in err
-  assert not os.path.exists(out)
+# The CLI's one-line error for a LEAF JSON without letters a-j is a case of
+# tests/test_reliability.py's bad-input matrix.

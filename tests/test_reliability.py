@@ -18,9 +18,12 @@ import tensorflow as tf
 
 import tasks
 from tests.conftest import REPO_ROOT, SHARED_DATA
-from tests.helpers import (SMALL_ARGS, assert_workers_gone, main_in_process,
+from tests.helpers import (SMALL_ARGS, assert_one_line_error, assert_workers_gone,
+                           main_in_process,
                            metrics_rows_written, read_metrics_csv, run_watching_workers)
+from tests.test_fedprox_nist import write_leaf
 from tests.test_runners import PARITY_CASES
+from tests.test_sent140_csv import CLI_CASES as SENT140_CLI_CASES
 from tff_cluster import algorithms, checkpoint, experiment
 from tff_cluster import hparams as hp
 from tff_cluster.results import ResultsWriter
@@ -280,22 +283,12 @@ def _flag_cases():
   return cases
 
 
-def _assert_one_line_error(code, err, out_dir, *needles, exit_code=2):
-  assert code == exit_code, err
-  lines = [l for l in err.splitlines() if l.strip() and not l.startswith("warning:")]
-  assert len(lines) == 1 and lines[0].startswith("run_experiment.py: error: "), err
-  assert "Traceback" not in err
-  for needle in needles:
-    assert needle in lines[0], (needle, lines[0])
-  assert not os.path.exists(out_dir), "a failed run left an output directory"
-
-
 @pytest.mark.parametrize("algo,flag,value", _flag_cases())
 def test_every_declared_flag_rejects_invalid_values(algo, flag, value, tmp_path, capsys):
   out = tmp_path / "out"
   code, _, err = _main([f"--algo={algo}", f"--{flag}={value}", f"--output_dir={out}"],
                        capsys)
-  _assert_one_line_error(code, err, out, f"--{flag}", "valid")
+  assert_one_line_error(code, err, out, f"--{flag}", "valid")
 
 
 def _femnist_copy(tmp_path, damage):
@@ -319,6 +312,11 @@ def _fmnist_truncated(tmp_path):
   data = path.read_bytes()
   path.write_bytes(data[:len(data) // 2])
   return dst
+
+
+def _leaf_digits_only(tmp_path):
+  write_leaf(tmp_path / "digits", [0, 1, 2, 3, 10, 50])  # no letter a-j (36..45)
+  return tmp_path / "digits"
 
 
 DATA_CASES = {
@@ -354,6 +352,12 @@ DATA_CASES = {
                                           "invalid --newcomer_fraction=0.9"),
     "pretrain_iters_and_epochs": lambda t: (["--algo=fedgroup", "--pretrain_iters=5",
                                              "--pretrain_epochs=1"], "--pretrain_epochs=1"),
+    "nist_without_letters": lambda t: (["--task=femnist_fedprox",
+                                        f"--data_dir={_leaf_digits_only(t)}"],
+                                       "no lower-case a-j images"),
+    "mnist_too_many_devices": lambda t: (["--task=mnist", f"--data_dir={SHARED_DATA / 'mnist'}",
+                                          "--num_clients=20000", "--clients_per_round=5"],
+                                         "use at most"),
     "reuse_prefix_not_bool": lambda t: (["--task=femnist_fedprox",
                                          f"--data_dir={SHARED_DATA / 'femnist_leaf'}",
                                          "--task_arg=reuse_prefix=maybe"],
@@ -365,12 +369,29 @@ DATA_CASES = {
 }
 
 
+
+
+def _sent140_case(make):
+  def case(tmp_path):
+    data_dir, glove, extra, needles = make(tmp_path)
+    return (["--task=sent140", f"--data_dir={data_dir}", f"--glove_path={glove}",
+             "--rounds=1", *extra], needles)
+  return case
+
+
+# Malformed Sentiment140 CSV / GloVe files and task settings (built in
+# tests/test_sent140_csv.py, which tests the reader itself).
+DATA_CASES.update({f"sent140_{name}": _sent140_case(make)
+                   for name, make in SENT140_CLI_CASES.items()})
+
+
 @pytest.mark.parametrize("case", sorted(DATA_CASES))
 def test_bad_data_and_settings_give_one_line(case, tmp_path, capsys):
-  args, needle = DATA_CASES[case](tmp_path)
+  args, needles = DATA_CASES[case](tmp_path)
   out = tmp_path / "out"
   code, _, err = _main([*args, f"--output_dir={out}"], capsys)
-  _assert_one_line_error(code, err, out, needle)
+  needles = [needles] if isinstance(needles, str) else needles
+  assert_one_line_error(code, err, out, *needles)
 
 
 @pytest.mark.parametrize("path", ["", "{file}/sub", "/proc/tff_cluster_results"])
@@ -379,7 +400,7 @@ def test_unwritable_output_dir_is_refused_before_data_loads(path, tmp_path, caps
   blocker.write_text("x")
   out = path.format(file=blocker)
   code, _, err = _main([*SMALL_ARGS, "--rounds=1", f"--output_dir={out}"], capsys)
-  _assert_one_line_error(code, err, tmp_path / "never", "--output_dir")
+  assert_one_line_error(code, err, tmp_path / "never", "--output_dir")
 
 
 def test_flags_a_task_ignores_are_warned(tmp_path, capsys):

@@ -17,7 +17,7 @@ import tasks
 from tasks import sent140 as sent140_task
 from tests.conftest import SHARED_DATA
 from tests.helpers import main_in_process
-from tests.test_reliability import _assert_one_line_error
+from tests.helpers import assert_one_line_error
 from tff_cluster.data import leaf
 from tff_cluster.data import sent140
 from tff_cluster.data.federated import DataError
@@ -314,14 +314,7 @@ CLI_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(CLI_CASES))
-def test_bad_sent140_input_is_one_line(case, tmp_path, capsys):
-  data_dir, glove, extra, needles = CLI_CASES[case](tmp_path)
-  out = tmp_path / "out"
-  code, _, err = main_in_process(
-      ["--task=sent140", f"--data_dir={data_dir}", f"--glove_path={glove}", "--rounds=1",
-       *extra, f"--output_dir={out}"], capsys)
-  _assert_one_line_error(code, err, out, *needles)
+# These cases run in tests/test_reliability.py's bad-input matrix.
 
 
 def test_min_tweets_on_the_real_data_names_both_numbers(partial, tmp_path, capsys):
@@ -329,5 +322,5 @@ def test_min_tweets_on_the_real_data_names_both_numbers(partial, tmp_path, capsy
   code, _, err = main_in_process(
       ["--task=sent140", f"--data_dir={partial}", f"--glove_path={partial}",
        "--task_arg=min_tweets=15", "--clients_per_round=20", f"--output_dir={out}"], capsys)
-  _assert_one_line_error(code, err, out, "invalid --task_arg=min_tweets=15: leaves ",
+  assert_one_line_error(code, err, out, "invalid --task_arg=min_tweets=15: leaves ",
                          "fewer than --clients_per_round=20")
