@@ -541,19 +541,37 @@ def _print_help() -> None:
     print("\n".join(lines))
 
 
+_SIGNAL = {"received": None}
+
+
+def _note_signal(signum: int) -> None:
+  """Remembers a stop signal, here and in the training loop (if loaded): the
+  exception a handler raises may surface as another one when it interrupts
+  TensorFlow's own Python code, and the run must still close as interrupted."""
+  _SIGNAL["received"] = signum
+  experiment = sys.modules.get("tff_cluster.experiment")
+  if experiment is not None:
+    experiment.note_stop_signal(signum)
+
+
 @contextlib.contextmanager
 def _signals_as_exit():
   """SIGINT raises KeyboardInterrupt, SIGTERM/SIGHUP SystemExit(128 + signum),
   so that every way of stopping a run closes it (summary, one closing line)."""
   def handler(signum, frame):
     del frame
+    _note_signal(signum)
     raise SystemExit(128 + signum)
+
+  def int_handler(signum, frame):
+    _note_signal(signum)
+    signal.default_int_handler(signum, frame)
 
   if threading.current_thread() is not threading.main_thread():
     yield
     return
   previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
-  previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
+  previous[signal.SIGINT] = signal.signal(signal.SIGINT, int_handler)
   try:
     yield
   finally:
@@ -562,6 +580,10 @@ def _signals_as_exit():
 
 
 def main(argv) -> int:
+  _SIGNAL["received"] = None  # main() may run more than once in one process
+  experiment = sys.modules.get("tff_cluster.experiment")
+  if experiment is not None:
+    experiment.note_stop_signal(None)
   with _signals_as_exit():
     return _main(argv)
 
@@ -596,6 +618,9 @@ def _main(argv) -> int:
     raise
   except Exception as e:  # noqa: BLE001 - only Diverged is expected here
     from tff_cluster.experiment import Diverged
+    signum = _SIGNAL["received"]
+    if signum is not None:  # a signal's exception, transformed by the code it hit
+      _interrupted(settings, 130 if signum == signal.SIGINT else 128 + signum)
     if not isinstance(e, Diverged):
       raise
     saved = (f"the last good state (round {e.round_num - 1}) is checkpointed in "

@@ -23,8 +23,10 @@ Rows:
                  comparable: N source images".
 Settings are each task's defaults (the paper's E = 20, K = 20, B = 10, alpha = 20,
 eta_g = 0; rounds: FedProx's T, as the FedGroup paper does not state T), on
-`--runner` (default local). `--ablation` adds FedGroup-EDC with alpha = 4 under
-both newcomer rules (80 of 100 Synthetic clients join by client cold start).
+`--runner` (default local). Rows where not every client is pre-trained (MNIST,
+FEMNIST) add FG-EDC and FG-MADC with `--newcomer_rule=flexcfl`. `--ablation`
+adds FedGroup-EDC with alpha = 4 under both newcomer rules and RAC (80 of 100
+Synthetic clients then join by client cold start).
 
   python benchmarks/fedgroup_table3.py --tasks=synthetic,mnist --seeds=0,1,2
   python benchmarks/fedgroup_table3.py --project   # time one round of each run
@@ -82,6 +84,14 @@ ABLATION = {
                                         "--pretrain_scale=4", "--newcomer_rule=flexcfl"],
     "FG-EDC alpha=4 RAC": ["--algo=fedgroup", "--measure=edc", "--pretrain_scale=4",
                            "--cold_start=rac"],
+}
+# Rows with clients outside the group cold start (alpha * m < N): FedGroup
+# with the authors' TF2 newcomer rule beside the paper's (the default).
+NEWCOMER_COLUMNS = {
+    "FG-EDC newcomer=flexcfl": ["--algo=fedgroup", "--measure=edc",
+                                "--newcomer_rule=flexcfl"],
+    "FG-MADC newcomer=flexcfl": ["--algo=fedgroup", "--measure=madc",
+                                 "--newcomer_rule=flexcfl"],
 }
 FULL_SOURCE_IMAGES = 10 * 4000  # the nist recipe's 4,000 images per letter
 
@@ -204,6 +214,8 @@ def main(argv=None):
     cols = dict(columns)
     if args.ablation and row["row"].startswith("Synthetic"):
       cols.update(ABLATION)
+    if not row["row"].startswith("Synthetic"):  # there all 100 clients are pre-trained
+      cols.update(NEWCOMER_COLUMNS)
     for column, flags in cols.items():
       for seed in seeds:
         jobs.append((row, column, seed, [*row["flags"], *flags]))
@@ -266,8 +278,8 @@ def write_table(results, rows, seeds, args):
   csv_rows = []
   for row in rows:
     label = row["row"]
-    cols = sorted({c for (r, c, _) in results if r == label},
-                  key=lambda c: list(COLUMNS).index(c) if c in COLUMNS else 99)
+    order = [*COLUMNS, *NEWCOMER_COLUMNS, *ABLATION]
+    cols = sorted({c for (r, c, _) in results if r == label}, key=order.index)
     images = {source_images(d) for (r, c, s), (_, d) in results.items() if r == label}
     images.discard(None)
     note = ""

@@ -452,3 +452,41 @@ def test_a_signal_closes_a_local_run_with_one_line_and_a_summary(sig, tmp_path):
   summary = json.loads((out / "summary.json").read_text())
   assert summary["completed"] is False and summary["reason"] == "interrupted"
   _assert_whole_rows(out / "metrics.csv")
+
+
+def test_a_signal_whose_exception_surfaces_transformed_still_closes_as_interrupted(
+    small_clusters, tmp_path):
+  """A handler's SystemExit raised inside TensorFlow's Python code can come out
+  as another exception (e.g. a TypeError): the run is still 'interrupted'."""
+  task, data = small_clusters
+  config = _config(3, "local")
+  driver = algorithms.get_algorithm("fedavg").make_driver(task, data, config)
+  calls = {"n": 0}
+  real = driver.run_round
+
+  def run_round(round_num, sampled):
+    calls["n"] += 1
+    if round_num == 2:
+      experiment.note_stop_signal(signal.SIGTERM)
+      raise TypeError("Expected `context` argument in EagerTensor constructor")
+    return real(round_num, sampled)
+
+  driver.run_round = run_round
+  writer = ResultsWriter(str(tmp_path), [*experiment.BASE_COLUMNS, *driver.extra_columns],
+                         tensorboard=False)
+  try:
+    with pytest.raises(TypeError):
+      experiment.run_training(task, data, config, driver, writer, progress=False)
+  finally:
+    experiment.note_stop_signal(None)
+    writer.close()
+  summary = json.loads((tmp_path / "summary.json").read_text())
+  assert summary["completed"] is False and summary["reason"] == "interrupted"
+  assert summary["rounds_completed"] == 1 and calls["n"] == 2
+  # Without a signal the same failure is an error.
+  driver.run_round = lambda r, s: (_ for _ in ()).throw(TypeError("boom"))
+  other = ResultsWriter(str(tmp_path / "b"), [*experiment.BASE_COLUMNS], tensorboard=False)
+  with pytest.raises(TypeError):
+    experiment.run_training(task, data, config, driver, other, progress=False)
+  other.close()
+  assert json.loads((tmp_path / "b" / "summary.json").read_text())["reason"] == "error"

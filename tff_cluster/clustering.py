@@ -12,7 +12,9 @@ Notation follows the paper:
 * V, shape [m, d]: the top-m right singular vectors of ΔW (the paper's truncated
   SVD of ΔWᵀ), i.e. the m dominant update directions in parameter space.
 * EDC(i, j) = ‖cos(Δw_i, V) − cos(Δw_j, V)‖₂ — Euclidean distance of
-  decomposed cosine similarity.
+  decomposed cosine similarity. The paper's Eq. (8) scales the cosines by
+  1/m; a common scale does not change K-Means' clusters, so it is left out,
+  as both authors' codes do.
 * MADC(i, j) = 1/(n−2) Σ_{z≠i,j} |S(i,z) − S(j,z)| with S the pairwise cosine
   similarity — mean absolute difference of pairwise cosine similarity.
 

@@ -227,6 +227,17 @@ def sample_clients(rng: np.random.Generator, num_clients: int,
   return np.sort(rng.choice(num_clients, clients_per_round, replace=False))
 
 
+_STOP_SIGNAL = {"signum": None}
+
+
+def note_stop_signal(signum: Optional[int]) -> None:
+  """Records that a stop signal arrived (the CLI's handlers call this; None
+  clears it): a run
+  that then fails with any exception is summarised as interrupted, since the
+  handler's exception may surface transformed by the code it interrupted."""
+  _STOP_SIGNAL["signum"] = signum
+
+
 def run_training(task: TaskSpec, data: FederatedData, config: TrainingConfig,
                  driver: Driver, writer: Optional[ResultsWriter] = None,
                  progress: bool = True, checkpoint_dir: Optional[str] = None,
@@ -345,7 +356,10 @@ def run_training(task: TaskSpec, data: FederatedData, config: TrainingConfig,
     status = {"completed": False, "reason": "interrupted"}
     raise
   except BaseException as e:  # noqa: B036 - recorded, then re-raised
-    status = {"completed": False, "reason": "error", "error": f"{type(e).__name__}: {e}"}
+    if _STOP_SIGNAL["signum"] is not None:
+      status = {"completed": False, "reason": "interrupted"}
+    else:
+      status = {"completed": False, "reason": "error", "error": f"{type(e).__name__}: {e}"}
     raise
   finally:
     if bar is not None:
