@@ -374,3 +374,120 @@ def purity(true, pred) -> float:
   counts = np.zeros((pred_idx.max() + 1, true_idx.max() + 1), dtype=np.int64)
   np.add.at(counts, (pred_idx, true_idx), 1)
   return float(counts.max(axis=1).sum() / true.size)
+
+
+# --------------------------------------------------------------------------- #
+# Weighted K-Means (WeCFL / FeSEM).
+# --------------------------------------------------------------------------- #
+
+
+def weighted_kmeans(features: np.ndarray, num_clusters: int,
+                    weights: np.ndarray | None = None, seed: int = 0,
+                    n_init: int = 10, max_iter: int = 300
+                    ) -> tuple[np.ndarray, np.ndarray]:
+  """K-Means on client features with client weights λ_i (WeCFL's lower level).
+
+  Minimises Σ_i λ_i ‖g_i − G_{k(i)}‖²: k-means++ initialisation, `n_init`
+  seeded restarts, centres G_k = Σ_{i∈k} λ_i g_i / Σ_{i∈k} λ_i. `weights=None`
+  is uniform (FeSEM's clustering). Returns (labels [n], centres [K, d]).
+  """
+  features = _as_matrix(features, "features")
+  num_clusters = _check_num_groups(num_clusters, features.shape[0], "clients")
+  if weights is not None:
+    weights = np.asarray(weights, np.float64)
+    if weights.shape != (features.shape[0],) or not np.all(np.isfinite(weights)) \
+        or np.any(weights <= 0):
+      raise ValueError(f"weights must be {features.shape[0]} positive finite numbers")
+  km = sk_cluster.KMeans(n_clusters=num_clusters, init="k-means++", n_init=n_init,
+                         max_iter=max_iter, random_state=seed)
+  km.fit(features, sample_weight=weights)
+  return km.labels_.astype(np.int64), km.cluster_centers_
+
+
+def nearest_centre(features: np.ndarray, centres: np.ndarray) -> np.ndarray:
+  """One E-step: k(i) = argmin_k ‖g_i − G_k‖² (λ_i > 0 does not change the
+  argmin); ties go to the lowest k."""
+  features = _as_matrix(features, "features")
+  centres = _as_matrix(centres, "centres")
+  if features.shape[1] != centres.shape[1]:
+    raise ValueError(f"features and centres differ in length: {features.shape[1]} "
+                     f"and {centres.shape[1]}")
+  sq = (np.sum(features ** 2, 1)[:, None] - 2 * features @ centres.T
+        + np.sum(centres ** 2, 1)[None, :])
+  return np.argmin(sq, axis=1).astype(np.int64)
+
+
+def weighted_centres(features: np.ndarray, labels: np.ndarray, num_clusters: int,
+                     weights: np.ndarray | None = None,
+                     previous: np.ndarray | None = None) -> np.ndarray:
+  """G_k = Σ_{i∈k} λ_i g_i / Σ_{i∈k} λ_i (eq. 12 of WeCFL); an empty cluster
+  keeps its `previous` centre (zeros if none): never a division by zero."""
+  features = _as_matrix(features, "features")
+  labels = np.asarray(labels, np.int64)
+  w = np.ones(len(labels)) if weights is None else np.asarray(weights, np.float64)
+  out = (np.zeros((num_clusters, features.shape[1])) if previous is None
+         else np.array(previous, np.float64, copy=True))
+  for k in range(num_clusters):
+    members = labels == k
+    if members.any():
+      out[k] = (w[members, None] * features[members]).sum(0) / w[members].sum()
+  return out
+
+
+# --------------------------------------------------------------------------- #
+# CFL (Sattler et al.): bipartition of a cluster by its members' updates.
+# --------------------------------------------------------------------------- #
+
+
+def cfl_should_split(updates: np.ndarray, eps1: float, eps2: float,
+                     weights: np.ndarray | None = None, min_size: int = 3) -> bool:
+  """The split criterion of one cluster from its members' flattened updates:
+  ‖mean update‖ < eps1 (stationary on the cluster's joint objective) and
+  max_i ‖Δw_i‖ > eps2 (some member is not), with at least `min_size` members.
+  The mean is unweighted (the reference code) or weighted by `weights` (the
+  paper's data-weighted mean)."""
+  updates = _as_matrix(updates, "updates")
+  if len(updates) < min_size:
+    return False
+  w = np.ones(len(updates)) if weights is None else np.asarray(weights, np.float64)
+  mean_norm = np.linalg.norm((w[:, None] * updates).sum(0) / w.sum())
+  max_norm = np.max(np.linalg.norm(updates, axis=1))
+  return bool(mean_norm < eps1 and max_norm > eps2)
+
+
+def cfl_bipartition(updates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """Splits one cluster in two by complete linkage on its members' pairwise
+  cosine similarities S (distance 1 − S: the same tree as −S, as complete
+  linkage only compares distances). Returns two arrays of *row positions*
+  into `updates`; `cfl_step` maps them back to global client indices."""
+  updates = _as_matrix(updates, "updates")
+  if len(updates) < 2:
+    raise ValueError("a cluster needs at least 2 members to split")
+  distance = np.clip(1.0 - cosine_similarity_matrix(updates, updates), 0.0, 2.0)
+  np.fill_diagonal(distance, 0.0)
+  labels = sk_cluster.AgglomerativeClustering(
+      n_clusters=2, metric="precomputed", linkage="complete").fit_predict(distance)
+  return np.flatnonzero(labels == 0), np.flatnonzero(labels == 1)
+
+
+def cfl_step(clusters: Sequence[Sequence[int]], updates: np.ndarray, eps1: float,
+             eps2: float, weights: np.ndarray | None = None,
+             min_size: int = 3) -> list[list[int]]:
+  """One round of CFL's cluster tree: every cluster that meets the split
+  criterion is split in two, at most once per round.
+
+  `clusters` hold *global* client indices into the rows of `updates` (and of
+  `weights`); the result does too (a split stores c[c1] and c[c2], never the
+  positions inside the sub-matrix).
+  """
+  updates = _as_matrix(updates, "updates")
+  out = []
+  for cluster in clusters:
+    members = np.asarray(cluster, np.int64)
+    w = None if weights is None else np.asarray(weights, np.float64)[members]
+    if cfl_should_split(updates[members], eps1, eps2, w, min_size):
+      first, second = cfl_bipartition(updates[members])
+      out += [members[first].tolist(), members[second].tolist()]
+    else:
+      out.append(members.tolist())
+  return out
