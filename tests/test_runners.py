@@ -33,6 +33,9 @@ PARITY_CASES = {
                  {"num_groups": 3, "measure": "madc", "group_agg_lr": 0.1,
                   "group_agg_rule": "authors", "newcomer_rule": "flexcfl",
                   "pretrain_scale": 2.0, "pretrain_epochs": 1}],
+    "ifca": [{"num_groups": 3},
+             {"num_groups": 2, "ifca_init": "good_init", "ifca_agg": "num_examples",
+              "ifca_loss_batches": 2}],
     "fedgrouprox": [{"num_groups": 3, "mu": 0.5, "pretrain_scale": 2.0, "pretrain_iters": 7,
                      "group_agg_lr": 0.1, "cold_start": "rac"}],
 }

@@ -8,13 +8,17 @@ numbers. Plain TensorFlow: one Keras model, weights swapped per distinct model.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 
 from tff_cluster import local_training, models
 from tff_cluster.data.federated import FederatedData
+
+
+# `client_model` value asking each client to take its lowest-test-loss model.
+CHOOSE_BY_TEST_LOSS = "min_test_loss"
 
 
 @dataclasses.dataclass
@@ -24,6 +28,7 @@ class EvalResult:
   per_client_correct: np.ndarray
   per_client_count: np.ndarray
   per_client_loss_sum: np.ndarray
+  client_model: Optional[np.ndarray] = None  # the model index each client was tested with
 
   def group_accuracy(self, assignment: np.ndarray, group: int) -> float:
     mask = assignment == group
@@ -67,8 +72,24 @@ class Evaluator:
     return np.concatenate(correct), np.concatenate(losses)
 
   def evaluate(self, weights: Sequence[Sequence[np.ndarray]],
-               client_model: np.ndarray) -> EvalResult:
-    """Client k is tested with `weights[client_model[k]]`."""
+               client_model) -> EvalResult:
+    """Client k is tested with `weights[client_model[k]]`; with
+    `client_model=CHOOSE_BY_TEST_LOSS` each client takes the model of lowest
+    mean loss on its own test data (ties: the lowest index), as IFCA's test
+    clients do. `result.client_model` is the choice either way."""
+    if isinstance(client_model, str):
+      if client_model != CHOOSE_BY_TEST_LOSS:
+        raise ValueError(f"client_model must be indices or {CHOOSE_BY_TEST_LOSS!r}")
+      every = [self.evaluate(weights, np.full(len(self._y), j)) for j in range(len(weights))]
+      mean_loss = np.stack([np.where(r.per_client_count > 0,
+                                     r.per_client_loss_sum / np.maximum(r.per_client_count, 1),
+                                     0.0) for r in every])
+      choice = np.argmin(mean_loss, axis=0)
+      pick = lambda field: np.choose(choice, [getattr(r, field) for r in every])  # noqa: E731
+      correct, loss_sum = pick("per_client_correct"), pick("per_client_loss_sum")
+      total = self._counts.sum()
+      return EvalResult(float(correct.sum() / total), float(loss_sum.sum() / total),
+                        correct, self._counts.copy(), loss_sum, client_model=choice)
     client_model = np.asarray(client_model)
     n = len(self._y)
     correct = np.zeros(n)
@@ -86,4 +107,4 @@ class Evaluator:
       loss_sum[members] = [s.sum() for s in np.split(l, bounds)]
     total = self._counts.sum()
     return EvalResult(float(correct.sum() / total), float(loss_sum.sum() / total),
-                      correct, self._counts.copy(), loss_sum)
+                      correct, self._counts.copy(), loss_sum, client_model=client_model)

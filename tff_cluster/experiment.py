@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from tff_cluster import local_training
 from tff_cluster.data.federated import FederatedData
-from tff_cluster.evaluation import Evaluator
+from tff_cluster.evaluation import CHOOSE_BY_TEST_LOSS, Evaluator  # noqa: F401 (re-exported)
 from tff_cluster.results import ResultsWriter, summarize
 from tff_cluster.task import TaskSpec
 
@@ -270,6 +270,7 @@ def run_training(task: TaskSpec, data: FederatedData, config: TrainingConfig,
   best: Optional[Dict[str, Any]] = None
   first_round = 1
   setup_seconds = 0.0
+  last_choice = None
   status: Dict[str, Any] = {"completed": False, "reason": "interrupted"}
 
   def save_checkpoint(round_num, snapshot, sampling_rng):
@@ -323,10 +324,11 @@ def run_training(task: TaskSpec, data: FederatedData, config: TrainingConfig,
         row.update(test_accuracy=result.accuracy, test_loss=result.loss)
         row.update(driver.round_eval_metrics(result))
         row["eval_seconds"] = time.perf_counter() - t1
+        last_choice = result.client_model
         if best is None or result.accuracy > best["accuracy"]:
           best = {"round": round_num, "accuracy": result.accuracy,
                   "weights": [[np.asarray(w) for w in m] for m in weights],
-                  "client_model": np.asarray(client_model)}
+                  "client_model": np.asarray(result.client_model)}
       rows.append(row)
       if writer is not None:
         writer.write_round(row)
@@ -342,6 +344,8 @@ def run_training(task: TaskSpec, data: FederatedData, config: TrainingConfig,
         bar.update(1)
     if models_dir is not None:
       weights, client_model = driver.eval_models()
+      if isinstance(client_model, str):  # chosen at evaluation (the last round's)
+        client_model = last_choice
       save_models(task, os.path.join(models_dir, "final"), weights, client_model,
                   data.client_ids, config.rounds)
       if best is not None:

@@ -286,7 +286,7 @@ class _Trainer:
 
   def __init__(self, model: tf.keras.Model, loss: str, momentum: float = 0.0):
     self.model = model
-    self.loss = loss
+    self.loss_kind = loss
     self.momentum = float(momentum)
     self._variables = model_variables(model)
     self._num_trainable = len(model.trainable_variables)
@@ -308,6 +308,18 @@ class _Trainer:
   def train(self, start, data, lr, mu: float = 0.0, velocity=None) -> TrainResult:
     raise NotImplementedError
 
+  def loss(self, weights, data, max_batches: int = 0):
+    """(sum of per-example losses, examples) of `weights` over the first
+    `max_batches` batches of `data` (0: all of them), without training
+    (inference mode: BatchNorm uses its moving statistics)."""
+    raise NotImplementedError
+
+  def _batch_loss(self, x, y, mask):
+    per_example = models.per_example_loss(self.loss_kind, y, self.model(x, training=False))
+    if mask is None:
+      return tf.reduce_sum(per_example), tf.cast(tf.shape(per_example)[0], tf.float32)
+    return tf.reduce_sum(per_example * mask), tf.reduce_sum(mask)
+
 
 class DatasetTrainer(_Trainer):
   """Local SGD over a `tf.data.Dataset` of `{'x', 'y'}` batches (TFF runner)."""
@@ -320,13 +332,25 @@ class DatasetTrainer(_Trainer):
 
     def step(carry, batch):
       num_examples, loss_sum, v = carry
-      loss_x_n, n, v = sgd_step(self.model, self.loss, batch["x"], batch["y"], None,
+      loss_x_n, n, v = sgd_step(self.model, self.loss_kind, batch["x"], batch["y"], None,
                                 lr, anchor, mu, self.momentum, v)
       return num_examples + n, loss_sum + loss_x_n, tuple(v) if v is not None else ()
 
     num_examples, loss_sum, v = data.reduce(
         (tf.constant(0.0), tf.constant(0.0), initial_velocity), step)
     return self._finish(start, num_examples, loss_sum, v)
+
+  def loss(self, weights, data, max_batches: int = 0):
+    for var, value in zip(self._variables, weights):
+      var.assign(value)
+    if max_batches:
+      data = data.take(max_batches)
+
+    def add(carry, batch):
+      loss_sum, count = self._batch_loss(batch["x"], batch["y"], None)
+      return carry[0] + loss_sum, carry[1] + count
+
+    return data.reduce((tf.constant(0.0), tf.constant(0.0)), add)
 
 
 class PaddedTrainer(_Trainer):
@@ -361,7 +385,7 @@ class PaddedTrainer(_Trainer):
         rows = data.indices[i]
         mask = tf.cast(tf.range(batch_size) < data.sizes[i], tf.float32)
       loss_x_n, n, new_v = sgd_step(
-          self.model, self.loss, tf.gather(self._x, rows), tf.gather(self._y, rows),
+          self.model, self.loss_kind, tf.gather(self._x, rows), tf.gather(self._y, rows),
           mask, lr, anchor, mu, self.momentum, v)
       return i + 1, num_examples + n, loss_sum + loss_x_n, \
           tuple(new_v) if new_v is not None else ()
@@ -373,6 +397,26 @@ class PaddedTrainer(_Trainer):
         (tf.constant(0), tf.constant(0.0), tf.constant(0.0), v),
         maximum_iterations=data.indices.shape[0])
     return self._finish(start, num_examples, loss_sum, v)
+
+  def loss(self, weights, data: PaddedBatches, max_batches: int = 0):
+    for var, value in zip(self._variables, weights):
+      var.assign(value)
+    batch_size = tf.shape(data.indices)[1]
+    limit = data.num_steps if not max_batches else tf.minimum(data.num_steps, max_batches)
+
+    def body(i, loss_sum, count):
+      if self._exact:
+        rows, mask = data.indices[i, :data.sizes[i]], None
+      else:
+        rows = data.indices[i]
+        mask = tf.cast(tf.range(batch_size) < data.sizes[i], tf.float32)
+      batch_loss, n = self._batch_loss(tf.gather(self._x, rows), tf.gather(self._y, rows), mask)
+      return i + 1, loss_sum + batch_loss, count + n
+
+    _, loss_sum, count = tf.while_loop(
+        lambda i, *_: i < limit, body, (tf.constant(0), tf.constant(0.0), tf.constant(0.0)),
+        maximum_iterations=data.indices.shape[0])
+    return loss_sum, count
 
 
 def build_local_sgd(model: tf.keras.Model, loss: str, momentum: float = 0.0):

@@ -88,6 +88,23 @@ FEDGROUP_HPARAMS = _group(
            high_open=True),
 )
 
+IFCA_HPARAMS = _group(
+    "ifca",
+    hp.NUM_GROUPS,
+    HParam("ifca_init", str, "random", "Cluster models' start: random (K independent "
+           "draws) or good_init (redraw until every cluster gets a share of a client "
+           "sample, the authors' CIFAR code).", choices=("random", "good_init")),
+    HParam("ifca_agg", str, "uniform", "Per-cluster averaging of the chosen clients' "
+           "models: uniform (authors' MNIST/CIFAR code) or num_examples (their FEMNIST "
+           "code).", choices=("uniform", "num_examples")),
+    HParam("ifca_loss_batches", int, 0, "Batches of the round's local schedule the "
+           "cluster estimate's loss is taken on (0 = all: the whole training set; "
+           "FedBase: 3).", low=0),
+    HParam("ifca_good_init_threshold", float, None, "good_init: the smallest share of "
+           "the sample every cluster must get (default 0.35 for K = 2, 0.1 for K = 4, "
+           "0.4/K otherwise).", low=0, high=1),
+)
+
 ALGORITHMS: Dict[str, AlgorithmSpec] = {
     spec.name: spec for spec in [
         AlgorithmSpec("fedavg", "FedAvg: weighted averaging of local SGD models",
@@ -100,6 +117,8 @@ ALGORITHMS: Dict[str, AlgorithmSpec] = {
         AlgorithmSpec("fedgrouprox", "FedGrouProx: FedGroup with proximal term "
                       "(mu/2)||w - w_group||^2", "fedgrouprox",
                       hparams=(MU_POSITIVE, *FEDGROUP_HPARAMS)),
+        AlgorithmSpec("ifca", "IFCA: K cluster models, clients pick the lowest-loss "
+                      "one and train it", "ifca", hparams=IFCA_HPARAMS),
     ]
 }
 

@@ -1,0 +1,108 @@
+"""IFCA: the cluster estimate (argmin and its tie rule), per-cluster averaging, test-loss choice."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.test_fedgroup import LR, _data, _datasets, _local, _mclr, _spec
+from tff_cluster import local_training, models
+from tff_cluster.algorithms import ifca
+from tff_cluster.algorithms.definition import round_params
+from tff_cluster.evaluation import CHOOSE_BY_TEST_LOSS, Evaluator
+
+
+def test_argmin_takes_the_lowest_loss_and_the_lowest_index_on_ties():
+  assert int(ifca.argmin_cluster(tf.constant([0.9, 0.2, 0.5]))) == 1
+  assert int(ifca.argmin_cluster(tf.constant([0.7, 0.3, 0.3]))) == 1  # FedBase would take 2
+  assert int(ifca.argmin_cluster(tf.constant([0.4, 0.4, 0.4]))) == 0
+
+
+def _mean_loss(weights, dataset):
+  model = _mclr()
+  local_training.set_weights(model, weights)
+  total, count = 0.0, 0
+  for batch in dataset:
+    per = models.per_example_loss(models.SPARSE_CE_LOGITS, batch["y"],
+                                  model(batch["x"], training=False))
+    total += float(tf.reduce_sum(per))
+    count += int(tf.shape(per)[0])
+  return total / count
+
+
+@pytest.mark.parametrize("aggregation", ["uniform", "num_examples"])
+def test_a_round_averages_each_cluster_over_the_clients_that_chose_it(aggregation):
+  data = _data(4)
+  definition, comps = ifca.build_ifca(_mclr, models.SPARSE_CE_LOGITS, _spec(data), 3,
+                                      aggregation=aggregation)
+  rng = np.random.default_rng(0)
+  w0 = local_training.get_weights(_mclr())
+  starts = [[w + rng.normal(0, s, w.shape).astype(np.float32) for w in w0]
+            for s in (3.0, 0.0, 1.5)]
+  state = definition.initial_state(starts)
+  clients = [0, 1, 2, 3]
+  new, summed, results = comps["train"](state, round_params(LR),
+                                        _datasets(data, clients, seed=3))
+  chosen = []
+  for i, r in zip(clients, results):
+    expected = [_mean_loss(m, _datasets(data, [i], seed=3)[0]) for m in starts]
+    np.testing.assert_allclose(np.asarray(r["losses"]), expected, rtol=1e-4)
+    assert int(r["cluster"]) == int(np.argmin(expected))
+    chosen.append(int(r["cluster"]))
+  assert len(set(chosen)) < 3  # some cluster is left without clients in this case
+  for j in range(3):
+    members = [i for i, c in zip(clients, chosen) if c == j]
+    got = [np.asarray(layer[j]) for layer in new["models"]]
+    if not members:  # nobody chose it: unchanged
+      for a, b in zip(got, starts[j]):
+        np.testing.assert_array_equal(a, b)
+      continue
+    deltas, sizes = zip(*[_local(starts[j], _datasets(data, [i], seed=3)[0]) for i in members])
+    a = np.ones(len(members)) if aggregation == "uniform" else np.array(sizes)
+    expected = [s + sum(w * d[l] for w, d in zip(a, deltas)) / a.sum()
+                for l, s in enumerate(starts[j])]
+    for x, y in zip(got, expected):
+      np.testing.assert_allclose(x, y, atol=1e-5)
+
+
+def test_test_clients_take_their_lowest_test_loss_model():
+  data = _data(5)
+  evaluator = Evaluator(_mclr, models.SPARSE_CE_LOGITS, data)
+  rng = np.random.default_rng(1)
+  w0 = local_training.get_weights(_mclr())
+  candidates = [[w + rng.normal(0, 2.0, w.shape).astype(np.float32) for w in w0]
+                for _ in range(3)]
+  every = [evaluator.evaluate(candidates, np.full(data.num_clients, j)) for j in range(3)]
+  mean_loss = np.stack([r.per_client_loss_sum / r.per_client_count for r in every])
+  result = evaluator.evaluate(candidates, CHOOSE_BY_TEST_LOSS)
+  np.testing.assert_array_equal(result.client_model, np.argmin(mean_loss, axis=0))
+  direct = evaluator.evaluate(candidates, result.client_model)
+  assert result.accuracy == pytest.approx(direct.accuracy)
+  assert result.loss == pytest.approx(direct.loss)
+  assert result.loss <= min(r.loss for r in every) + 1e-12
+
+
+def test_good_init_redraws_until_every_cluster_gets_its_share(monkeypatch):
+  import tasks
+  from tff_cluster import experiment
+  from tff_cluster.task import DataOptions
+  task = tasks.get_task("synthetic_clusters")
+  data = task.load_data(DataOptions(seed=0, num_clients=20, extra={"num_clusters": 2}))
+  config = experiment.TrainingConfig(rounds=1, clients_per_round=10, local_epochs=1,
+                                     batch_size=10, client_lr=0.01, seed=0, runner="local")
+  driver = ifca.make_driver(task, data, config, num_groups=2, ifca_init="good_init")
+  driver.setup()
+  assert driver.threshold == 0.35
+  assert driver._summary["good_init_smallest_share"] >= 0.35
+  # The accepted draw really splits a fresh check of the same sample that way.
+  clients = np.sort(np.random.default_rng(np.random.SeedSequence([0, 13]))
+                    .choice(20, 10, replace=False))
+  out = driver.train_clients("assign", driver.state, clients, 0, persist=False)
+  counts = np.bincount([int(r["cluster"]) for r in out.results], minlength=2)
+  assert counts.min() / 10 == driver._summary["good_init_smallest_share"]
+  # An impossible threshold: the best of the allowed draws, with a warning.
+  monkeypatch.setattr(ifca, "GOOD_INIT_ATTEMPTS", 3)
+  strict = ifca.make_driver(task, data, config, num_groups=2, ifca_init="good_init",
+                            ifca_good_init_threshold=0.9)
+  with pytest.warns(UserWarning, match="no draw in 3"):
+    strict.setup()
+  assert strict._summary["init_attempts"] == 3
