@@ -152,9 +152,17 @@ def resolve_settings(values) -> dict:
   if given.get("local_epochs") is not None and given.get("local_steps") is not None:
     raise UsageError(f"--local_epochs={given['local_epochs']} and --local_steps="
                      f"{given['local_steps']} both given; valid: one of them")
-  training = [d for d in hp.TRAINING if d.name != "local_epochs"]
-  if given.get("local_steps") is None:
-    training.append(hp.LOCAL_EPOCHS)
+  # Local work is epochs or steps: what the user gives wins over the task's
+  # default of the other kind; without either, the task's default decides.
+  if given.get("local_epochs") is not None:
+    work = "local_epochs"
+  elif given.get("local_steps") is not None:
+    work = "local_steps"
+  else:
+    work = ("local_steps" if task.defaults.get("local_steps") is not None
+            else "local_epochs")
+  other = "local_steps" if work == "local_epochs" else "local_epochs"
+  training = [d for d in hp.TRAINING if d.name != other]
   try:
     settings.update(hp.resolve(training, given, task.name, task.defaults))
     settings.update(hp.resolve(_RUNNER_HPARAMS, given, task.name))
@@ -167,7 +175,7 @@ def resolve_settings(values) -> dict:
       settings[name] = hp.HParam(name, kind, None, "", low=low).check(settings[name])
   except hp.HParamError as e:
     raise UsageError(str(e)) from None
-  settings.setdefault("local_epochs", None)
+  settings[other] = None
   if settings["num_clients"] is None:
     settings["num_clients"] = task.defaults.get("num_clients")
   for name in ("rounds", "clients_per_round", "batch_size", "client_lr"):

@@ -12,7 +12,7 @@ from typing import Dict
 from tff_cluster.task import TaskSpec
 
 _MODULES = ("synthetic", "femnist", "femnist_fedprox", "sent140", "mnist", "fmnist",
-            "cifar10")
+            "cifar10", "mnist_clusterwise")
 
 
 def registry() -> Dict[str, TaskSpec]:

@@ -372,3 +372,146 @@ def test_bad_arguments_raise_one_line(call, match):
   with pytest.raises(DataError, match=match) as info:
     call()
   assert "\n" not in str(info.value)
+
+
+# ---------------------------------------------------------------------------
+# The WeCFL authors' split (FedBase): train and test cut with one matrix.
+
+
+def _scripted(monkeypatch, matrices):
+  """Makes fedbase_proportions return `matrices` in turn (a hand-set P)."""
+  it = iter(matrices)
+  monkeypatch.setattr(P, "fedbase_proportions",
+                      lambda *args, **kwargs: np.array(next(it), dtype=float))
+
+
+def test_fedbase_all_pick_consecutive_runs_rounding_overshoot():
+  # 2 classes, 3 nodes, every node picks both: P = 1 / (3 + 1e-10) everywhere.
+  # Train: class 1 at indices 1, 3, ..., 11 (6 samples), class 0 elsewhere (15).
+  y_tr = np.zeros(21, np.int64)
+  y_tr[[1, 3, 5, 7, 9, 11]] = 1
+  cls0 = np.flatnonzero(y_tr == 0)
+  assert len(cls0) == 15
+  y_te = np.array([0] * 9 + [1] * 12)  # test: 3 + 4 = 7 > 5 per node
+  part = P.fedbase_split(y_tr, y_te, 3, 2, "class", seed=0)
+  assert part.num_clients == 3 and part.info["dropped"] == 0
+  assert part.info["duplicated"] == 0 and part.true_clusters is None
+  # round(15 / 3) = 5 of class 0, 2 of class 1, consecutive in dataset order.
+  assert part.train_indices[0].tolist() == cls0[0:5].tolist() + [1, 3]
+  assert part.train_indices[1].tolist() == cls0[5:10].tolist() + [5, 7]
+  assert part.train_indices[2].tolist() == cls0[10:15].tolist() + [9, 11]
+  # The test set is cut with the same P: 3 of class 0 and 4 of class 1 each.
+  assert part.test_indices[1].tolist() == [3, 4, 5, 13, 14, 15, 16]
+  # Overshoot: 11 samples of class 0 among 3 nodes -> 4, 4, 3 (clipped).
+  y_small = np.array([0] * 11 + [1] * 6)
+  over = P.fedbase_split(y_small, y_te, 3, 2, "class", seed=0)
+  assert [len(i) for i in over.train_indices] == [4 + 2, 4 + 2, 3 + 2]
+  assert over.train_indices[2].tolist() == [8, 9, 10, 15, 16]
+
+
+def test_fedbase_dirichlet_counts_follow_the_drawn_matrix():
+  # 10 classes; train interleaved (class c at c, c+10, ...), 60 per class;
+  # test 20 per class -> P rounded to round(log10(200 / 10)) = 1 decimal.
+  y_tr = np.tile(np.arange(10), 60)
+  y_te = np.repeat(np.arange(10), 20)
+  part = P.fedbase_split(y_tr, y_te, 4, 100.0, "dirichlet", seed=3)
+  assert part.info["draws"] == 1 and part.info["dropped"] == 0
+  p = part.info["proportions"][0]
+  want = np.round(np.random.default_rng(3).dirichlet(np.full(4, 100.0), size=10), 1)
+  assert np.array_equal(p, want)
+  assert np.allclose(p * 10, np.round(p * 10))  # 1 decimal
+  for c in range(10):
+    tr_c, te_c = np.flatnonzero(y_tr == c), np.flatnonzero(y_te == c)
+    stop_tr = np.minimum(np.cumsum(np.round(60 * p[c])), 60).astype(int)
+    stop_te = np.minimum(np.cumsum(np.round(20 * p[c])), 20).astype(int)
+    for j in range(4):
+      got_tr = part.train_indices[j][y_tr[part.train_indices[j]] == c]
+      got_te = part.test_indices[j][y_te[part.test_indices[j]] == c]
+      start_tr = stop_tr[j - 1] if j else 0
+      start_te = stop_te[j - 1] if j else 0
+      assert got_tr.tolist() == tr_c[start_tr:stop_tr[j]].tolist()
+      assert got_te.tolist() == te_c[start_te:stop_te[j]].tolist()
+  # A hand-checked entry: node 0 holds round(60 * P[0, 0]) of class 0 in train
+  # and round(20 * P[0, 0]) in test, e.g. 0.3 -> 18 and 6.
+  n0 = int(np.sum(y_tr[part.train_indices[0]] == 0))
+  assert n0 == round(60 * p[0, 0]) and n0 % 6 == 0
+  assert np.sum(y_te[part.test_indices[0]] == 0) == n0 // 3
+
+
+def test_fedbase_drop_and_replace_with_quirks(monkeypatch):
+  y = np.zeros(40, np.int64)  # one class, 40 train and 40 test samples
+  _scripted(monkeypatch, [[[0.5, 0.15, 0.125, 0.1]],   # test 20, 6, 5, 4
+                          [[0.25, 0.1, 0.1, 0.1]]])    # test 10, 4, 4, 4
+  part = P.fedbase_split(y, y, 4, 1.0, "dirichlet", seed=0, quirks=True)
+  # Draw 1 keeps 2 <= 4 // 2 nodes (6 > 5 kept, 5 dropped): draw 2 is appended.
+  assert part.info["draws"] == 2 and part.info["dropped"] == 5
+  assert part.info["duplicated"] == 1 and part.num_clients == 4
+  tests = [t.tolist() for t in part.test_indices]
+  assert tests[:3] == [list(range(20)), list(range(20, 26)), list(range(10))]
+  assert part.train_indices[2].tolist() == list(range(10))  # overlaps client 0
+  assert tests[3] in tests[:3]  # a duplicate of a kept client
+  k = tests[:3].index(tests[3])
+  assert np.array_equal(part.train_indices[3], part.train_indices[k])
+
+
+def test_fedbase_without_quirks_redraws_until_all_kept(monkeypatch):
+  y = np.zeros(40, np.int64)
+  _scripted(monkeypatch, [[[0.5, 0.15, 0.125, 0.1]], [[0.25, 0.1, 0.1, 0.1]],
+                          [[0.25, 0.25, 0.25, 0.25]]])
+  part = P.fedbase_split(y, y, 4, 1.0, "dirichlet", seed=0, quirks=False)
+  assert part.info["draws"] == 3 and part.info["duplicated"] == 0
+  assert [t.tolist() for t in part.test_indices] == [
+      list(range(10 * j, 10 * j + 10)) for j in range(4)]
+
+
+def test_fedbase_class_picks_are_independent_uniform():
+  y_tr = np.repeat(np.arange(10), 60)
+  y_te = np.repeat(np.arange(10), 30)
+  part = P.fedbase_split(y_tr, y_te, 20, 2, "class", seed=5)
+  p = part.info["proportions"][0]
+  rng = np.random.default_rng(5)
+  picks = [sorted(rng.choice(10, 2, replace=False).tolist()) for _ in range(20)]
+  assert [np.flatnonzero(p[:, j]).tolist() for j in range(20)] == picks
+  pickers = np.bincount(np.concatenate(picks), minlength=10)
+  for c in range(10):  # P[c, j] = 1 / (number of nodes that picked c)
+    if pickers[c]:
+      assert np.allclose(p[c][p[c] > 0], 1 / pickers[c])
+  assert part.info["dropped"] == 0 and part.num_clients == 20
+  for j in range(20):  # node j holds exactly the 2 classes it picked
+    held = set(y_tr[part.train_indices[j]]) | set(y_te[part.test_indices[j]])
+    assert held == set(picks[j])
+
+
+def test_fedbase_groupwise_clusters_hold_their_clients():
+  y_tr = np.tile(np.arange(10), 600)  # 6,000 train, 1,000 test
+  y_te = np.tile(np.arange(10), 100)
+  part = P.fedbase_groupwise(y_tr, y_te, 4, 3, "class", 5, 2, "class", seed=1)
+  assert part.true_clusters.tolist() == np.repeat(np.arange(4), 5).tolist()
+  info = part.info
+  for g in range(4):
+    ctr, cte = set(info["cluster_train"][g].tolist()), set(info["cluster_test"][g].tolist())
+    assert len(cte) > 0.3 * 1000 / 4
+    assert len(set(y_tr[list(ctr)])) == 3  # the cluster's 3 picked classes
+    for i in np.flatnonzero(part.true_clusters == g):
+      assert set(part.train_indices[i].tolist()) <= ctr
+      assert set(part.test_indices[i].tolist()) <= cte
+      assert len(set(y_tr[part.train_indices[i]])) <= 2
+  a = P.fedbase_groupwise(y_tr, y_te, 4, 0.5, "dirichlet", 5, 10, "dirichlet", seed=1)
+  b = P.fedbase_groupwise(y_tr, y_te, 4, 0.5, "dirichlet", 5, 10, "dirichlet", seed=1)
+  c = P.fedbase_groupwise(y_tr, y_te, 4, 0.5, "dirichlet", 5, 10, "dirichlet", seed=2)
+  same = lambda u, v: all(np.array_equal(x, z) for x, z in zip(
+      u.train_indices + u.test_indices, v.train_indices + v.test_indices))
+  assert same(a, b) and not same(a, c)
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: P.fedbase_split(LABELS, LABELS, 10, 1.0, "shards", 0), "dirichlet, class"),
+    (lambda: P.fedbase_split(LABELS, LABELS, 10, 11, "class", 0), "at most 10 classes"),
+    (lambda: P.fedbase_split(LABELS, LABELS, 10, 0.0, "dirichlet", 0), "concentration"),
+    (lambda: P.fedbase_split(LABELS, LABELS[:20], 200, 0.1, "dirichlet", 0, False),
+     "fedbase_quirks=true"),
+])
+def test_fedbase_bad_arguments_raise_one_line(call, match):
+  with pytest.raises(DataError, match=match) as info:
+    call()
+  assert "\n" not in str(info.value)

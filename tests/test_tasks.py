@@ -30,8 +30,8 @@ FEMNIST_DIR = SHARED / "femnist_leaf"
 FMNIST_DIR = SHARED / "fashion_mnist"
 MNIST_DIR = SHARED / "mnist"
 
-DEFAULT_KEYS = {"rounds", "clients_per_round", "local_epochs", "batch_size",
-                "client_lr", "mu", "num_clients"}
+DEFAULT_KEYS = {"rounds", "clients_per_round", "batch_size", "client_lr", "mu",
+                "num_clients"}
 
 # Classes of the tasks whose data must come from files (the others are
 # generated, so the test loads them to ask).
@@ -39,7 +39,10 @@ EXPECTED_CLASSES = {
     "femnist": 62, "femnist_digits": 10, "femnist_upper": 26,
     "femnist_lower": 26, "rotated_femnist_digits": 10, "mnist": 10,
     "fmnist": 10, "rotated_fmnist": 10, "fmnist_clusterwise_dir": 10,
-    "fmnist_clusterwise_class": 10, "cifar10": 10, "sent140": 2, "femnist_fedprox": 26}
+    "fmnist_clusterwise_class": 10, "cifar10": 10, "sent140": 2, "femnist_fedprox": 26,
+    "fmnist_clientwise_dir": 10, "fmnist_clientwise_class": 10,
+    "mnist_clusterwise_dir": 10, "mnist_clusterwise_class": 10,
+    "mnist_clientwise_dir": 10, "mnist_clientwise_class": 10}
 
 REGISTRY = tasks.registry()
 
@@ -108,6 +111,8 @@ def test_spec(name):
   assert "\n" not in spec.description
   assert spec.source.strip()
   assert DEFAULT_KEYS <= set(spec.defaults)
+  # Local work: epochs or steps, exactly one.
+  assert (spec.defaults.get("local_epochs") is None) != (spec.defaults.get("local_steps") is None)
   assert spec.loss in models.LOSSES
 
 
@@ -291,17 +296,92 @@ def test_rotated_fmnist(fmnist_options, fmnist_pooled):
     assert np.any(np.all(pooled == img, axis=1))
 
 
-def test_fmnist_clusterwise(fmnist_options):
-  dir_data = REGISTRY["fmnist_clusterwise_dir"].load_data(fmnist_options)
-  assert dir_data.num_clients == 200
-  assert sorted(set(dir_data.true_clusters.tolist())) == list(range(5))
-  cls = REGISTRY["fmnist_clusterwise_class"].load_data(fmnist_options)
-  assert cls.num_clients == 200 and np.all(np.bincount(cls.true_clusters) == 40)
-  per_client = _labels_per_client(cls)
-  assert all(len(s) == 2 for s in per_client)
-  for k in range(5):  # a cluster's clients draw from its 3 classes
-    union = set().union(*[s for s, c in zip(per_client, cls.true_clusters) if c == k])
-    assert len(union) <= 3
+@pytest.fixture(scope="module")
+def fmnist_official():
+  if not FMNIST_DIR.exists():
+    pytest.skip(f"real data {FMNIST_DIR} absent (../shared/data)")
+  from tasks import fmnist as fmnist_tasks
+  return fmnist_tasks.official_split("fashion_mnist", str(FMNIST_DIR))
+
+
+@pytest.fixture
+def wecfl_options(fmnist_official, monkeypatch):
+  from tasks import fmnist as fmnist_tasks
+  monkeypatch.setattr(fmnist_tasks, "_official", lambda options: fmnist_official)
+  return DataOptions(data_dir=str(FMNIST_DIR))
+
+
+def _cluster_sets(data):
+  per_client = _labels_per_client(data)
+  return per_client, [set().union(*[s for s, c in zip(per_client, data.true_clusters)
+                                    if c == k]) for k in range(10)]
+
+
+def test_fmnist_clusterwise_real_seed0(wecfl_options, fmnist_official):
+  (_, y_tr), (_, y_te) = fmnist_official
+  assert len(y_tr) == 60000 and len(y_te) == 10000
+  data = REGISTRY["fmnist_clusterwise_dir"].load_data(wecfl_options)
+  assert data.num_clients == 200
+  assert np.bincount(data.true_clusters).tolist() == [20] * 10  # 10 x 20, in order
+  assert data.true_clusters.tolist() == np.repeat(np.arange(10), 20).tolist()
+  n_tr, n_te = data.num_train_samples(), data.num_test_samples()
+  assert n_te.min() > 5  # clients with <= 5 test samples are dropped
+  # seed 0 drops nobody here: at most the official sets, nothing twice.
+  assert "0 clients dropped" in data.description and "0 duplicates" in data.description
+  assert n_tr.sum() <= 60000 and n_te.sum() <= 10000 and n_te.sum() > 9800
+  # The same proportions cut train and test (6,000 : 1,000 per class): sizes
+  # stay near 6:1 per client (rounding of small counts moves them; seed 0:
+  # 4.9 to 8.0).
+  assert np.all((n_tr / n_te > 4.5) & (n_tr / n_te < 8.5))
+  cls = REGISTRY["fmnist_clusterwise_class"].load_data(wecfl_options)
+  assert cls.num_clients == 200 and np.bincount(cls.true_clusters).tolist() == [20] * 10
+  per_client, per_cluster = _cluster_sets(cls)
+  assert all(len(s) <= 2 for s in per_client)
+  assert all(len(u) <= 3 for u in per_cluster)  # a cluster's 3 picked classes
+  assert REGISTRY["fmnist_clusterwise_dir"].defaults["clients_per_round"] == 200
+  x, _ = cls.train[cls.client_ids[0]]
+  assert REGISTRY["fmnist_clusterwise_class"].model_fn()(x[:3]).shape == (3, 10)
+
+
+def test_fmnist_clusterwise_options(wecfl_options):
+  opts = lambda **extra: DataOptions(data_dir=wecfl_options.data_dir, extra=extra)
+  five = REGISTRY["fmnist_clusterwise_dir"].load_data(opts(num_clusters=5))
+  assert np.bincount(five.true_clusters).tolist() == [40] * 5
+  ours = REGISTRY["fmnist_clusterwise_dir"].load_data(opts(recipe="ours"))
+  assert ours.num_clients == 200 and "recipe=ours" in ours.description
+  assert (ours.num_train_samples() + ours.num_test_samples()).sum() == 70000
+  with pytest.raises(DataError, match="not a multiple") as info:
+    REGISTRY["fmnist_clusterwise_dir"].load_data(
+        DataOptions(data_dir=wecfl_options.data_dir, num_clients=201))
+  assert "\n" not in str(info.value)
+
+
+def test_fmnist_clientwise_real_seed0(wecfl_options):
+  data = REGISTRY["fmnist_clientwise_dir"].load_data(wecfl_options)
+  assert data.num_clients == 200 and data.true_clusters is None
+  assert data.num_test_samples().min() > 5
+  # P has 3 decimals (log10(10000 / 10)) and every class has 6,000 train and
+  # 1,000 test images: round(6000 p) = 6 round(1000 p) exactly.
+  assert np.array_equal(data.num_train_samples(), 6 * data.num_test_samples())
+  assert "26 clients dropped (<= 5 test samples), 26 duplicates" in data.description
+  ids = {}  # duplicates: identical test sets under two client ids
+  for c in data.client_ids:
+    ids.setdefault(data.test[c][1].tobytes() + data.test[c][0][:, 300].tobytes(), []).append(c)
+  assert sum(len(v) - 1 for v in ids.values()) == 26
+  cls = REGISTRY["fmnist_clientwise_class"].load_data(wecfl_options)
+  assert cls.num_clients == 200 and all(len(s) <= 2 for s in _labels_per_client(cls))
+  with pytest.raises(DataError, match="fedbase_quirks=true"):
+    REGISTRY["fmnist_clientwise_dir"].load_data(DataOptions(
+        data_dir=wecfl_options.data_dir, extra={"fedbase_quirks": False}))
+
+
+def test_mnist_clusterwise_real(monkeypatch):
+  if not MNIST_DIR.exists():
+    pytest.skip(f"real data {MNIST_DIR} absent (../shared/data)")
+  data = REGISTRY["mnist_clusterwise_class"].load_data(DataOptions(data_dir=str(MNIST_DIR)))
+  assert data.num_clients == 200 and np.bincount(data.true_clusters).tolist() == [20] * 10
+  assert "MNIST" in data.description and "Fashion" not in data.description
+  assert all(len(s) <= 2 for s in _labels_per_client(data))
 
 
 # ---------------------------------------------------------------------------

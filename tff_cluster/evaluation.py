@@ -3,6 +3,17 @@
 Accuracy = total correct / total test examples over all clients (a fraction in
 [0, 1]); `per_client_correct`/`per_client_count` let callers report per-group
 numbers. Plain TensorFlow: one Keras model, weights swapped per distinct model.
+
+Client-averaged metrics (the WeCFL paper's way of reporting): with
+w_i = n_i^train / sum_j n_j^train over the clients that have test data,
+  accuracy_clientavg = sum_i w_i * acc_i,   macro_f1 = sum_i w_i * F1_i,
+where F1_i is client i's macro-F1 over the classes in its y_true U y_pred (a
+class predicted but absent from y_true, or present but never predicted,
+scores F1 0). Predicted class: argmax of the logits; for one sigmoid output
+('binary_probs') class 1 iff p >= 0.5. A client without test samples has no
+accuracy or F1: it is left out and the weights are renormalised over the
+others (so a perfect model scores 1). If those clients hold no training data
+at all, their test sizes are the weights instead.
 """
 
 from __future__ import annotations
@@ -29,11 +40,65 @@ class EvalResult:
   per_client_count: np.ndarray
   per_client_loss_sum: np.ndarray
   client_model: Optional[np.ndarray] = None  # the model index each client was tested with
+  per_client_f1: Optional[np.ndarray] = None  # macro-F1 per client (0 without test data)
+  client_weight: Optional[np.ndarray] = None  # w_i of the client-averaged metrics
+
+  @property
+  def accuracy_clientavg(self) -> float:
+    """sum_i w_i * acc_i (NaN when unknown)."""
+    if self.client_weight is None:
+      return float("nan")
+    acc = self.per_client_correct / np.maximum(self.per_client_count, 1)
+    return float(np.dot(self.client_weight, acc))
+
+  @property
+  def macro_f1(self) -> float:
+    """sum_i w_i * F1_i (NaN when unknown)."""
+    if self.client_weight is None or self.per_client_f1 is None:
+      return float("nan")
+    return float(np.dot(self.client_weight, self.per_client_f1))
 
   def group_accuracy(self, assignment: np.ndarray, group: int) -> float:
     mask = assignment == group
     count = self.per_client_count[mask].sum()
     return float(self.per_client_correct[mask].sum() / count) if count else float("nan")
+
+
+def client_weights(train_counts, test_counts) -> np.ndarray:
+  """w_i = n_i^train / sum of n_j^train over clients with test data; 0 for a
+  client without test data (test sizes if those clients have no training data)."""
+  train = np.asarray(train_counts, np.float64)
+  tested = np.asarray(test_counts) > 0
+  base = np.where(tested, train, 0.0)
+  if base.sum() <= 0:
+    base = np.where(tested, np.asarray(test_counts, np.float64), 0.0)
+  total = base.sum()
+  return base / total if total > 0 else base
+
+
+def per_client_macro_f1(y_true: np.ndarray, y_pred: np.ndarray,
+                        counts: np.ndarray) -> np.ndarray:
+  """Macro-F1 of each client; the clients' examples are consecutive in
+  `y_true`/`y_pred` with sizes `counts`. Classes: each client's y_true U y_pred.
+  A client with no examples gets 0."""
+  counts = np.asarray(counts, np.int64)
+  m = len(counts)
+  y_true = np.asarray(y_true, np.int64).reshape(-1)
+  y_pred = np.asarray(y_pred, np.int64).reshape(-1)
+  if len(y_true) == 0:
+    return np.zeros(m)
+  num_classes = int(max(y_true.max(), y_pred.max())) + 1
+  client = np.repeat(np.arange(m), counts)
+  size = m * num_classes
+  true_n = np.bincount(client * num_classes + y_true, minlength=size).reshape(m, num_classes)
+  pred_n = np.bincount(client * num_classes + y_pred, minlength=size).reshape(m, num_classes)
+  hit = y_true == y_pred
+  tp = np.bincount(client[hit] * num_classes + y_true[hit],
+                   minlength=size).reshape(m, num_classes)
+  support = true_n + pred_n  # > 0 exactly for the classes in y_true U y_pred
+  f1 = np.where(support > 0, 2.0 * tp / np.maximum(support, 1), 0.0)
+  classes = (support > 0).sum(axis=1)
+  return np.where(classes > 0, f1.sum(axis=1) / np.maximum(classes, 1), 0.0)
 
 
 class Evaluator:
@@ -47,6 +112,7 @@ class Evaluator:
     self._x = [data.test[c][0] for c in data.client_ids]
     self._y = [data.test[c][1] for c in data.client_ids]
     self._counts = np.array([len(y) for y in self._y], np.int64)
+    self._weight = client_weights(data.num_train_samples(), self._counts)
 
     @tf.function(reduce_retracing=True)
     def batch_stats(x, y):
@@ -58,18 +124,19 @@ class Evaluator:
         label = tf.cast(tf.reshape(pred, [-1]) >= 0.5, tf.int32)
       correct = tf.cast(tf.equal(label, tf.reshape(tf.cast(y, tf.int32), [-1])),
                         tf.float64)
-      return correct, tf.cast(per_example, tf.float64)
+      return correct, tf.cast(per_example, tf.float64), label
 
     self._batch_stats = batch_stats
 
   def _stats(self, x: np.ndarray, y: np.ndarray):
-    correct, losses = [], []
+    correct, losses, labels = [], [], []
     for start in range(0, len(y), self._batch_size):
-      c, l = self._batch_stats(x[start:start + self._batch_size],
-                               y[start:start + self._batch_size])
+      c, l, p = self._batch_stats(x[start:start + self._batch_size],
+                                  y[start:start + self._batch_size])
       correct.append(c.numpy())
       losses.append(l.numpy())
-    return np.concatenate(correct), np.concatenate(losses)
+      labels.append(p.numpy())
+    return np.concatenate(correct), np.concatenate(losses), np.concatenate(labels)
 
   def evaluate(self, weights: Sequence[Sequence[np.ndarray]],
                client_model) -> EvalResult:
@@ -89,22 +156,27 @@ class Evaluator:
       correct, loss_sum = pick("per_client_correct"), pick("per_client_loss_sum")
       total = self._counts.sum()
       return EvalResult(float(correct.sum() / total), float(loss_sum.sum() / total),
-                        correct, self._counts.copy(), loss_sum, client_model=choice)
+                        correct, self._counts.copy(), loss_sum, client_model=choice,
+                        per_client_f1=pick("per_client_f1"),
+                        client_weight=self._weight.copy())
     client_model = np.asarray(client_model)
     n = len(self._y)
     correct = np.zeros(n)
     loss_sum = np.zeros(n)
+    f1 = np.zeros(n)
     for index in np.unique(client_model):
       members = np.flatnonzero(client_model == index)
       members = members[self._counts[members] > 0]
       if len(members) == 0:
         continue
       local_training.set_weights(self._model, weights[index])
-      c, l = self._stats(np.concatenate([self._x[k] for k in members]),
-                         np.concatenate([self._y[k] for k in members]))
+      y = np.concatenate([self._y[k] for k in members])
+      c, l, p = self._stats(np.concatenate([self._x[k] for k in members]), y)
       bounds = np.cumsum(self._counts[members])[:-1]
       correct[members] = [s.sum() for s in np.split(c, bounds)]
       loss_sum[members] = [s.sum() for s in np.split(l, bounds)]
+      f1[members] = per_client_macro_f1(y, p, self._counts[members])
     total = self._counts.sum()
     return EvalResult(float(correct.sum() / total), float(loss_sum.sum() / total),
-                      correct, self._counts.copy(), loss_sum, client_model=client_model)
+                      correct, self._counts.copy(), loss_sum, client_model=client_model,
+                      per_client_f1=f1, client_weight=self._weight.copy())

@@ -25,7 +25,8 @@ from tff_cluster.task import TaskSpec
 BYTES_PER_PARAMETER = 4  # float32
 
 BASE_COLUMNS = ("round", "train_loss", "test_accuracy", "test_loss",
-                "round_seconds", "eval_seconds", "bytes_down", "bytes_up")
+                "test_accuracy_clientavg", "test_macro_f1", "round_seconds",
+                "eval_seconds", "bytes_down", "bytes_up")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -321,7 +322,9 @@ def run_training(task: TaskSpec, data: FederatedData, config: TrainingConfig,
       if round_num % config.eval_every == 0 or round_num == config.rounds:
         t1 = time.perf_counter()
         result = evaluator.evaluate(weights, client_model)
-        row.update(test_accuracy=result.accuracy, test_loss=result.loss)
+        row.update(test_accuracy=result.accuracy, test_loss=result.loss,
+                   test_accuracy_clientavg=result.accuracy_clientavg,
+                   test_macro_f1=result.macro_f1)
         row.update(driver.round_eval_metrics(result))
         row["eval_seconds"] = time.perf_counter() - t1
         last_choice = result.client_model

@@ -19,7 +19,12 @@ Settings implemented:
   * Dirichlet label skew (Hsu et al. 2019) and quantity skew (Li et al.,
     "Federated Learning on Non-IID Data Silos", 2021).
   * WeCFL (Ma et al., "On the Convergence of Clustered Federated Learning"):
-    cluster-wise Dirichlet(c_cluster, c_client) and (n_cluster, n_client)-class.
+    cluster-wise Dirichlet(c_cluster, c_client) and (n_cluster, n_client)-class
+    on pooled data (`clusterwise_dirichlet`, `clusterwise_classes`: this
+    project's variant), and the authors' own recipe from their FedBase code
+    (`fedbase_groupwise`, `fedbase_split`): the official train and test sets
+    cut with one proportion matrix, returning a `SplitPartition` that
+    `build_split_federated_data` materializes (no pooling, no 90/10 split).
   * Rotated-image clusters (Ghosh et al., IFCA) and label-permutation clusters
     (e.g. Sattler et al., CFL; FedGroup's swapped-label settings).
 """
@@ -765,3 +770,286 @@ def build_federated_data(x: np.ndarray, y: np.ndarray, partition: Partition,
     clusters = partition.true_clusters[np.asarray(kept, dtype=np.int64)]
   return FederatedData(client_ids, train, test, num_classes, clusters,
                        description)
+
+
+# ----------------------------------------------------------------------------
+# The WeCFL authors' split (FedBase): train and official test set partitioned
+# with one proportion matrix, clients kept by test size, no pooling.
+
+# A node is kept only if its test part has more than this many samples.
+FEDBASE_MIN_TEST = 5
+# The cluster level is redrawn until every cluster's test part has more than
+# this fraction of |test| / num_clusters samples.
+FEDBASE_CLUSTER_MIN_SHARE = 0.3
+# Draws tried (per level) before giving up with a DataError.
+FEDBASE_MAX_DRAWS = 1000
+FEDBASE_METHODS = ("dirichlet", "class")
+
+
+@dataclasses.dataclass
+class SplitPartition:
+  """Which official-train and official-test samples each client holds.
+
+  Attributes:
+    train_indices: one int64 array per client, indices into the train set.
+    test_indices: one int64 array per client, indices into the test set.
+    true_clusters: ground-truth cluster of each client, or None.
+    info: how the split was drawn (proportions, drops, duplicates, ...).
+  """
+  train_indices: List[np.ndarray]
+  test_indices: List[np.ndarray]
+  true_clusters: Optional[np.ndarray] = None
+  info: Dict = dataclasses.field(default_factory=dict)
+
+  def __post_init__(self):
+    self.train_indices = [np.asarray(i, dtype=np.int64) for i in self.train_indices]
+    self.test_indices = [np.asarray(i, dtype=np.int64) for i in self.test_indices]
+    if len(self.train_indices) != len(self.test_indices):
+      raise DataError(
+          f"{len(self.train_indices)} train parts but {len(self.test_indices)} "
+          "test parts; give one of each per client")
+    if self.true_clusters is not None:
+      self.true_clusters = np.asarray(self.true_clusters, dtype=np.int64)
+      if self.true_clusters.shape != (len(self.train_indices),):
+        raise DataError(
+            f"true_clusters has shape {self.true_clusters.shape} but there are "
+            f"{len(self.train_indices)} clients; give one cluster id per client")
+
+  @property
+  def num_clients(self) -> int:
+    return len(self.train_indices)
+
+
+def _check_fedbase_level(method: str, alpha, num_nodes, what: str):
+  if method not in FEDBASE_METHODS:
+    raise DataError(f"{what} method must be one of {', '.join(FEDBASE_METHODS)}, "
+                    f"got {method!r}")
+  num_nodes = _check_positive_int(f"{what} count", num_nodes)
+  if method == "dirichlet":
+    alpha = _check_concentration(f"{what} concentration", alpha)
+  else:
+    alpha = _check_positive_int(f"{what} classes", alpha)
+  return method, alpha, num_nodes
+
+
+def fedbase_proportions(num_classes: int, num_nodes: int, alpha, method: str,
+                        test_size: int, rng: np.random.Generator) -> np.ndarray:
+  """The proportion matrix P [num_classes, num_nodes] of one FedBase draw.
+
+  dirichlet: row c ~ Dir(alpha * 1), rounded to round(log10(test_size /
+  num_classes)) decimals (so a row need not sum to 1). class: each node in
+  turn picks `alpha` distinct classes uniformly (independent picks, so a
+  class may be picked by many nodes or by none); P[c, j] = X[c, j] /
+  (sum_j X[c, j] + 1e-10), a class nobody picked being a zero row.
+  """
+  if method == "dirichlet":
+    decimals = int(round(math.log(test_size / num_classes, 10)))
+    return np.round(rng.dirichlet(np.full(num_nodes, alpha), size=num_classes),
+                    decimals)
+  picked = np.zeros((num_classes, num_nodes))
+  for j in range(num_nodes):
+    picked[rng.choice(num_classes, alpha, replace=False), j] = 1.0
+  return picked / (picked.sum(axis=1, keepdims=True) + 1e-10)
+
+
+def _cut_consecutive(by_class: List[np.ndarray], sizes: np.ndarray) -> List[np.ndarray]:
+  """Node j gets, of each class c, the run by_class[c][start:stop] with
+  stop = sizes[c, :j+1].sum() and start = stop - sizes[c, j], both clipped to
+  the class's length (rounded sizes may overshoot it: the last runs shrink)."""
+  parts: List[List[np.ndarray]] = [[] for _ in range(sizes.shape[1])]
+  for idx, row in zip(by_class, sizes):
+    stop = np.cumsum(row)
+    start = np.minimum(stop - row, len(idx))
+    stop = np.minimum(stop, len(idx))
+    for j in range(len(row)):
+      parts[j].append(idx[start[j]:stop[j]])
+  return [np.concatenate(p) if p else np.zeros(0, np.int64) for p in parts]
+
+
+def _fedbase_split(train_labels: np.ndarray, test_labels: np.ndarray,
+                   train_idx: np.ndarray, test_idx: np.ndarray, num_nodes: int,
+                   alpha, method: str, rng: np.random.Generator, quirks: bool,
+                   where: str = "the data") -> Tuple[List[np.ndarray], List[np.ndarray], Dict]:
+  """One FedBase `split_dataset` of (train_idx, test_idx) into num_nodes nodes.
+
+  Classes are those present in the train part; each class's indices are kept
+  in dataset order (ascending). A draw: P = `fedbase_proportions`, train
+  counts round(L_train[c] * P[c, j]) and test counts round(L_test[c] * P[c, j])
+  (half to even), node j takes consecutive runs (`_cut_consecutive`), and is
+  kept iff its test part has more than FEDBASE_MIN_TEST samples. Draws are
+  repeated while at most num_nodes // 2 nodes are kept. With `quirks`
+  (FedBase): every draw's kept nodes are appended to those of the earlier
+  draws (so nodes of different draws overlap, and more than num_nodes may
+  result), then, while fewer than num_nodes are kept, num_nodes - kept
+  indices are drawn with replacement among the kept nodes and one copy of
+  each distinct one is appended (duplicate nodes). Without `quirks`: a draw
+  is accepted only when all num_nodes nodes are kept (a redraw replaces the
+  earlier draw), so exactly num_nodes nodes, no sample twice; settings where
+  that is unlikely (e.g. Dir(0.1) over 200 nodes) raise a DataError.
+  """
+  if num_nodes == 1:
+    return [train_idx], [test_idx], {"draws": 0, "dropped": 0, "duplicated": 0}
+  classes = np.unique(train_labels[train_idx])
+  if len(test_idx) == 0:
+    raise DataError(f"{where} has no test samples to split among {num_nodes} nodes")
+  if method == "class" and alpha > len(classes):
+    raise DataError(
+        f"{where} has {len(classes)} classes but each node is to pick {alpha}; "
+        f"use at most {len(classes)} classes per node")
+  tr_by_class = [train_idx[train_labels[train_idx] == c] for c in classes]
+  te_by_class = [test_idx[test_labels[test_idx] == c] for c in classes]
+  l_tr = np.array([len(i) for i in tr_by_class], dtype=np.float64)
+  l_te = np.array([len(i) for i in te_by_class], dtype=np.float64)
+  kept_tr: List[np.ndarray] = []
+  kept_te: List[np.ndarray] = []
+  draws = dropped = 0
+  proportions = []
+  need = num_nodes // 2 + 1 if quirks else num_nodes
+  while len(kept_te) < need:
+    if draws == FEDBASE_MAX_DRAWS:
+      raise DataError(
+          f"{FEDBASE_MAX_DRAWS} draws of {where} never gave {need} of {num_nodes} "
+          f"nodes more than {FEDBASE_MIN_TEST} test samples each; use fewer nodes, "
+          "a larger concentration" + ("" if quirks else " or fedbase_quirks=true"))
+    draws += 1
+    if not quirks:
+      kept_tr, kept_te, dropped, proportions = [], [], 0, []
+    p = fedbase_proportions(len(classes), num_nodes, alpha, method, len(test_idx), rng)
+    proportions.append(p)
+    n_tr = np.round(l_tr[:, None] * p).astype(np.int64)
+    n_te = np.round(l_te[:, None] * p).astype(np.int64)
+    tr_parts = _cut_consecutive(tr_by_class, n_tr)
+    te_parts = _cut_consecutive(te_by_class, n_te)
+    for tr, te in zip(tr_parts, te_parts):
+      if len(te) > FEDBASE_MIN_TEST:
+        kept_tr.append(tr)
+        kept_te.append(te)
+      else:
+        dropped += 1
+  duplicated = 0
+  while quirks and len(kept_te) < num_nodes:
+    picks = np.unique(rng.choice(len(kept_te), num_nodes - len(kept_te), replace=True))
+    kept_tr += [kept_tr[i] for i in picks]
+    kept_te += [kept_te[i] for i in picks]
+    duplicated += len(picks)
+  return kept_tr, kept_te, {"draws": draws, "dropped": dropped,
+                            "duplicated": duplicated, "classes": classes,
+                            "proportions": proportions}
+
+
+def _check_split_labels(train_labels, test_labels):
+  train_labels, test_labels = _check_labels(train_labels), _check_labels(test_labels)
+  return train_labels, test_labels
+
+
+def fedbase_split(train_labels, test_labels, num_clients: int, alpha,
+                  method: str, seed: int, quirks: bool = True) -> SplitPartition:
+  """FedBase's client-wise split (the WeCFL paper's Table 5 settings).
+
+  `fedbase_split(y_train, y_test, 200, 0.1, 'dirichlet', seed)` and
+  `(..., 200, 2, 'class', seed)`: the train and official test sets are cut
+  with the same proportion matrix (see `_fedbase_split` for the draw, the
+  drop rule and what `quirks` changes). No clusters (true_clusters None).
+  info: 'draws', 'dropped' (nodes with <= 5 test samples), 'duplicated'
+  (copies appended), 'proportions' (the P of every draw), 'classes'.
+  """
+  train_labels, test_labels = _check_split_labels(train_labels, test_labels)
+  method, alpha, num_clients = _check_fedbase_level(method, alpha, num_clients, "client")
+  rng = np.random.default_rng(seed)
+  tr, te, info = _fedbase_split(train_labels, test_labels,
+                                np.arange(len(train_labels)),
+                                np.arange(len(test_labels)), num_clients, alpha,
+                                method, rng, bool(quirks))
+  return SplitPartition(tr, te, None, info)
+
+
+def fedbase_groupwise(train_labels, test_labels, num_clusters: int,
+                      cluster_alpha, cluster_method: str,
+                      clients_per_cluster: int, client_alpha,
+                      client_method: str, seed: int,
+                      quirks: bool = True) -> SplitPartition:
+  """FedBase's cluster-wise split (`split_dataset_groupwise`; WeCFL Table 2).
+
+  α = (0.1, 10): (10, 0.1, 'dirichlet', 20, 10, 'dirichlet'); (3, 2)-class:
+  (10, 3, 'class', 20, 2, 'class'). First the whole train and test sets are
+  split among num_clusters clusters, redrawn (a fresh split each time) until
+  every resulting part has more than 0.3 * |test| / num_clusters test
+  samples; the first num_clusters parts are the clusters (with `quirks` the
+  split may return more parts, and the check covers them all; without, all
+  num_clusters must be kept). Then each cluster's train and test parts are
+  split among clients_per_cluster clients the same way; true cluster = g.
+  See `_fedbase_split` for the draw, the <= 5 test samples drop rule and
+  `quirks`. info: 'cluster_draws', 'clusters' (the cluster-level
+  draw info), 'per_cluster' (each cluster's client-level draw info),
+  'dropped', 'duplicated' (client level, summed).
+  """
+  train_labels, test_labels = _check_split_labels(train_labels, test_labels)
+  cluster_method, cluster_alpha, num_clusters = _check_fedbase_level(
+      cluster_method, cluster_alpha, num_clusters, "cluster")
+  client_method, client_alpha, clients_per_cluster = _check_fedbase_level(
+      client_method, client_alpha, clients_per_cluster, "client")
+  rng = np.random.default_rng(seed)
+  threshold = FEDBASE_CLUSTER_MIN_SHARE * len(test_labels) / num_clusters
+  all_tr, all_te = np.arange(len(train_labels)), np.arange(len(test_labels))
+  for cluster_draws in range(1, FEDBASE_MAX_DRAWS + 1):
+    c_tr, c_te, c_info = _fedbase_split(train_labels, test_labels, all_tr, all_te,
+                                        num_clusters, cluster_alpha,
+                                        cluster_method, rng, bool(quirks))
+    if len(c_te) >= num_clusters and min(len(t) for t in c_te) > threshold:
+      break
+  else:
+    raise DataError(
+        f"{FEDBASE_MAX_DRAWS} cluster-level draws never gave every one of "
+        f"{num_clusters} clusters more than {threshold:g} test samples; use "
+        "fewer clusters or a larger cluster concentration")
+  train_idx: List[np.ndarray] = []
+  test_idx: List[np.ndarray] = []
+  clusters: List[int] = []
+  per_cluster = []
+  for g in range(num_clusters):
+    tr, te, info = _fedbase_split(train_labels, test_labels, np.sort(c_tr[g]),
+                                  np.sort(c_te[g]), clients_per_cluster,
+                                  client_alpha, client_method, rng, bool(quirks),
+                                  where=f"cluster {g}")
+    train_idx += tr
+    test_idx += te
+    clusters += [g] * len(tr)
+    per_cluster.append(info)
+  return SplitPartition(train_idx, test_idx, np.array(clusters, np.int64), {
+      "cluster_draws": cluster_draws, "clusters": c_info,
+      "cluster_train": c_tr[:num_clusters], "cluster_test": c_te[:num_clusters],
+      "per_cluster": per_cluster,
+      "dropped": sum(i["dropped"] for i in per_cluster),
+      "duplicated": sum(i["duplicated"] for i in per_cluster)})
+
+
+def build_split_federated_data(train: Tuple[np.ndarray, np.ndarray],
+                               test: Tuple[np.ndarray, np.ndarray],
+                               partition: SplitPartition, num_classes: int,
+                               description: str) -> FederatedData:
+  """Materializes a `SplitPartition`: client i gets train[0][train_indices[i]]
+  and test[0][test_indices[i]] (no shuffling, no 90/10 split), id
+  f"client_{i:04d}". A client whose train part is empty is skipped with a
+  warning (and left out of true_clusters)."""
+  (x_tr, y_tr), (x_te, y_te) = train, test
+  if len(x_tr) != len(y_tr) or len(x_te) != len(y_te):
+    raise DataError("inputs and labels differ in length; pass matching arrays")
+  client_ids, tr_out, te_out, kept = [], {}, {}, []
+  for i, (a, b) in enumerate(zip(partition.train_indices, partition.test_indices)):
+    if (a.size and a.max() >= len(y_tr)) or (b.size and b.max() >= len(y_te)):
+      raise DataError(f"partition client {i} indexes samples beyond the data; "
+                      "build the partition from these arrays")
+    if a.size == 0:
+      warnings.warn(f"client {i} has no train samples; skipping it", stacklevel=2)
+      continue
+    cid = f"client_{i:04d}"
+    client_ids.append(cid)
+    kept.append(i)
+    tr_out[cid] = (x_tr[a], y_tr[a])
+    te_out[cid] = (x_te[b], y_te[b])
+  if not client_ids:
+    raise DataError("every client of the partition is empty; check the partition")
+  clusters = None
+  if partition.true_clusters is not None:
+    clusters = partition.true_clusters[np.asarray(kept, dtype=np.int64)]
+  return FederatedData(client_ids, tr_out, te_out, num_classes, clusters, description)
