@@ -11,7 +11,6 @@ from __future__ import annotations
 import gzip
 import json
 import pickle
-import sqlite3
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -20,6 +19,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.helpers import write_emnist_sqlite
 from tff_cluster.data import emnist, leaf, vision
 from tff_cluster.data.federated import DataError
 
@@ -468,29 +468,6 @@ def test_cifar10_pickles(tmp_path):
 
 # ---------------------------------------------------------------------------
 # TFF EMNIST.
-
-
-def write_emnist_sqlite(path: Path, clients: dict) -> None:
-  """A tiny database in TFF's layout: clients = split -> id -> labels."""
-  con = sqlite3.connect(path)
-  con.execute("CREATE TABLE examples (split_name TEXT, client_id TEXT, "
-              "serialized_example_proto BLOB)")
-  con.execute("CREATE TABLE client_metadata (client_id TEXT, split_name TEXT, "
-              "num_examples INTEGER)")
-  for split, per_client in clients.items():
-    for cid, labels in per_client.items():
-      for label in labels:
-        example = tf.train.Example(features=tf.train.Features(feature={
-            "pixels": tf.train.Feature(float_list=tf.train.FloatList(
-                value=[label / 10.0] * 784)),
-            "label": tf.train.Feature(int64_list=tf.train.Int64List(
-                value=[label]))}))
-        con.execute("INSERT INTO examples VALUES (?, ?, ?)",
-                    (split, cid, example.SerializeToString()))
-      con.execute("INSERT INTO client_metadata VALUES (?, ?, ?)",
-                  (cid, split, len(labels)))
-  con.commit()
-  con.close()
 
 
 def test_emnist_from_preplaced_cache(tmp_path):

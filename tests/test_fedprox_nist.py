@@ -7,8 +7,6 @@ every sample of the built data can be traced back to the image it copies.
 from __future__ import annotations
 
 import json
-import os
-import sqlite3
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +14,7 @@ import pytest
 
 import tasks
 from tasks import femnist_fedprox as task_module
-from tests.helpers import main_in_process
+from tests.helpers import write_emnist_sqlite
 from tff_cluster.data import fedprox_nist as nist
 from tff_cluster.data.federated import DataError
 from tff_cluster.hparams import HParamError
@@ -320,35 +318,12 @@ def test_sources_are_dispatched_by_what_data_dir_holds(tmp_path, monkeypatch):
   assert "LEAF FEMNIST JSON" in source
 
 
-def write_tff_sqlite(path: Path, labels_by_split):
-  """A small database in the layout TFF's federated EMNIST reads."""
-  import tensorflow as tf
-  con = sqlite3.connect(str(path))
-  con.execute("CREATE TABLE examples (split_name TEXT, client_id TEXT, "
-              "serialized_example_proto BLOB)")
-  con.execute("CREATE TABLE client_metadata (client_id TEXT, split_name TEXT, "
-              "num_examples INTEGER)")
-  for split, clients in labels_by_split.items():
-    for client, labels in clients.items():
-      for i, label in enumerate(labels):
-        example = tf.train.Example(features=tf.train.Features(feature={
-            "pixels": tf.train.Feature(float_list=tf.train.FloatList(
-                value=[float(i % 7) / 7] * 784)),
-            "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label]))}))
-        con.execute("INSERT INTO examples VALUES (?, ?, ?)",
-                    (split, client, example.SerializeToString()))
-      con.execute("INSERT INTO client_metadata VALUES (?, ?, ?)",
-                  (client, split, len(labels)))
-  con.commit()
-  con.close()
-
-
 def test_reads_tffs_emnist_sqlite(tmp_path):
   letters = list(range(36, 46))
-  write_tff_sqlite(tmp_path / "emnist_all.sqlite", {
+  write_emnist_sqlite(tmp_path / "emnist_all.sqlite", {
       "all_train": {"w1": letters + [1, 12, 50], "w2": letters[:5] * 2},
       "all_test": {"w1": [40, 7], "w2": letters[5:]},
-      "digits_only_train": {"w1": [1]}})
+      "digits_only_train": {"w1": [1]}}, pixel=lambda label, i: (i % 7) / 7)
   x, y, source = task_module.pool_source(str(tmp_path))
   assert x.shape == (26, 784) and "TFF EMNIST" in source
   np.testing.assert_array_equal(np.bincount(y - 36, minlength=10),

@@ -54,6 +54,18 @@ ROTATIONS = (0, 90, 180, 270)
 _PERMUTATION_TRIES = 1000
 
 
+def _checked_clusters(true_clusters, num_clients: int) -> Optional[np.ndarray]:
+  """`true_clusters` as int64, one cluster id per client (None stays None)."""
+  if true_clusters is None:
+    return None
+  true_clusters = np.asarray(true_clusters, dtype=np.int64)
+  if true_clusters.shape != (num_clients,):
+    raise DataError(
+        f"true_clusters has shape {true_clusters.shape} but there are "
+        f"{num_clients} clients; give one cluster id per client")
+  return true_clusters
+
+
 @dataclasses.dataclass
 class Partition:
   """Which pooled samples each client holds.
@@ -72,12 +84,7 @@ class Partition:
   def __post_init__(self):
     self.client_indices = [np.asarray(i, dtype=np.int64)
                            for i in self.client_indices]
-    if self.true_clusters is not None:
-      self.true_clusters = np.asarray(self.true_clusters, dtype=np.int64)
-      if self.true_clusters.shape != (len(self.client_indices),):
-        raise DataError(
-            f"true_clusters has shape {self.true_clusters.shape} but there are "
-            f"{len(self.client_indices)} clients; give one cluster id per client")
+    self.true_clusters = _checked_clusters(self.true_clusters, len(self.client_indices))
 
   @property
   def num_clients(self) -> int:
@@ -808,12 +815,7 @@ class SplitPartition:
       raise DataError(
           f"{len(self.train_indices)} train parts but {len(self.test_indices)} "
           "test parts; give one of each per client")
-    if self.true_clusters is not None:
-      self.true_clusters = np.asarray(self.true_clusters, dtype=np.int64)
-      if self.true_clusters.shape != (len(self.train_indices),):
-        raise DataError(
-            f"true_clusters has shape {self.true_clusters.shape} but there are "
-            f"{len(self.train_indices)} clients; give one cluster id per client")
+    self.true_clusters = _checked_clusters(self.true_clusters, len(self.train_indices))
 
   @property
   def num_clients(self) -> int:
