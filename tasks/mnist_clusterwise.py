@@ -4,7 +4,8 @@ mnist_clusterwise_dir, mnist_clusterwise_class, mnist_clientwise_dir and
 mnist_clientwise_class: the same partitions, settings and defaults as the
 fmnist_* tasks of tasks/fmnist.py (see its docstring), on the official MNIST
 train (60,000) and test (10,000) sets from `--data_dir` (the four idx files)
-or Keras' cache (~/.keras/datasets/mnist.npz). Pixels in [0, 1].
+or Keras' cache (~/.keras/datasets/mnist.npz). Pixels in [-1, 1], BatchNorm
+with PyTorch's defaults, as the fmnist_* tasks.
 """
 
 from __future__ import annotations

@@ -30,6 +30,38 @@ from tff_cluster.data.federated import FederatedData
 
 # `client_model` value asking each client to take its lowest-test-loss model.
 CHOOSE_BY_TEST_LOSS = "min_test_loss"
+# `client_model` values testing every client with the ensemble of all models:
+# the argmax of the mean of their logits, or of their probabilities
+# (FedAvg+ / FedProx+). `EvalResult.client_model` is then -1 for every client.
+ENSEMBLE_LOGITS = "ensemble_logits"
+ENSEMBLE_PROBS = "ensemble_probs"
+ENSEMBLE_VOTES = {"logits": ENSEMBLE_LOGITS, "probs": ENSEMBLE_PROBS}
+
+
+def ensemble_predict(outputs: np.ndarray, vote: str, loss: str) -> tuple:
+  """Combines the outputs [R, n, C] of R models (logits; for 'binary_probs'
+  one sigmoid probability [R, n, 1]) into (predicted labels [n], the
+  ensemble's probabilities [n, C]).
+
+  vote 'logits': probabilities = softmax(mean_r logits_r) (argmax of the mean
+  logits); 'probs': probabilities = mean_r softmax(logits_r). A sigmoid output
+  is averaged as a probability under both.
+  """
+  outputs = np.asarray(outputs, np.float64)
+  if loss != models.SPARSE_CE_LOGITS:
+    p1 = outputs[..., 0].mean(axis=0)
+    return (p1 >= 0.5).astype(np.int64), np.stack([1.0 - p1, p1], axis=1)
+  if vote == "logits":
+    z = outputs.mean(axis=0)
+    z = z - z.max(axis=1, keepdims=True)
+    p = np.exp(z)
+    return np.argmax(outputs.mean(axis=0), axis=1), p / p.sum(axis=1, keepdims=True)
+  if vote == "probs":
+    z = outputs - outputs.max(axis=2, keepdims=True)
+    e = np.exp(z)
+    p = (e / e.sum(axis=2, keepdims=True)).mean(axis=0)
+    return np.argmax(p, axis=1), p
+  raise ValueError(f"invalid ensemble vote {vote!r}; valid: logits, probs")
 
 
 @dataclasses.dataclass
@@ -127,6 +159,8 @@ class Evaluator:
       return correct, tf.cast(per_example, tf.float64), label
 
     self._batch_stats = batch_stats
+    self._outputs = tf.function(lambda x: self._model(x, training=False),
+                                reduce_retracing=True)
 
   def _stats(self, x: np.ndarray, y: np.ndarray):
     correct, losses, labels = [], [], []
@@ -144,9 +178,13 @@ class Evaluator:
     `client_model=CHOOSE_BY_TEST_LOSS` each client takes the model of lowest
     mean loss on its own test data (ties: the lowest index), as IFCA's test
     clients do. `result.client_model` is the choice either way."""
+    if isinstance(client_model, str) and client_model in (ENSEMBLE_LOGITS, ENSEMBLE_PROBS):
+      return self._evaluate_ensemble(weights, "logits" if client_model == ENSEMBLE_LOGITS
+                                     else "probs")
     if isinstance(client_model, str):
       if client_model != CHOOSE_BY_TEST_LOSS:
-        raise ValueError(f"client_model must be indices or {CHOOSE_BY_TEST_LOSS!r}")
+        raise ValueError(f"client_model must be indices, {CHOOSE_BY_TEST_LOSS!r}, "
+                         f"{ENSEMBLE_LOGITS!r} or {ENSEMBLE_PROBS!r}")
       every = [self.evaluate(weights, np.full(len(self._y), j)) for j in range(len(weights))]
       mean_loss = np.stack([np.where(r.per_client_count > 0,
                                      r.per_client_loss_sum / np.maximum(r.per_client_count, 1),
@@ -180,3 +218,31 @@ class Evaluator:
     return EvalResult(float(correct.sum() / total), float(loss_sum.sum() / total),
                       correct, self._counts.copy(), loss_sum, client_model=client_model,
                       per_client_f1=f1, client_weight=self._weight.copy())
+
+  def _evaluate_ensemble(self, weights, vote: str) -> EvalResult:
+    """Every client tested with the vote of all `weights` (see `ensemble_predict`);
+    the loss is the cross-entropy of the ensemble's probabilities."""
+    n = len(self._y)
+    members = np.flatnonzero(self._counts > 0)
+    correct, loss_sum, f1 = np.zeros(n), np.zeros(n), np.zeros(n)
+    if len(members):
+      x = np.concatenate([self._x[k] for k in members])
+      y = np.concatenate([self._y[k] for k in members]).reshape(-1).astype(np.int64)
+      outputs = []
+      for w in weights:
+        local_training.set_weights(self._model, w)
+        outputs.append(np.concatenate(
+            [self._outputs(x[i:i + self._batch_size]).numpy()
+             for i in range(0, len(x), self._batch_size)]))
+      labels, probs = ensemble_predict(np.stack(outputs), vote, self._loss)
+      hit = (labels == y).astype(np.float64)
+      nll = -np.log(np.clip(probs[np.arange(len(y)), y], 1e-12, 1.0))
+      bounds = np.cumsum(self._counts[members])[:-1]
+      correct[members] = [s.sum() for s in np.split(hit, bounds)]
+      loss_sum[members] = [s.sum() for s in np.split(nll, bounds)]
+      f1[members] = per_client_macro_f1(y, labels, self._counts[members])
+    total = self._counts.sum()
+    return EvalResult(float(correct.sum() / total), float(loss_sum.sum() / total),
+                      correct, self._counts.copy(), loss_sum,
+                      client_model=np.full(n, -1), per_client_f1=f1,
+                      client_weight=self._weight.copy())

@@ -305,7 +305,10 @@ class _Trainer:
     return TrainResult(delta, num_examples, loss_sum,
                        list(velocity) if self.momentum else None)
 
-  def train(self, start, data, lr, mu: float = 0.0, velocity=None) -> TrainResult:
+  def train(self, start, data, lr, mu: float = 0.0, velocity=None,
+            anchor=None) -> TrainResult:
+    """`anchor`: the proximal term's centre (trainable weights; default the
+    start)."""
     raise NotImplementedError
 
   def loss(self, weights, data, max_batches: int = 0):
@@ -324,9 +327,10 @@ class _Trainer:
 class DatasetTrainer(_Trainer):
   """Local SGD over a `tf.data.Dataset` of `{'x', 'y'}` batches (TFF runner)."""
 
-  def train(self, start, data, lr, mu: float = 0.0, velocity=None) -> TrainResult:
+  def train(self, start, data, lr, mu: float = 0.0, velocity=None,
+            anchor=None) -> TrainResult:
     start = list(start)
-    anchor = start[:self._num_trainable]
+    anchor = start[:self._num_trainable] if anchor is None else list(anchor)
     lr = tf.cast(lr, tf.float32)
     initial_velocity = self._start(start, velocity)
 
@@ -370,9 +374,9 @@ class PaddedTrainer(_Trainer):
     self._exact = exact_batches
 
   def train(self, start, data: PaddedBatches, lr, mu: float = 0.0,
-            velocity=None) -> TrainResult:
+            velocity=None, anchor=None) -> TrainResult:
     start = list(start)
-    anchor = start[:self._num_trainable]
+    anchor = start[:self._num_trainable] if anchor is None else list(anchor)
     lr = tf.cast(lr, tf.float32)
     batch_size = tf.shape(data.indices)[1]
     v = self._start(start, velocity)

@@ -84,24 +84,34 @@ def mlp(input_dim: int, hidden: int, num_classes: int,
   return tf.keras.Model(inputs, logits, name=name)
 
 
-def fmnist_cnn(input_shape: Tuple[int, ...] = (784,),
-               name: str = "fmnist_cnn") -> tf.keras.Model:
+def fmnist_cnn(input_shape: Tuple[int, ...] = (784,), name: str = "fmnist_cnn",
+               bn_momentum: float = 0.99, bn_epsilon: float = 1e-3) -> tf.keras.Model:
   """FMNIST CNN: 2 x (conv5x5 'same' + BatchNorm + ReLU + maxpool2), dense 10.
 
   The small Fashion-MNIST CNN of clustered-FL experiments: 16 then 32 filters, 29,034 trainable parameters (BatchNorm's moving mean and
   variance are not trainable). Images arrive flat (784) and are reshaped to
-  28 x 28 x 1; any input_shape with 784 entries works.
+  28 x 28 x 1; any input_shape with 784 entries works. `bn_momentum` and
+  `bn_epsilon` are Keras' BatchNormalization defaults; `fmnist_cnn_torch_bn`
+  sets PyTorch's (running statistics updated by 0.1 of the batch's, eps 1e-5),
+  those of the WeCFL paper's model.
   """
   inputs = tf.keras.Input(shape=input_shape, dtype=tf.float32)
   h = tf.keras.layers.Reshape((28, 28, 1))(inputs)
   for filters in (16, 32):
     h = tf.keras.layers.Conv2D(filters, 5, padding="same")(h)
-    h = tf.keras.layers.BatchNormalization()(h)
+    h = tf.keras.layers.BatchNormalization(momentum=bn_momentum, epsilon=bn_epsilon)(h)
     h = tf.keras.layers.ReLU()(h)
     h = tf.keras.layers.MaxPool2D(2)(h)
   h = tf.keras.layers.Flatten()(h)
   logits = tf.keras.layers.Dense(10, name="logits")(h)
   return tf.keras.Model(inputs, logits, name=name)
+
+
+def fmnist_cnn_torch_bn(input_shape: Tuple[int, ...] = (784,),
+                        name: str = "fmnist_cnn") -> tf.keras.Model:
+  """`fmnist_cnn` with PyTorch's BatchNorm2d defaults (momentum 0.1 there,
+  0.9 in Keras' convention; eps 1e-5): the WeCFL tasks' model."""
+  return fmnist_cnn(input_shape, name, bn_momentum=0.9, bn_epsilon=1e-5)
 
 
 def cifar10_cnn(input_shape: Tuple[int, ...] = (32, 32, 3),

@@ -92,8 +92,14 @@ IFCA_HPARAMS = _group(
     "ifca",
     hp.NUM_GROUPS,
     HParam("ifca_init", str, "random", "Cluster models' start: random (K independent "
-           "draws) or good_init (redraw until every cluster gets a share of a client "
-           "sample, the authors' CIFAR code).", choices=("random", "good_init")),
+           "draws), good_init (redraw until every cluster gets a share of a client "
+           "sample, the authors' CIFAR code) or fedavg_warm (a FedAvg-trained model "
+           "with K random last layers, then forced random groups; their FEMNIST code).",
+           choices=("random", "good_init", "fedavg_warm")),
+    HParam("ifca_warm_rounds", int, 20, "fedavg_warm: rounds of one-model training "
+           "before round 1.", low=0),
+    HParam("ifca_forced_rounds", int, 20, "fedavg_warm: first rounds whose clients are "
+           "put into K random equal groups.", low=0),
     HParam("ifca_agg", str, "uniform", "Per-cluster averaging of the chosen clients' "
            "models: uniform (authors' MNIST/CIFAR code) or num_examples (their FEMNIST "
            "code).", choices=("uniform", "num_examples")),
@@ -104,6 +110,51 @@ IFCA_HPARAMS = _group(
            "the sample every cluster must get (default 0.35 for K = 2, 0.1 for K = 4, "
            "0.4/K otherwise).", low=0, high=1),
 )
+
+WECFL_SHARED = (
+    hp.NUM_GROUPS,
+    HParam("wecfl_features", str, "last_layer", "Clustering features of a client's "
+           "trained model: last_layer (kernel of the last Dense layer, the authors' "
+           "code) or all (every trainable weight, the paper's text).",
+           choices=("last_layer", "all")),
+    HParam("wecfl_kmeans", str, "refit", "refit (K-Means from scratch every round, "
+           "the authors' code) or one_step (one E-step against the current cluster "
+           "models, Algorithm 1).", choices=("refit", "one_step")),
+    HParam("wecfl_mu", float, 0.0, "Proximal coefficient: each local step adds "
+           "(mu/2)||w - w_bar||^2, w_bar the data-weighted mean of the clients' models "
+           "(the paper: none, 0; the authors' last driver: 0.95). Separate from --mu, "
+           "whose task default is FedProx's.", low=0),
+)
+
+WECFL_HPARAMS = _group(
+    "wecfl", *WECFL_SHARED,
+    HParam("kmeans_weights", str, "data", "K-Means client weights: data (lambda_i "
+           "proportional to training samples, WeCFL) or uniform (FeSEM's clustering).",
+           choices=("data", "uniform")),
+)
+
+FESEM_HPARAMS = _group(
+    "fesem", *WECFL_SHARED,
+    HParam("fesem_center", str, "uniform", "Cluster models: uniform mean of the members "
+           "(the WeCFL paper's eq. (2)) or data-weighted (the authors' code behind its "
+           "FeSEM rows).", choices=("uniform", "data")),
+)
+
+CFL_HPARAMS = _group(
+    "cfl",
+    hp.NUM_GROUPS,
+    HParam("cfl_eps1", float, 0.4, "A cluster may split when the norm of its mean update "
+           "is below eps1.", low=0, low_open=True),
+    HParam("cfl_eps2", float, 1.6, "... and its largest update norm is above eps2.",
+           low=0),
+    HParam("cfl_warmup_rounds", int, 20, "No split in the first rounds.", low=0),
+    HParam("cfl_weighting", str, "uniform", "Mean update and cluster models: uniform "
+           "(the authors' code) or data-weighted.", choices=("uniform", "data")),
+)
+
+ENSEMBLE_VOTE = HParam("ensemble_vote", str, "logits", "How the ensemble's models "
+                       "vote: mean of their logits (the authors' code) or of their "
+                       "probabilities.", choices=("logits", "probs"), group="ensemble")
 
 ALGORITHMS: Dict[str, AlgorithmSpec] = {
     spec.name: spec for spec in [
@@ -119,6 +170,20 @@ ALGORITHMS: Dict[str, AlgorithmSpec] = {
                       hparams=(MU_POSITIVE, *FEDGROUP_HPARAMS)),
         AlgorithmSpec("ifca", "IFCA: K cluster models, clients pick the lowest-loss "
                       "one and train it", "ifca", hparams=IFCA_HPARAMS),
+        AlgorithmSpec("wecfl", "WeCFL: clients train their cluster model; weighted "
+                      "K-Means on the trained models; weighted cluster means", "wecfl",
+                      hparams=WECFL_HPARAMS),
+        AlgorithmSpec("fesem", "FeSEM: WeCFL with uniform K-Means weights", "fesem",
+                      hparams=FESEM_HPARAMS),
+        AlgorithmSpec("fedavg_plus", "FedAvg+: --ensemble_size independent FedAvg runs, "
+                      "combined at test time", "ensemble",
+                      hparams=(hp.ENSEMBLE_SIZE, ENSEMBLE_VOTE)),
+        AlgorithmSpec("fedprox_plus", "FedProx+: --ensemble_size independent FedProx "
+                      "runs, combined at test time", "ensemble",
+                      hparams=(hp.MU, hp.ENSEMBLE_SIZE, ENSEMBLE_VOTE)),
+        AlgorithmSpec("cfl", "CFL: a cluster tree, bipartitions by the cosine "
+                      "similarity of the members' updates (--num_groups: most clusters)",
+                      "cfl", hparams=CFL_HPARAMS),
     ]
 }
 

@@ -125,17 +125,18 @@ class Definition:
 
   # -- helpers for subclasses ----------------------------------------------
 
-  def local_update(self, trainer, start, data, lr, client_state, mu: float = 0.0
-                   ) -> Tuple[local_training.TrainResult, Any]:
+  def local_update(self, trainer, start, data, lr, client_state, mu: float = 0.0,
+                   anchor=None) -> Tuple[local_training.TrainResult, Any]:
     """Local SGD from `start`; threads the persistent momentum buffer.
 
-    Returns the training result and the client's new state (None when the
-    algorithm keeps no client state).
+    `anchor`: the proximal term's centre (default `start`). Returns the
+    training result and the client's new state (None when the algorithm
+    keeps no client state).
     """
     velocity = None
     if client_state is not None and "velocity" in client_state:
       velocity = list(client_state["velocity"])
-    out = trainer.train(start, data, lr, mu=mu, velocity=velocity)
+    out = trainer.train(start, data, lr, mu=mu, velocity=velocity, anchor=anchor)
     if client_state is None:
       return out, None
     new_state = collections.OrderedDict(client_state)

@@ -25,6 +25,14 @@ Initialisation (`--ifca_init`):
     K = 2 and 0.1 for K = 4; for other K we use 0.4 / K), at most 100 draws
     (then the best draw, with a warning). The sample is drawn for the check
     only (the code checks the first round's participants).
+  fedavg_warm: the authors' FEMNIST start: `--ifca_warm_rounds` rounds of
+    FedAvg-style training of one model before round 1 (sampled clients, IFCA's
+    averaging rule, fresh momentum buffers); every cluster model copies it
+    except the last Dense layer (kernel and bias), which keeps cluster j's
+    own random draw; then the first `--ifca_forced_rounds` rounds put the
+    round's clients into K random groups of equal size (as equal as the count
+    allows) instead of the argmin (`forced` mode), then IFCA proper. (Equal
+    models would make every argmin tie and every client pick cluster 0.)
 
 Evaluation: each client is tested with the model of lowest loss on its own
 test data (the authors' protocol for test clients).
@@ -43,7 +51,9 @@ import tensorflow as tf
 from tff_cluster import clustering, experiment, local_training
 from tff_cluster.algorithms.definition import ClientOutput, Definition, flat_norm
 
-INITS = ("random", "good_init")
+INITS = ("random", "good_init", "fedavg_warm")
+# Shuffle seeds of the fedavg_warm pre-training rounds (apart from the run's rounds).
+WARM_SHUFFLE_BASE = 2_000_000
 AGGREGATIONS = ("uniform", "num_examples")
 GOOD_INIT_ATTEMPTS = 100
 
@@ -66,10 +76,11 @@ class IFCADefinition(Definition):
 
   State: `models`, each weight stacked [K, ...]. Modes:
     train: every client receives the K models, picks its cluster and trains it;
-    assign: the same choice without training (the good_init check).
+    assign: the same choice without training (the good_init check);
+    forced: the client's key is its cluster (fedavg_warm's forced rounds).
   """
 
-  modes = ("train", "assign")
+  modes = ("train", "assign", "forced")
 
   def __init__(self, weights_spec, num_trainable: int, num_clusters: int,
                aggregation: str = "uniform", loss_batches: int = 0, **solver):
@@ -95,7 +106,18 @@ class IFCADefinition(Definition):
         np.stack([np.asarray(m[layer]) for m in initial_weights])
         for layer in range(len(initial_weights[0]))])
 
+  def num_keys(self, mode):
+    return self.k if mode == "forced" else 0
+
+  def database(self, state, mode):
+    if mode != "forced":
+      return None
+    # A list (its order is kept by TFF's select), the last row one-hot.
+    return [*state["models"], tf.eye(self.k, dtype=tf.float32)]
+
   def broadcast(self, state, params, mode):
+    if mode == "forced":
+      return collections.OrderedDict(lr=params["lr"])
     return collections.OrderedDict(models=list(state["models"]), lr=params["lr"])
 
   def client_state_spec(self, mode):
@@ -109,13 +131,18 @@ class IFCADefinition(Definition):
     return tf.stack(means)
 
   def client_work(self, trainer, selected, received, client_state, data, mode):
-    models = list(received["models"])
-    losses = self._losses(trainer, models, data)
-    cluster = argmin_cluster(losses)
-    if mode == "assign":
-      return ClientOutput(collections.OrderedDict(num_clients=tf.constant(1.0)),
-                          collections.OrderedDict(cluster=cluster, losses=losses))
-    start = [tf.gather(w, cluster) for w in models]
+    if mode == "forced":
+      start = list(selected)[:-1]
+      cluster = tf.argmax(selected[-1], output_type=tf.int32)
+      losses = tf.zeros([self.k], tf.float32)
+    else:
+      models = list(received["models"])
+      losses = self._losses(trainer, models, data)
+      cluster = argmin_cluster(losses)
+      if mode == "assign":
+        return ClientOutput(collections.OrderedDict(num_clients=tf.constant(1.0)),
+                            collections.OrderedDict(cluster=cluster, losses=losses))
+      start = [tf.gather(w, cluster) for w in models]
     out, new_state = self.local_update(trainer, start, data, received["lr"], client_state)
     weight = out.num_examples if self.aggregation == "num_examples" else tf.constant(1.0)
     onehot = tf.one_hot(cluster, self.k, dtype=tf.float32)
@@ -160,13 +187,19 @@ def build_ifca(model_fn: Callable[[], tf.keras.Model], loss: str, element_spec,
 class IFCADriver(experiment.Driver):
   """K cluster models; each round's clients estimate their cluster and train it."""
 
-  checkpoint_attrs = ("assignment", "_rng", "_summary")
+  checkpoint_attrs = ("assignment", "_rng", "_summary", "_forced_rng")
 
   def __init__(self, task, data, config: experiment.TrainingConfig, *, num_groups: int = 5,
                ifca_init: str = "random", ifca_agg: str = "uniform",
-               ifca_loss_batches: int = 0, ifca_good_init_threshold: Optional[float] = None):
+               ifca_loss_batches: int = 0, ifca_good_init_threshold: Optional[float] = None,
+               ifca_warm_rounds: int = 20, ifca_forced_rounds: int = 20):
     if ifca_init not in INITS:
       raise ValueError(f"invalid --ifca_init={ifca_init}; valid: {', '.join(INITS)}")
+    if ifca_warm_rounds < 0 or ifca_forced_rounds < 0:
+      raise ValueError("invalid --ifca_warm_rounds/--ifca_forced_rounds; valid: "
+                       "integers >= 0")
+    self.warm_rounds = int(ifca_warm_rounds) if ifca_init == "fedavg_warm" else 0
+    self.forced_rounds = int(ifca_forced_rounds) if ifca_init == "fedavg_warm" else 0
     if not 1 <= num_groups <= data.num_clients:
       raise ValueError(f"invalid --num_groups={num_groups}; valid: 1..{data.num_clients} "
                        "(at most the number of clients)")
@@ -178,6 +211,7 @@ class IFCADriver(experiment.Driver):
     self.init = ifca_init
     self.threshold = good_init_threshold(num_groups, ifca_good_init_threshold)
     self._rng = np.random.default_rng(np.random.SeedSequence([config.seed, 13]))
+    self._forced_rng = np.random.default_rng(np.random.SeedSequence([config.seed, 19]))
     self.assignment = np.full(data.num_clients, -1, np.int64)
     self._summary: Dict[str, object] = {}
     self.extra_columns = (
@@ -218,14 +252,44 @@ class IFCADriver(experiment.Driver):
                       f"(smallest share {best_share:g})")
       state = best
       self._summary["good_init_smallest_share"] = float(best_share)
+    if self.init == "fedavg_warm":
+      state = self._warm_start(state)
     self.state = self.runner.put_state(state)
     self._summary.update(init=self.init, init_attempts=attempts,
                          init_seconds=time.perf_counter() - t0,
                          num_parameters=self.num_params)
     return {}
 
+  def _warm_start(self, state):
+    """fedavg_warm: `warm_rounds` rounds of one model (every client in cluster
+    0 of a state whose clusters all hold w0), then every cluster copies it
+    except the last Dense layer, which keeps its own draw."""
+    from tff_cluster.algorithms.wecfl import last_dense_indices
+    single = self.definition.initial_state(self.w0)
+    for i in range(self.warm_rounds):
+      clients = np.sort(self._rng.choice(self.data.num_clients,
+                                         self.config.clients_per_round, replace=False))
+      out = self.train_clients("forced", single, clients, 1, keys=np.zeros(len(clients)),
+                               persist=False, shuffle_round=WARM_SHUFFLE_BASE + i)
+      single = self.runner.numpy_state(out.state)
+    keep = set(last_dense_indices(self.task.model_fn()))  # its kernel and bias
+    models = [np.asarray(w) for w in self.runner.numpy_state(state)["models"]]
+    warm = [np.asarray(w)[0] for w in single["models"]]
+    out = []
+    for layer, stacked in enumerate(models):
+      out.append(stacked if layer in keep else
+                 np.repeat(warm[layer][None], self.k, axis=0))
+    self._summary["warm_rounds"] = self.warm_rounds
+    self._summary["forced_rounds"] = self.forced_rounds
+    return collections.OrderedDict(models=out)
+
   def run_round(self, round_num, sampled):
-    out = self.train_clients("train", self.state, sampled, round_num)
+    if round_num <= self.forced_rounds:
+      groups = np.empty(len(sampled), np.int64)
+      groups[self._forced_rng.permutation(len(sampled))] = np.arange(len(sampled)) % self.k
+      out = self.train_clients("forced", self.state, sampled, round_num, keys=groups)
+    else:
+      out = self.train_clients("train", self.state, sampled, round_num)
     self.state = out.state
     clusters = np.array([int(r["cluster"]) for r in out.results])
     self.assignment[sampled] = clusters

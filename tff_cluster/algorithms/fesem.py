@@ -1,0 +1,24 @@
+"""FeSEM (Xie et al., multi-center FL), as the WeCFL paper compares with it.
+
+WeCFL's round (`tff_cluster.algorithms.wecfl`) with uniform K-Means weights:
+the clustering minimises sum_i ||g_i - G_k(i)||^2 (the WeCFL paper's eq. (2)).
+The cluster models are (`--fesem_center`):
+  uniform: Omega_k = mean of its members' models (eq. (2), default);
+  data:    Omega_k = data-weighted mean (the authors' code behind the WeCFL
+           paper's FeSEM rows, whose aggregation keeps its data-size default).
+"""
+
+from __future__ import annotations
+
+from tff_cluster import experiment
+from tff_cluster.algorithms import wecfl
+
+CENTERS = ("uniform", "data")
+
+
+def make_driver(task, data, config: experiment.TrainingConfig, *,
+                fesem_center: str = "uniform", **options):
+  if fesem_center not in CENTERS:
+    raise ValueError(f"invalid --fesem_center={fesem_center}; valid: {', '.join(CENTERS)}")
+  return wecfl.WeCFLDriver(task, data, config, kmeans_weights="uniform",
+                           center_weights=fesem_center, **options)

@@ -1,0 +1,389 @@
+"""WeCFL (weighted clustered FL, the WeCFL paper) and FeSEM (Xie et al.), as
+the WeCFL paper runs them.
+
+Server state: K cluster models Omega_k (every weight stacked [K, ...],
+BatchNorm statistics included; K = `--num_groups`). Every client starts on
+one random model (all K rows equal, every client in cluster 0).
+
+Round t, on the sampled clients (the paper: all of them):
+  1. local update: client i trains its cluster's model Omega_{k(i)} for the
+     local work (the paper: 10 steps of SGD with momentum 0.9, the buffer
+     kept by the client between rounds) and keeps the trained model omega_i
+     (`train` mode; the model stays with the client as its state);
+  2. clustering, on the host: the features g_i of the trained models,
+     `--wecfl_features=last_layer` (the kernel of the last Dense layer, the
+     authors' code) or `all` (every trainable weight, the paper's text), are
+     clustered by K-Means with client weights lambda_i = n_i / sum_j n_j
+     (n_i: training samples), minimising sum_i lambda_i ||g_i - G_k(i)||^2.
+     `--wecfl_kmeans=refit`: K-Means refitted from scratch every round (the
+     authors' code; k-means++ and 10 restarts, seeded); `one_step`: one E-step
+     k(i) = argmin_k ||g_i - G_k|| against the features of the current cluster
+     models (Algorithm 1; the first round, where every cluster model is the
+     same, is refitted). Refitted labels are renamed to match the previous
+     cluster models (least total distance between the new centres and the
+     old models' features), so a cluster keeps its index across rounds;
+  3. M-step (`aggregate` mode, a federated sum of one-hot scatters):
+     Omega_k = sum_{i in k} a_i omega_i / sum_{i in k} a_i over every weight,
+     BatchNorm statistics included; a cluster without members keeps its model;
+  4. each member receives Omega_k (its next round's start; momentum buffers
+     are kept).
+
+WeCFL: K-Means weights lambda_i (`--kmeans_weights=data`, default;
+`uniform` gives FeSEM's clustering) and a_i = lambda_i.
+FeSEM (`--algo=fesem`): uniform K-Means weights, and
+`--fesem_center=uniform` (a_i = 1, the WeCFL paper's eq. (2) for FeSEM,
+default) or `data` (a_i = lambda_i, the authors' code behind the WeCFL
+paper's FeSEM rows).
+
+`--wecfl_mu` > 0 adds (mu/2)||w - w_bar||^2 to each local step, w_bar the
+data-weighted mean of the clients' current models (each cluster model
+weighted by the data of the members of its last M-step); the paper has no
+such term (its authors' last driver uses mu = 0.95). Default 0.
+
+Evaluation: each client is tested with its cluster's model.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from tff_cluster import clustering, experiment, local_training
+from tff_cluster.algorithms.definition import ClientOutput, Definition, flat_norm
+
+FEATURES = ("last_layer", "all")
+KMEANS = ("refit", "one_step")
+WEIGHTINGS = ("data", "uniform")
+
+
+def last_dense_indices(model: tf.keras.Model) -> List[int]:
+  """Indices, in the model's weight list (trainable first), of the weights of
+  its last Dense layer: [kernel] or [kernel, bias]."""
+  variables = local_training.model_variables(model)
+  dense = [layer for layer in _layers(model) if isinstance(layer, tf.keras.layers.Dense)]
+  if not dense:
+    raise ValueError(f"model {model.name!r} has no Dense layer")
+  out = []
+  for weight in dense[-1].weights:
+    found = [i for i, var in enumerate(variables) if var is weight]
+    if not found:
+      raise ValueError("the last Dense layer's weights are not among the model's weights")
+    out.append(found[0])
+  return out
+
+
+def last_dense_kernel_index(model: tf.keras.Model) -> int:
+  """Index of the kernel of the model's last Dense layer (WeCFL's clustering
+  feature in the authors' code)."""
+  return last_dense_indices(model)[0]
+
+
+def _layers(model):
+  out = []
+  for layer in model.layers:
+    if isinstance(layer, tf.keras.Model):
+      out.extend(_layers(layer))
+    else:
+      out.append(layer)
+  return out
+
+
+class ClusterModelsDefinition(Definition):
+  """K cluster models; clients train theirs and keep the trained model; the
+  host then assigns clusters and an `aggregate` call averages the kept models
+  into the clusters they were assigned (WeCFL, FeSEM and CFL).
+
+  State: `models` (every weight stacked [K, ...]) and `cluster_weight` [K]
+  (the sum of a_i of each cluster's last M-step). Client state: `model` (the
+  trained weights), `weight` (a_i, set by the host), `velocity` (with
+  persistent momentum). Modes:
+    train: key = the client's cluster; trains from its model (the proximal
+      centre, with mu > 0, is the cluster-weight mean of the models);
+    aggregate: key = the client's new cluster; sums a_i * model one-hot.
+  """
+
+  modes = ("train", "aggregate")
+
+  def __init__(self, weights_spec, num_trainable: int, num_clusters: int,
+               mu: float = 0.0, **solver):
+    super().__init__(weights_spec, num_trainable, **solver)
+    if num_clusters < 1:
+      raise ValueError(f"invalid --num_groups={num_clusters}; valid: an integer >= 1")
+    if mu < 0:
+      raise ValueError(f"invalid --mu={mu}; valid: a number >= 0")
+    self.k = int(num_clusters)
+    self.mu = float(mu)
+
+  def initial_state(self, initial_weights):
+    """`initial_weights`: one model (every cluster starts there) or K models."""
+    if not isinstance(initial_weights[0], (list, tuple)):
+      initial_weights = [initial_weights] * self.k
+    if len(initial_weights) != self.k:
+      raise ValueError(f"need {self.k} initial models, got {len(initial_weights)}")
+    return collections.OrderedDict(
+        models=[np.stack([np.asarray(m[layer]) for m in initial_weights])
+                for layer in range(len(initial_weights[0]))],
+        cluster_weight=np.zeros(self.k, np.float32))
+
+  def num_keys(self, mode):
+    return self.k
+
+  def database(self, state, mode):
+    if mode == "train":
+      return list(state["models"])
+    return tf.eye(self.k, dtype=tf.float32)  # the client's one-hot row
+
+  def broadcast(self, state, params, mode):
+    out = collections.OrderedDict(lr=params["lr"])
+    if mode == "train" and self.mu:
+      cw = state["cluster_weight"]
+      total = tf.reduce_sum(cw)
+      share = tf.where(total > 0, cw / tf.where(total > 0, total, 1.0),
+                       tf.one_hot(0, self.k, dtype=tf.float32))
+      out["anchor"] = [tf.tensordot(share, w, axes=1)
+                       for w in list(state["models"])[:self.num_trainable]]
+    return out
+
+  def client_state_spec(self, mode):
+    spec = collections.OrderedDict(model=list(self.weights_spec),
+                                   weight=tf.TensorSpec([], tf.float32))
+    if self.persist_momentum:
+      spec["velocity"] = list(self.weights_spec[:self.num_trainable])
+    return spec
+
+  def client_work(self, trainer, selected, received, client_state, data, mode):
+    if mode == "aggregate":
+      onehot = selected
+      a = client_state["weight"]
+      summed = collections.OrderedDict(
+          model_sums=[tf.tensordot(onehot, a * w, axes=0) for w in client_state["model"]],
+          weight_sums=onehot * a)
+      result = collections.OrderedDict(cluster=tf.argmax(onehot, output_type=tf.int32))
+      return ClientOutput(summed, result, client_state)
+    start = list(selected)
+    out, new_state = self.local_update(trainer, start, data, received["lr"], client_state,
+                                       mu=self.mu, anchor=received.get("anchor"))
+    new_state["model"] = [s + d for s, d in zip(start, out.delta)]
+    summed = collections.OrderedDict(
+        loss_sum=out.loss_sum, num_examples=out.num_examples,
+        update_norm_sum=flat_norm(out.delta), num_clients=tf.constant(1.0))
+    return ClientOutput(summed, collections.OrderedDict(loss_sum=out.loss_sum), new_state)
+
+  def server_update(self, state, summed, mode):
+    if mode == "train":
+      return state
+    weights = summed["weight_sums"]
+    has = weights > 0
+    safe = tf.where(has, weights, 1.0)
+    models = []
+    for w, s in zip(state["models"], summed["model_sums"]):
+      shape = tf.concat([[self.k], tf.ones([tf.rank(w) - 1], tf.int32)], 0)
+      models.append(tf.where(tf.reshape(has, shape), s / tf.reshape(safe, shape), w))
+    return collections.OrderedDict(
+        models=models, cluster_weight=tf.where(has, weights, state["cluster_weight"]))
+
+
+def match_labels(labels: np.ndarray, centres: np.ndarray, previous: np.ndarray) -> np.ndarray:
+  """Renames K-Means labels so that new centre k sits where previous cluster
+  k was: the permutation with the least total distance between `centres`
+  [K, d] and `previous` [K, d] (the old cluster models' features)."""
+  from scipy.optimize import linear_sum_assignment
+  cost = np.linalg.norm(centres[:, None, :] - previous[None, :, :], axis=2)
+  rows, cols = linear_sum_assignment(cost)
+  rename = np.empty(len(centres), np.int64)
+  rename[rows] = cols
+  return rename[np.asarray(labels, np.int64)]
+
+
+def build_cluster_models(model_fn: Callable[[], tf.keras.Model], loss: str, element_spec,
+                         num_clusters: int, mu: float = 0.0, client_momentum: float = 0.0,
+                         persist_momentum: bool = False):
+  """The TFF computations `{'train': ..., 'aggregate': ...}` of WeCFL, FeSEM
+  and CFL (the `tff` runner's), each `(state, params, keys, client states,
+  datasets) -> (state, summed, per-client results, client states)` (see
+  `tff_runner.build_round`). Returns (definition, computations); the host
+  chooses the clusters between the two calls."""
+  from tff_cluster.runners import tff_runner
+
+  model = model_fn()
+  definition = ClusterModelsDefinition(
+      local_training.weights_type_spec(model), len(model.trainable_variables),
+      num_clusters, mu=mu, momentum=client_momentum, persist_momentum=persist_momentum)
+  return definition, {mode: tff_runner.build_round(definition, mode, model_fn, loss,
+                                                   element_spec)
+                      for mode in definition.modes}
+
+
+build_wecfl = build_cluster_models
+
+
+class ClusterModelsDriver(experiment.Driver):
+  """Host side shared by WeCFL, FeSEM and CFL: cluster models, each client's
+  cluster (`assignment`), the two calls per round. Subclasses choose the new
+  clusters (`choose`) and the averaging weights (`aggregation_weights`)."""
+
+  checkpoint_attrs = ("assignment", "_summary")
+
+  def __init__(self, task, data, config: experiment.TrainingConfig, *, num_groups: int,
+               mu: float = 0.0, min_round_clients: Optional[int] = None):
+    self.mu = float(mu)
+    if not 1 <= num_groups <= data.num_clients:
+      raise ValueError(f"invalid --num_groups={num_groups}; valid: 1..{data.num_clients} "
+                       "(at most the number of clients)")
+    need = num_groups if min_round_clients is None else min_round_clients
+    if config.clients_per_round < need:
+      raise ValueError(f"invalid --clients_per_round={config.clients_per_round}: the "
+                       f"round's clients are clustered into --num_groups={num_groups}; "
+                       f"valid: {need}..{data.num_clients}")
+    super().__init__(task, data, config,
+                     lambda specs, num_trainable, **solver: ClusterModelsDefinition(
+                         specs, num_trainable, num_groups, mu=self.mu, **solver))
+    self.k = num_groups
+    self.assignment = np.zeros(data.num_clients, np.int64)
+    sizes = np.asarray(data.num_train_samples(), np.float64)
+    self.data_weight = sizes / sizes.sum()
+    self._summary: Dict[str, object] = {}
+    self.extra_columns = (
+        ["mean_update_norm", "num_changed"]
+        + [f"group_{j}_accuracy" for j in range(num_groups)]
+        + [f"group_{j}_size" for j in range(num_groups)]
+        + (["ari", "purity"] if data.true_clusters is not None else []))
+
+  # -- to override -----------------------------------------------------------
+
+  def aggregation_weights(self) -> np.ndarray:
+    """a_i of the M-step for every client."""
+    return self.data_weight
+
+  def choose(self, round_num: int, sampled: np.ndarray, trained: List[List[np.ndarray]],
+             models: List[List[np.ndarray]]) -> np.ndarray:
+    """The sampled clients' new clusters, from their trained models and the
+    cluster models they started from."""
+    raise NotImplementedError
+
+  def round_extras(self) -> Dict[str, object]:
+    return {}
+
+  # -- the round ---------------------------------------------------------------
+
+  def setup(self):
+    self.state = self.runner.put_state(self.definition.initial_state(self.w0))
+    fresh = self.definition.initial_client_state("train")
+    weights = self.aggregation_weights()
+    for k in range(self.data.num_clients):
+      state = collections.OrderedDict(fresh)
+      state["weight"] = np.float32(weights[k])
+      self.client_states[k] = state
+    self._summary["num_parameters"] = self.num_params
+    return {}
+
+  def _models(self, state=None) -> List[List[np.ndarray]]:
+    state = self.runner.numpy_state(self.state if state is None else state)
+    return [[layer[j] for layer in state["models"]] for j in range(self.k)]
+
+  def run_round(self, round_num, sampled):
+    sampled = np.asarray(sampled)
+    before = self._models()
+    out = self.train_clients("train", self.state, sampled, round_num,
+                             keys=self.assignment[sampled])
+    trained = [list(self.client_states[int(k)]["model"]) for k in sampled]
+    new = np.asarray(self.choose(round_num, sampled, trained, before), np.int64)
+    changed = int((new != self.assignment[sampled]).sum())
+    agg = self.train_clients("aggregate", out.state, sampled, round_num, keys=new)
+    self.state = agg.state
+    self.assignment[sampled] = new
+    s = out.summed
+    model_bytes = self.num_params * experiment.BYTES_PER_PARAMETER
+    row = {
+        "train_loss": float(s["loss_sum"] / max(s["num_examples"], 1.0)),
+        "mean_update_norm": float(s["update_norm_sum"] / s["num_clients"]),
+        "num_changed": changed,
+        "bytes_down": int(len(sampled) * model_bytes),
+        "bytes_up": int(len(sampled) * model_bytes),
+    }
+    row.update(self.round_extras())
+    return row
+
+  def eval_models(self):
+    return self._models(), self.assignment.copy()
+
+  def round_eval_metrics(self, result):
+    out = {}
+    for j in range(self.k):
+      out[f"group_{j}_accuracy"] = result.group_accuracy(self.assignment, j)
+      out[f"group_{j}_size"] = int((self.assignment == j).sum())
+    truth = self.data.true_clusters
+    if truth is not None:
+      out["ari"] = clustering.adjusted_rand_index(truth, self.assignment)
+      out["purity"] = clustering.purity(truth, self.assignment)
+    return out
+
+  def summary(self):
+    out = dict(self._summary)
+    out["final_assignment"] = {cid: int(g) for cid, g in
+                               zip(self.data.client_ids, self.assignment)}
+    out["num_groups"] = self.k
+    return out
+
+
+class WeCFLDriver(ClusterModelsDriver):
+  """WeCFL / FeSEM (see the module docstring)."""
+
+  def __init__(self, task, data, config: experiment.TrainingConfig, *, num_groups: int = 5,
+               wecfl_features: str = "last_layer", wecfl_kmeans: str = "refit",
+               kmeans_weights: str = "data", center_weights: str = "data",
+               wecfl_mu: float = 0.0):
+    for name, value, valid in (("wecfl_features", wecfl_features, FEATURES),
+                               ("wecfl_kmeans", wecfl_kmeans, KMEANS),
+                               ("kmeans_weights", kmeans_weights, WEIGHTINGS)):
+      if value not in valid:
+        raise ValueError(f"invalid --{name}={value}; valid: {', '.join(valid)}")
+    self.features = wecfl_features
+    self.kmeans = wecfl_kmeans
+    self.kmeans_weights = kmeans_weights
+    self.center_weights = center_weights
+    super().__init__(task, data, config, num_groups=num_groups, mu=wecfl_mu)
+    if wecfl_features == "last_layer":
+      self._feature_index = last_dense_kernel_index(task.model_fn())
+    self._summary.update(wecfl_features=wecfl_features, wecfl_kmeans=wecfl_kmeans,
+                         kmeans_weights=kmeans_weights, center_weights=center_weights)
+    self._inertia = float("nan")
+    self.extra_columns = [*self.extra_columns, "kmeans_objective"]
+
+  def aggregation_weights(self):
+    if self.center_weights == "uniform":
+      return np.ones(self.data.num_clients)
+    return self.data_weight
+
+  def feature(self, weights: Sequence[np.ndarray]) -> np.ndarray:
+    if self.features == "last_layer":
+      return np.asarray(weights[self._feature_index], np.float64).ravel()
+    return clustering.flatten_weights(list(weights)[:self.definition.num_trainable])
+
+  def choose(self, round_num, sampled, trained, models):
+    g = np.stack([self.feature(w) for w in trained])
+    centres_before = np.stack([self.feature(m) for m in models])
+    lam = self.data_weight[sampled] if self.kmeans_weights == "data" else None
+    degenerate = np.allclose(centres_before, centres_before[0])
+    if self.kmeans == "one_step" and not degenerate:
+      labels = clustering.nearest_centre(g, centres_before)
+      centres = clustering.weighted_centres(g, labels, self.k, lam, previous=centres_before)
+    else:
+      seed = int(np.random.SeedSequence([self.config.seed, 29, round_num])
+                 .generate_state(1)[0] & 0x7FFFFFFF)
+      labels, centres = clustering.weighted_kmeans(g, self.k, lam, seed=seed)
+      labels = match_labels(labels, centres, centres_before)
+      centres = clustering.weighted_centres(g, labels, self.k, lam, previous=centres_before)
+    w = np.ones(len(labels)) if lam is None else lam
+    self._inertia = float(np.sum(w * np.sum((g - centres[labels]) ** 2, axis=1)) / w.sum())
+    return labels
+
+  def round_extras(self):
+    return {"kmeans_objective": self._inertia}
+
+
+def make_driver(task, data, config: experiment.TrainingConfig, **options):
+  return WeCFLDriver(task, data, config, **options)
