@@ -363,6 +363,12 @@ DATA_CASES = {
                                          "--task_arg=reuse_prefix=maybe"],
                                         "reuse_prefix=maybe"),
     "seed_too_large": lambda t: (["--seed=4294967296"], "--seed=4294967296"),
+    "wecfl_fewer_round_clients_than_groups": lambda t: (
+        ["--algo=wecfl", "--num_groups=5", "--clients_per_round=3"],
+        ["invalid --clients_per_round=3", "--num_groups=5"]),
+    "fesem_more_groups_than_clients": lambda t: (
+        ["--algo=fesem", "--num_groups=30", "--num_clients=20", "--clients_per_round=20"],
+        "invalid --num_groups=30"),
     "jit_on_batchnorm": lambda t: (["--task=fmnist", f"--data_dir={SHARED_DATA / 'fashion_mnist'}",
                                     "--runner=local", "--jit=on", "--num_clients=20"],
                                    "--jit=on"),
