@@ -12,11 +12,14 @@ FedAvg+ / FedProx+ are scored once, at the end (their ensemble is formed from
 the final models). Ours: mean ± std (%) over the seeds run.
 
 Methods (flags beyond the task's defaults):
-  FedAvg, FedProx       one global model (the paper's K = 1 rows; mu 0.95);
-  FedAvg+, FedProx+     --ensemble_size=K independent runs, logits averaged;
-  IFCA                  --ifca_loss_batches=3 --ifca_agg=num_examples (the
-                        FedBase code behind the paper's IFCA rows: loss on 3
-                        batches, size-weighted averaging). The paper's IFCA
+  FedAvg, FedProx       one global model (the paper's K = 1 rows; mu 0.95),
+                        --client_weighting=samples (FedBase weights clients by
+                        their data, not by the examples of the round's 10 steps);
+  FedAvg+, FedProx+     --ensemble_size=K independent runs, logits averaged,
+                        weighted as FedAvg;
+  IFCA                  --ifca_loss_batches=3 --ifca_agg=samples (the FedBase
+                        code behind the paper's IFCA rows: loss on 3 batches,
+                        data-size-weighted averaging). The paper's IFCA
                         numbers come from code whose cluster models alias one
                         object (all clients train one model), so they are
                         shown for reference only;
@@ -70,11 +73,11 @@ PAPER = {
 TASKS = {"dir": "fmnist_clusterwise_dir", "class": "fmnist_clusterwise_class"}
 SETTING = {"dir": "α=(0.1,10)", "class": "(3,2)-class"}
 METHODS = {
-    "FedAvg": ["--algo=fedavg"],
-    "FedProx": ["--algo=fedprox"],
-    "FedAvg+": ["--algo=fedavg_plus"],
-    "FedProx+": ["--algo=fedprox_plus"],
-    "IFCA": ["--algo=ifca", "--ifca_loss_batches=3", "--ifca_agg=num_examples"],
+    "FedAvg": ["--algo=fedavg", "--client_weighting=samples"],
+    "FedProx": ["--algo=fedprox", "--client_weighting=samples"],
+    "FedAvg+": ["--algo=fedavg_plus", "--client_weighting=samples"],
+    "FedProx+": ["--algo=fedprox_plus", "--client_weighting=samples"],
+    "IFCA": ["--algo=ifca", "--ifca_loss_batches=3", "--ifca_agg=samples"],
     "FeSEM": ["--algo=fesem", "--fesem_center=data"],
     "WeCFL": ["--algo=wecfl"],
 }

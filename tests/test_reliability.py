@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 import pickle
@@ -22,7 +23,7 @@ from tests.helpers import (SMALL_ARGS, assert_one_line_error, assert_workers_gon
                            main_in_process,
                            metrics_rows_written, read_metrics_csv, run_watching_workers)
 from tests.test_fedprox_nist import write_leaf
-from tests.test_runners import PARITY_CASES
+from tests.test_runners import OWN_MOMENTUM, PARITY_CASES
 from tests.test_sent140_csv import CLI_CASES as SENT140_CLI_CASES
 from tff_cluster import algorithms, checkpoint, experiment
 from tff_cluster import hparams as hp
@@ -58,8 +59,10 @@ def _config(rounds, runner):
 
 
 def _train(task, data, algo, runner, rounds, run_dir, resume=None):
-  options = PARITY_CASES[algo][0]
+  options = {k: v for k, v in PARITY_CASES[algo][0].items() if k != "_config"}
   config = _config(rounds, runner)
+  if algo in OWN_MOMENTUM:
+    config = dataclasses.replace(config, client_momentum=0.0)
   driver = algorithms.get_algorithm(algo).make_driver(task, data, config, **options)
   writer = ResultsWriter(str(run_dir), [*experiment.BASE_COLUMNS, *driver.extra_columns],
                          overwrite=True, tensorboard=False,
@@ -363,6 +366,9 @@ DATA_CASES = {
                                          "--task_arg=reuse_prefix=maybe"],
                                         "reuse_prefix=maybe"),
     "seed_too_large": lambda t: (["--seed=4294967296"], "--seed=4294967296"),
+    "cfl_mgd_with_client_momentum": lambda t: (
+        ["--algo=cfl_mgd", "--client_momentum=0.5"],
+        ["invalid --client_momentum", "--cfl_mgd_beta"]),
     "wecfl_fewer_round_clients_than_groups": lambda t: (
         ["--algo=wecfl", "--num_groups=5", "--clients_per_round=3"],
         ["invalid --clients_per_round=3", "--num_groups=5"]),

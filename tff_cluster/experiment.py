@@ -7,6 +7,7 @@ loop here is algorithm- and runner-agnostic.
 
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 import os
@@ -145,9 +146,8 @@ class Driver:
     """
     states = None
     if self.definition.client_state_spec(mode) is not None:
-      fresh = self.definition.initial_client_state(mode)
-      states = [self.client_states.get(int(k), fresh) if persist else fresh
-                for k in clients]
+      states = [self.client_states[int(k)] if persist and int(k) in self.client_states
+                else self.fresh_client_state(mode, int(k)) for k in clients]
     out = self.runner.run(mode, state, clients,
                           round_num if shuffle_round is None else shuffle_round,
                           work or self.config.local_work,
@@ -160,6 +160,16 @@ class Driver:
       for k, new in zip(clients, out.client_states):
         self.client_states[int(k)] = new
     return out
+
+  def fresh_client_state(self, mode: str, client: int):
+    """Client `client`'s state before it has one of its own: the definition's
+    initial client state, with the client's number of training samples as
+    `weight` where the definition's client state has one."""
+    state = self.definition.initial_client_state(mode)
+    if isinstance(state, dict) and "weight" in state:
+      state = collections.OrderedDict(state)
+      state["weight"] = np.float32(self.data.num_train_samples()[client])
+    return state
 
   def snapshot(self) -> Dict[str, Any]:
     """The driver's state now, cheaply: server and client states are never

@@ -317,6 +317,25 @@ class _Trainer:
     (inference mode: BatchNorm uses its moving statistics)."""
     raise NotImplementedError
 
+  def gradient(self, weights, data, max_batches: int = 1):
+    """(mean gradient over the examples of the first `max_batches` batches of
+    `data` (0: all), examples): the gradient of the mean loss at `weights`
+    (trainable weights only; training mode, as a local step sees it)."""
+    raise NotImplementedError
+
+  def _batch_gradient(self, x, y, mask):
+    """(gradient of the batch's summed loss, examples)."""
+    trainable = self.model.trainable_variables
+    with tf.GradientTape() as tape:
+      per_example = models.per_example_loss(self.loss_kind, y, self.model(x, training=True))
+      if mask is None:
+        total = tf.reduce_sum(per_example)
+        count = tf.cast(tf.shape(per_example)[0], tf.float32)
+      else:
+        total = tf.reduce_sum(per_example * mask)
+        count = tf.reduce_sum(mask)
+    return tape.gradient(total, trainable), count
+
   def _batch_loss(self, x, y, mask):
     per_example = models.per_example_loss(self.loss_kind, y, self.model(x, training=False))
     if mask is None:
@@ -355,6 +374,20 @@ class DatasetTrainer(_Trainer):
       return carry[0] + loss_sum, carry[1] + count
 
     return data.reduce((tf.constant(0.0), tf.constant(0.0)), add)
+
+  def gradient(self, weights, data, max_batches: int = 1):
+    for var, value in zip(self._variables, weights):
+      var.assign(value)
+    if max_batches:
+      data = data.take(max_batches)
+    zeros = tuple(tf.zeros_like(v) for v in self.model.trainable_variables)
+
+    def add(carry, batch):
+      grads, count = self._batch_gradient(batch["x"], batch["y"], None)
+      return tuple(a + g for a, g in zip(carry[0], grads)), carry[1] + count
+
+    total, count = data.reduce((zeros, tf.constant(0.0)), add)
+    return [t / tf.maximum(count, 1.0) for t in total], count
 
 
 class PaddedTrainer(_Trainer):
@@ -401,6 +434,27 @@ class PaddedTrainer(_Trainer):
         (tf.constant(0), tf.constant(0.0), tf.constant(0.0), v),
         maximum_iterations=data.indices.shape[0])
     return self._finish(start, num_examples, loss_sum, v)
+
+  def gradient(self, weights, data: PaddedBatches, max_batches: int = 1):
+    for var, value in zip(self._variables, weights):
+      var.assign(value)
+    batch_size = tf.shape(data.indices)[1]
+    limit = data.num_steps if not max_batches else tf.minimum(data.num_steps, max_batches)
+    zeros = tuple(tf.zeros_like(v) for v in self.model.trainable_variables)
+
+    def body(i, total, count):
+      if self._exact:
+        rows, mask = data.indices[i, :data.sizes[i]], None
+      else:
+        rows = data.indices[i]
+        mask = tf.cast(tf.range(batch_size) < data.sizes[i], tf.float32)
+      grads, n = self._batch_gradient(tf.gather(self._x, rows), tf.gather(self._y, rows), mask)
+      return i + 1, tuple(a + g for a, g in zip(total, grads)), count + n
+
+    _, total, count = tf.while_loop(
+        lambda i, *_: i < limit, body, (tf.constant(0), zeros, tf.constant(0.0)),
+        maximum_iterations=data.indices.shape[0])
+    return [t / tf.maximum(count, 1.0) for t in total], count
 
   def loss(self, weights, data: PaddedBatches, max_batches: int = 0):
     for var, value in zip(self._variables, weights):

@@ -101,8 +101,9 @@ IFCA_HPARAMS = _group(
     HParam("ifca_forced_rounds", int, 20, "fedavg_warm: first rounds whose clients are "
            "put into K random equal groups.", low=0),
     HParam("ifca_agg", str, "uniform", "Per-cluster averaging of the chosen clients' "
-           "models: uniform (authors' MNIST/CIFAR code) or num_examples (their FEMNIST "
-           "code).", choices=("uniform", "num_examples")),
+           "models: uniform (authors' MNIST/CIFAR code), num_examples (examples "
+           "processed this round, their FEMNIST code) or samples (training samples, "
+           "FedBase).", choices=("uniform", "num_examples", "samples")),
     HParam("ifca_loss_batches", int, 0, "Batches of the round's local schedule the "
            "cluster estimate's loss is taken on (0 = all: the whole training set; "
            "FedBase: 3).", low=0),
@@ -152,16 +153,49 @@ CFL_HPARAMS = _group(
            "(the authors' code) or data-weighted.", choices=("uniform", "data")),
 )
 
+CLIENT_WEIGHTING = HParam(
+    "client_weighting", str, "processed", "FedAvg's client weights: the examples "
+    "processed in the round (McMahan et al.; with local epochs proportional to the "
+    "data) or the client's training samples (FedBase's, whatever --local_steps).",
+    choices=("processed", "samples"), group="fedavg")
+
 ENSEMBLE_VOTE = HParam("ensemble_vote", str, "logits", "How the ensemble's models "
                        "vote: mean of their logits (the authors' code) or of their "
                        "probabilities.", choices=("logits", "probs"), group="ensemble")
 
+CFL_MGD_HPARAMS = _group(
+    "cfl_mgd",
+    hp.NUM_GROUPS,
+    HParam("cfl_mgd_option", str, "model", "Option II, model averaging of local momentum "
+           "steps started from the cluster's buffer (model), or option I, averaging of "
+           "client momentum buffers of one gradient (gradient).",
+           choices=("model", "gradient")),
+    HParam("cfl_mgd_beta", float, 0.9, "beta: the momentum coefficient.", low=0, high=1,
+           high_open=True),
+    HParam("cfl_mgd_buffer", str, "client", "Option I: u_i held by the client (the "
+           "paper) or started from its cluster's u_p (server).",
+           choices=("client", "server")),
+    HParam("grad_avg_norm", str, "total", "Option I: the server step's divisor: the total "
+           "number of clients (the paper's m) or the cluster's members this round.",
+           choices=("total", "members")),
+    HParam("cfl_mgd_grad_batches", int, 1, "Option I: batches of the round's schedule "
+           "the client's gradient is the mean over (0 = all).", low=0),
+    next(d for d in IFCA_HPARAMS if d.name == "ifca_loss_batches"),
+)
+
+SERVER_LR = HParam("server_lr", float, 1.0, "eta_s: the server's learning rate "
+                   "(SlowMo's slow learning rate alpha).", low=0, low_open=True,
+                   group="server momentum")
+SERVER_MOMENTUM = HParam("server_momentum", float, 0.9, "beta: the server's momentum.",
+                         low=0, high=1, high_open=True, group="server momentum")
+SERVER_MOMENTUM_HPARAMS = (SERVER_LR, SERVER_MOMENTUM, CLIENT_WEIGHTING)
+
 ALGORITHMS: Dict[str, AlgorithmSpec] = {
     spec.name: spec for spec in [
         AlgorithmSpec("fedavg", "FedAvg: weighted averaging of local SGD models",
-                      "fedavg"),
+                      "fedavg", hparams=(CLIENT_WEIGHTING,)),
         AlgorithmSpec("fedprox", "FedProx: FedAvg with proximal term (mu/2)||w - w_t||^2",
-                      "fedprox", hparams=(hp.MU,)),
+                      "fedprox", hparams=(hp.MU, CLIENT_WEIGHTING)),
         AlgorithmSpec("fedgroup", "FedGroup: EDC/MADC group cold start, group-wise "
                       "FedAvg, newcomer cold start", "fedgroup",
                       hparams=FEDGROUP_HPARAMS),
@@ -170,6 +204,9 @@ ALGORITHMS: Dict[str, AlgorithmSpec] = {
                       hparams=(MU_POSITIVE, *FEDGROUP_HPARAMS)),
         AlgorithmSpec("ifca", "IFCA: K cluster models, clients pick the lowest-loss "
                       "one and train it", "ifca", hparams=IFCA_HPARAMS),
+        AlgorithmSpec("cfl_mgd", "CFL-MGD: IFCA's cluster estimates with momentum "
+                      "(option II: local momentum steps; option I: averaged buffers)",
+                      "cfl_mgd", hparams=CFL_MGD_HPARAMS),
         AlgorithmSpec("wecfl", "WeCFL: clients train their cluster model; weighted "
                       "K-Means on the trained models; weighted cluster means", "wecfl",
                       hparams=WECFL_HPARAMS),
@@ -177,10 +214,16 @@ ALGORITHMS: Dict[str, AlgorithmSpec] = {
                       hparams=FESEM_HPARAMS),
         AlgorithmSpec("fedavg_plus", "FedAvg+: --ensemble_size independent FedAvg runs, "
                       "combined at test time", "ensemble",
-                      hparams=(hp.ENSEMBLE_SIZE, ENSEMBLE_VOTE)),
+                      hparams=(hp.ENSEMBLE_SIZE, ENSEMBLE_VOTE, CLIENT_WEIGHTING)),
         AlgorithmSpec("fedprox_plus", "FedProx+: --ensemble_size independent FedProx "
                       "runs, combined at test time", "ensemble",
-                      hparams=(hp.MU, hp.ENSEMBLE_SIZE, ENSEMBLE_VOTE)),
+                      hparams=(hp.MU, hp.ENSEMBLE_SIZE, ENSEMBLE_VOTE, CLIENT_WEIGHTING)),
+        AlgorithmSpec("fedavgm", "FedAvgM: FedAvg with heavy-ball server momentum",
+                      "fedavgm", hparams=SERVER_MOMENTUM_HPARAMS),
+        AlgorithmSpec("fedmom", "FedMom: FedAvg with Nesterov server momentum", "fedmom",
+                      hparams=SERVER_MOMENTUM_HPARAMS),
+        AlgorithmSpec("slowmo", "SlowMo: slow momentum on the averaged local progress",
+                      "slowmo", hparams=SERVER_MOMENTUM_HPARAMS),
         AlgorithmSpec("cfl", "CFL: a cluster tree, bipartitions by the cosine "
                       "similarity of the members' updates (--num_groups: most clusters)",
                       "cfl", hparams=CFL_HPARAMS),

@@ -37,14 +37,16 @@ class EnsembleDriver(experiment.Driver):
   """
 
   def __init__(self, task, data, config: experiment.TrainingConfig, *,
-               ensemble_size: int = 1, ensemble_vote: str = "logits", mu: float = 0.0):
+               ensemble_size: int = 1, ensemble_vote: str = "logits", mu: float = 0.0,
+               client_weighting: str = "processed"):
     if ensemble_vote not in VOTES:
       raise ValueError(f"invalid --ensemble_vote={ensemble_vote}; valid: {', '.join(VOTES)}")
     if ensemble_size < 1:
       raise ValueError(f"invalid --ensemble_size={ensemble_size}; valid: an integer >= 1")
     super().__init__(task, data, config,
                      lambda specs, num_trainable, **solver: FedAvgDefinition(
-                         specs, num_trainable, mu=mu or 0.0, **solver))
+                         specs, num_trainable, mu=mu or 0.0, weighting=client_weighting,
+                         **solver))
     self.size = int(ensemble_size)
     self.vote = ensemble_vote
     self.state = None

@@ -5,7 +5,9 @@ Update rule, per round t with sampled clients S_t:
   SGD from w_t (FedProx adds (mu/2)||w - w_t||^2 to the local objective),
   giving Delta_k = w_k - w_t;
   w_{t+1} = w_t + sum_k n_k Delta_k / sum_k n_k, with n_k the examples
-  processed (BatchNorm statistics are averaged the same way).
+  processed (`--client_weighting=processed`) or the client's training samples
+  (`samples`, FedBase's weights); BatchNorm statistics are averaged the same
+  way.
 
 `FedAvgDefinition` writes this once as plain TF functions; both runners run
 it. `build_fedavg` composes the same local update into a TFF
@@ -26,17 +28,49 @@ from tff_cluster.algorithms.definition import (ClientOutput, Definition,
                                                weighted_mean_update)
 
 
+# Client weights of the averaging: the examples processed in the round
+# (n_k of FedAvg's paper: with local epochs, E x the client's data), or the
+# client's training samples whatever the local work (FedBase, where 10 local
+# steps process the same number of examples on every client).
+WEIGHTINGS = ("processed", "samples")
+
+
+def with_weight_spec(spec, weighting: str):
+  """A client state spec with a `weight` scalar added for 'samples' (the host
+  fills it with the client's training samples)."""
+  if weighting != "samples":
+    return spec
+  out = collections.OrderedDict() if spec is None else collections.OrderedDict(spec)
+  out["weight"] = tf.TensorSpec([], tf.float32)
+  return out
+
+
+def client_weight(out, client_state, weighting: str):
+  """The client's averaging weight (see WEIGHTINGS)."""
+  if weighting == "samples":
+    return client_state["weight"]
+  return out.num_examples
+
+
 class FedAvgDefinition(Definition):
   """State: `{'model': weights}`. Every client receives the model and the round's lr.
 
   Summed: `update` = sum_k n_k Delta_k, `weight` = sum_k n_k, `loss_sum`.
   """
 
-  def __init__(self, weights_spec, num_trainable: int, mu: float = 0.0, **solver):
+  def __init__(self, weights_spec, num_trainable: int, mu: float = 0.0,
+               weighting: str = "processed", **solver):
     super().__init__(weights_spec, num_trainable, **solver)
     if mu < 0:
       raise ValueError(f"invalid --mu={mu}; valid: a number >= 0")
+    if weighting not in WEIGHTINGS:
+      raise ValueError(f"invalid --client_weighting={weighting}; valid: "
+                       f"{', '.join(WEIGHTINGS)}")
     self.mu = float(mu)
+    self.weighting = weighting
+
+  def client_state_spec(self, mode):
+    return with_weight_spec(super().client_state_spec(mode), self.weighting)
 
   def initial_state(self, initial_weights):
     return collections.OrderedDict(model=[np.asarray(w) for w in initial_weights])
@@ -47,7 +81,7 @@ class FedAvgDefinition(Definition):
   def client_work(self, trainer, selected, received, client_state, data, mode):
     out, new_state = self.local_update(trainer, received["model"], data, received["lr"],
                                        client_state, mu=self.mu)
-    n = out.num_examples
+    n = client_weight(out, client_state, self.weighting)
     summed = collections.OrderedDict(update=[n * d for d in out.delta], weight=n,
                                      loss_sum=out.loss_sum)
     result = collections.OrderedDict(loss_sum=out.loss_sum, num_examples=n)
@@ -61,10 +95,11 @@ class FedAvgDefinition(Definition):
 class FedAvgDriver(experiment.Driver):
   """One global model for every client."""
 
-  def __init__(self, task, data, config: experiment.TrainingConfig, mu: float = 0.0):
+  def __init__(self, task, data, config: experiment.TrainingConfig, mu: float = 0.0,
+               client_weighting: str = "processed"):
     super().__init__(task, data, config,
                      lambda specs, num_trainable, **solver: FedAvgDefinition(
-                         specs, num_trainable, mu=mu, **solver))
+                         specs, num_trainable, mu=mu, weighting=client_weighting, **solver))
     self.state = None
 
   def setup(self):
@@ -86,8 +121,9 @@ class FedAvgDriver(experiment.Driver):
     return [self.model_weights()], np.zeros(self.data.num_clients, np.int64)
 
 
-def make_driver(task, data, config: experiment.TrainingConfig) -> FedAvgDriver:
-  return FedAvgDriver(task, data, config, mu=0.0)
+def make_driver(task, data, config: experiment.TrainingConfig,
+                client_weighting: str = "processed") -> FedAvgDriver:
+  return FedAvgDriver(task, data, config, mu=0.0, client_weighting=client_weighting)
 
 
 def build_fedavg(model_fn: Callable[[], tf.keras.Model], loss: str,

@@ -19,5 +19,6 @@ def build_fedprox(model_fn, loss, element_spec, initial_weights, client_lr: floa
                              client_lr, mu=mu, server_optimizer=server_optimizer)
 
 
-def make_driver(task, data, config: experiment.TrainingConfig, mu: float):
-  return fedavg.FedAvgDriver(task, data, config, mu=mu)
+def make_driver(task, data, config: experiment.TrainingConfig, mu: float,
+                client_weighting: str = "processed"):
+  return fedavg.FedAvgDriver(task, data, config, mu=mu, client_weighting=client_weighting)

@@ -13,8 +13,11 @@ Round: the server broadcasts all K models. Each sampled client i
     scatter, so one federated sum gives every cluster's sums;
   * model averaging (IFCA's option II) per cluster: theta_j <- theta_j +
     sum_{i: j_i = j} a_i Delta_i / sum a_i, with a_i = 1 (`--ifca_agg=uniform`,
-    the authors' MNIST/CIFAR code) or the client's examples (`num_examples`,
-    their FEMNIST code). A cluster no client chose keeps its model.
+    the authors' MNIST/CIFAR code), the examples the client processed this
+    round (`num_examples`, their FEMNIST code, which trains epochs) or its
+    training samples (`samples`, FedBase's IFCA behind the WeCFL paper's rows;
+    the two differ under `--local_steps`). A cluster no client chose keeps
+    its model.
 
 Initialisation (`--ifca_init`):
   random: K independent draws of the model's initializer (seeds derived from
@@ -50,11 +53,12 @@ import tensorflow as tf
 
 from tff_cluster import clustering, experiment, local_training
 from tff_cluster.algorithms.definition import ClientOutput, Definition, flat_norm
+from tff_cluster.algorithms.fedavg import client_weight, with_weight_spec
 
 INITS = ("random", "good_init", "fedavg_warm")
 # Shuffle seeds of the fedavg_warm pre-training rounds (apart from the run's rounds).
 WARM_SHUFFLE_BASE = 2_000_000
-AGGREGATIONS = ("uniform", "num_examples")
+AGGREGATIONS = ("uniform", "num_examples", "samples")
 GOOD_INIT_ATTEMPTS = 100
 
 
@@ -121,7 +125,10 @@ class IFCADefinition(Definition):
     return collections.OrderedDict(models=list(state["models"]), lr=params["lr"])
 
   def client_state_spec(self, mode):
-    return None if mode == "assign" else super().client_state_spec(mode)
+    if mode == "assign":
+      return None
+    return with_weight_spec(super().client_state_spec(mode),
+                            "samples" if self.aggregation == "samples" else "processed")
 
   def _losses(self, trainer, models, data):
     means = []
@@ -144,7 +151,11 @@ class IFCADefinition(Definition):
                             collections.OrderedDict(cluster=cluster, losses=losses))
       start = [tf.gather(w, cluster) for w in models]
     out, new_state = self.local_update(trainer, start, data, received["lr"], client_state)
-    weight = out.num_examples if self.aggregation == "num_examples" else tf.constant(1.0)
+    if self.aggregation == "uniform":
+      weight = tf.constant(1.0)
+    else:
+      weight = client_weight(out, client_state,
+                             "samples" if self.aggregation == "samples" else "processed")
     onehot = tf.one_hot(cluster, self.k, dtype=tf.float32)
     summed = collections.OrderedDict(
         update_sums=[tf.tensordot(onehot, weight * d, axes=0) for d in out.delta],
@@ -203,11 +214,9 @@ class IFCADriver(experiment.Driver):
     if not 1 <= num_groups <= data.num_clients:
       raise ValueError(f"invalid --num_groups={num_groups}; valid: 1..{data.num_clients} "
                        "(at most the number of clients)")
-    super().__init__(task, data, config,
-                     lambda specs, num_trainable, **solver: IFCADefinition(
-                         specs, num_trainable, num_groups, aggregation=ifca_agg,
-                         loss_batches=ifca_loss_batches, **solver))
     self.k = num_groups
+    self._ifca_options = dict(aggregation=ifca_agg, loss_batches=ifca_loss_batches)
+    super().__init__(task, data, config, self.make_definition)
     self.init = ifca_init
     self.threshold = good_init_threshold(num_groups, ifca_good_init_threshold)
     self._rng = np.random.default_rng(np.random.SeedSequence([config.seed, 13]))
@@ -221,8 +230,12 @@ class IFCADriver(experiment.Driver):
         + [f"group_{j}_round_clients" for j in range(num_groups)]
         + (["ari", "purity"] if data.true_clusters is not None else []))
 
+  def make_definition(self, specs, num_trainable, **solver):
+    """The algorithm's `Definition` (a subclass may run another on IFCA's host side)."""
+    return IFCADefinition(specs, num_trainable, self.k, **self._ifca_options, **solver)
+
   def _draw(self, attempt: int):
-    """K independent initializations (attempt 0's first model is w0)."""
+    """K independent initializations, seeded by (--seed, attempt, cluster)."""
     return [experiment.initial_weights(
         self.task, int(np.random.SeedSequence([self.config.seed, 17, attempt, j])
                        .generate_state(1)[0] & 0x7FFFFFFF)) for j in range(self.k)]

@@ -271,14 +271,13 @@ class ClusterModelsDriver(experiment.Driver):
 
   def setup(self):
     self.state = self.runner.put_state(self.definition.initial_state(self.w0))
-    fresh = self.definition.initial_client_state("train")
-    weights = self.aggregation_weights()
-    for k in range(self.data.num_clients):
-      state = collections.OrderedDict(fresh)
-      state["weight"] = np.float32(weights[k])
-      self.client_states[k] = state
     self._summary["num_parameters"] = self.num_params
     return {}
+
+  def fresh_client_state(self, mode, client):
+    state = collections.OrderedDict(self.definition.initial_client_state(mode))
+    state["weight"] = np.float32(self.aggregation_weights()[client])
+    return state
 
   def _models(self, state=None) -> List[List[np.ndarray]]:
     state = self.runner.numpy_state(self.state if state is None else state)

@@ -1,0 +1,246 @@
+"""CFL-MGD: hand-computed rounds of options I and II, and its reductions to IFCA and FedAvg."""
+
+import collections
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tasks
+from tff_cluster import algorithms, experiment, local_training
+from tff_cluster.algorithms.cfl_mgd import CFLMGDDefinition
+from tff_cluster.task import DataOptions
+
+
+class FakeTrainer:
+  """Losses and gradients given by hand (no model)."""
+
+  def __init__(self, losses, grad):
+    self.losses = list(losses)
+    self.grad = [tf.constant(g, tf.float32) for g in grad]
+
+  def loss(self, weights, data, max_batches=0):
+    del data, max_batches
+    # The cluster is recognised by its first weight's first entry (0, 1, 2...).
+    j = int(round(float(tf.reshape(weights[0], [-1])[0])))
+    return tf.constant(self.losses[j], tf.float32), tf.constant(1.0)
+
+  def gradient(self, weights, data, max_batches=1):
+    return self.grad, tf.constant(4.0)
+
+
+def _f32(structure):
+  return tf.nest.map_structure(lambda a: tf.constant(a, tf.float32), structure)
+
+
+def test_option_one_scales_by_eta_over_all_clients_and_averages_buffers():
+  spec = [tf.TensorSpec([2], tf.float32)]
+  d = CFLMGDDefinition(spec, 1, 2, option="gradient", beta=0.5, num_clients=4)
+  state = d.initial_state([[np.array([0., 0.])], [np.array([1., 1.])]])
+  received = d.broadcast(_f32(state), {"lr": tf.constant(0.2)}, "train")
+  clients = [  # (losses per cluster, gradient, previous u_i)
+      ([0.1, 0.9], [1., 2.], [2., 0.]),
+      ([0.2, 0.8], [3., 0.], [0., 4.])]
+  total = None
+  us = []
+  for losses, grad, u_prev in clients:
+    out = d.client_work(FakeTrainer(losses, [grad]), None, received,
+                        {"velocity": [tf.constant(u_prev, tf.float32)]}, None, "train")
+    assert int(out.result["cluster"]) == 0
+    u = 0.5 * np.array(u_prev) + np.array(grad)  # u_i <- beta u_i + g_i (current gradient)
+    np.testing.assert_allclose(out.state["velocity"][0].numpy(), u)
+    us.append(u)
+    total = out.summed if total is None else tf.nest.map_structure(tf.add, total, out.summed)
+  new = d.server_update(_f32(state), total, "train")
+  # chi_0 <- chi_0 - (eta / m) sum u_i with m = 4 clients in total (not 2 members).
+  np.testing.assert_allclose(new["models"][0].numpy()[0], -0.2 / 4 * (us[0] + us[1]),
+                             rtol=1e-6)
+  np.testing.assert_allclose(new["models"][0].numpy()[1], [1., 1.])  # no member
+  np.testing.assert_allclose(new["momenta"][0].numpy()[0], (us[0] + us[1]) / 2, rtol=1e-6)
+  np.testing.assert_allclose(new["momenta"][0].numpy()[1], [0., 0.])
+  # --grad_avg_norm=members divides by the cluster's 2 members instead.
+  d2 = CFLMGDDefinition(spec, 1, 2, option="gradient", beta=0.5, num_clients=4,
+                        norm="members")
+  new2 = d2.server_update(_f32(state), total, "train")
+  np.testing.assert_allclose(new2["models"][0].numpy()[0], -0.2 / 2 * (us[0] + us[1]),
+                             rtol=1e-6)
+
+
+def test_option_one_server_buffer_starts_from_the_cluster_buffer():
+  spec = [tf.TensorSpec([1], tf.float32)]
+  d = CFLMGDDefinition(spec, 1, 2, option="gradient", beta=0.5, buffer="server",
+                       num_clients=2)
+  assert d.client_state_spec("train") is None
+  state = d.initial_state([[np.array([0.])], [np.array([1.])]])
+  state["momenta"] = [np.array([[10.], [20.]], np.float32)]
+  received = d.broadcast(_f32(state), {"lr": tf.constant(1.0)}, "train")
+  out = d.client_work(FakeTrainer([0.5, 0.1], [[1.]]), None, received, None, None, "train")
+  assert int(out.result["cluster"]) == 1
+  np.testing.assert_allclose(out.summed["velocity_sums"][0].numpy(), [[0.], [11.]])
+
+
+def test_argmin_ties_go_to_the_lowest_cluster():
+  spec = [tf.TensorSpec([1], tf.float32)]
+  d = CFLMGDDefinition(spec, 1, 3, option="gradient", beta=0.0, num_clients=1,
+                       buffer="server")
+  state = d.initial_state([[np.array([0.])], [np.array([1.])], [np.array([2.])]])
+  received = d.broadcast(_f32(state), {"lr": tf.constant(1.0)}, "train")
+  out = d.client_work(FakeTrainer([0.3, 0.1, 0.1], [[1.]]), None, received, None, None,
+                      "train")
+  assert int(out.result["cluster"]) == 1
+
+
+def _softmax_linear_task():
+  """One input feature x = 1, two classes, a Dense(2) without bias: the logits
+  are the kernel's row, so the cross-entropy gradient is p - onehot(y)."""
+  from tff_cluster.data.federated import FederatedData
+  from tff_cluster.task import TaskSpec
+  from tff_cluster import models
+
+  def model_fn():
+    inputs = tf.keras.Input(shape=(1,))
+    logits = tf.keras.layers.Dense(2, use_bias=False, kernel_initializer="zeros")(inputs)
+    return tf.keras.Model(inputs, logits)
+
+  def load(options):
+    x = np.ones((1, 1), np.float32)
+    return FederatedData(["a"], {"a": (x, np.zeros(1, np.int32))},
+                         {"a": (x, np.zeros(1, np.int32))}, 2, description="one point")
+
+  return TaskSpec(name="tiny", description="", load_data=load, model_fn=model_fn,
+                  loss=models.SPARSE_CE_LOGITS, defaults={})
+
+
+@pytest.mark.parametrize("runner", ["local", "tff"])
+def test_two_option_two_steps_are_heavy_ball_from_the_cluster_buffer(runner):
+  task = _softmax_linear_task()
+  data = task.load_data(None)
+  config = experiment.TrainingConfig(rounds=1, clients_per_round=1, local_steps=2,
+                                     local_epochs=None, batch_size=1, client_lr=0.5, seed=0,
+                                     runner=runner)
+  driver = algorithms.get_algorithm("cfl_mgd").make_driver(task, data, config, num_groups=1,
+                                                           cfl_mgd_beta=0.9)
+  driver.setup()
+  u0 = np.array([[0.2, -0.1]], np.float32)
+  state = driver.runner.numpy_state(driver.state)
+  state["momenta"] = [u0[None]]
+  driver.state = driver.runner.put_state(state)
+  driver.run_round(1, np.array([0]))
+  # By hand: w = logits (the kernel's row), grad = softmax(w) - e_0; two steps
+  # of u <- beta u + grad, w <- w - eta u, from (w, u) = (0, u_0).
+  w, u = np.zeros(2), u0[0].astype(np.float64)
+  trajectory = [w.copy()]
+  for _ in range(2):
+    p = np.exp(w) / np.exp(w).sum()
+    u = 0.9 * u + (p - np.array([1.0, 0.0]))
+    w = w - 0.5 * u
+    trajectory.append(w.copy())
+  got = driver.runner.numpy_state(driver.state)
+  np.testing.assert_allclose(got["models"][0][0, 0], w, rtol=1e-5)
+  np.testing.assert_allclose(got["momenta"][0][0, 0], u, rtol=1e-5)
+  # The single-variable form (eq. 7): chi^(s) = chi^(s-1) - eta grad + beta (chi^(s-1) - chi^(s-2)),
+  # with chi^(-1) chosen so that the initial buffer is u_0: chi^(-1) = chi^(0) + eta u_0.
+  prev, cur = np.zeros(2) + 0.5 * u0[0], np.zeros(2)
+  for _ in range(2):
+    p = np.exp(cur) / np.exp(cur).sum()
+    prev, cur = cur, cur - 0.5 * (p - np.array([1.0, 0.0])) + 0.9 * (cur - prev)
+  np.testing.assert_allclose(cur, w, rtol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def small():
+  task = tasks.get_task("synthetic_clusters")
+  return task, task.load_data(DataOptions(seed=3, num_clients=12, extra={"num_clusters": 2}))
+
+
+def _steps_config(**kw):
+  base = dict(rounds=3, clients_per_round=6, local_steps=4, local_epochs=None, batch_size=10,
+              client_lr=0.05, seed=4, runner="local")
+  base.update(kw)
+  return experiment.TrainingConfig(**base)
+
+
+def _rounds(driver, rounds, data):
+  rng = np.random.default_rng(0)
+  for r in range(1, rounds + 1):
+    driver.run_round(r, np.sort(rng.choice(data.num_clients, 6, replace=False)))
+  return driver.runner.numpy_state(driver.state)
+
+
+def test_option_two_with_beta_zero_is_ifca_with_uniform_averaging(small):
+  task, data = small
+  config = _steps_config()
+  mgd = algorithms.get_algorithm("cfl_mgd").make_driver(task, data, config, num_groups=3,
+                                                        cfl_mgd_beta=0.0)
+  ifca = algorithms.get_algorithm("ifca").make_driver(task, data, config, num_groups=3,
+                                                      ifca_agg="uniform")
+  mgd.setup()
+  ifca.setup()
+  a, b = _rounds(mgd, 3, data), _rounds(ifca, 3, data)
+  np.testing.assert_array_equal(mgd.assignment, ifca.assignment)
+  for x, y in zip(a["models"], b["models"]):
+    np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7)
+
+
+def test_one_cluster_with_beta_zero_is_fedavg_on_equal_work(small):
+  task, data = small
+  config = _steps_config()  # 4 steps of 10 examples each: equal FedAvg weights
+  mgd = algorithms.get_algorithm("cfl_mgd").make_driver(task, data, config, num_groups=1,
+                                                        cfl_mgd_beta=0.0)
+  fedavg = algorithms.get_algorithm("fedavg").make_driver(task, data, config)
+  mgd.setup()
+  fedavg.setup()
+  start = [np.asarray(w[0]) for w in mgd.runner.numpy_state(mgd.state)["models"]]
+  fedavg.state = fedavg.runner.put_state(fedavg.definition.initial_state(start))
+  a = _rounds(mgd, 3, data)
+  b = _rounds(fedavg, 3, data)
+  for x, y in zip(a["models"], b["model"]):
+    np.testing.assert_allclose(x[0], y, rtol=1e-5, atol=1e-7)
+
+
+def test_option_one_participants_take_their_cluster_buffer(small):
+  task, data = small
+  config = _steps_config(local_steps=1)
+  driver = algorithms.get_algorithm("cfl_mgd").make_driver(
+      task, data, config, num_groups=2, cfl_mgd_option="gradient", cfl_mgd_beta=0.9)
+  driver.setup()
+  sampled = np.array([0, 3, 5, 8])
+  driver.run_round(1, sampled)
+  momenta = driver.runner.numpy_state(driver.state)["momenta"]
+  for k in sampled:
+    p = driver.assignment[k]
+    for u, v in zip(driver.client_states[int(k)]["velocity"], momenta):
+      np.testing.assert_array_equal(u, v[p])
+
+
+def test_momentum_reaches_tolerance_in_fewer_rounds_on_least_squares():
+  """Option I with full-batch gradients on a strongly convex least-squares
+  problem, 1/2 ||D (w - w*)||^2 with D^2 = diag(1, 0.3, 0.1, 0.03, 0.01)
+  (condition number 100): with the same stable eta = 1, beta = 0.9 needs
+  fewer rounds than beta = 0 (heavy ball's rate ~ sqrt(beta) against 1 - 0.01)."""
+  h = np.array([1.0, 0.3, 0.1, 0.03, 0.01])
+  target = np.array([1.0, -2.0, 0.5, 3.0, -1.0])
+  spec = [tf.TensorSpec([5], tf.float32)]
+
+  class LSTrainer:
+    def loss(self, weights, data, max_batches=0):
+      return tf.constant(0.0), tf.constant(1.0)
+
+    def gradient(self, weights, data, max_batches=1):
+      return [tf.constant(h * (weights[0].numpy() - target), tf.float32)], tf.constant(1.0)
+
+  def rounds_to_tolerance(beta):
+    d = CFLMGDDefinition(spec, 1, 1, option="gradient", beta=beta, num_clients=1)
+    state = _f32(d.initial_state([np.zeros(5)]))
+    u = [tf.zeros([5])]
+    for t in range(1, 3001):
+      received = d.broadcast(state, {"lr": tf.constant(1.0)}, "train")
+      out = d.client_work(LSTrainer(), None, received, {"velocity": u}, None, "train")
+      state = d.server_update(state, out.summed, "train")
+      u = list(out.state["velocity"])
+      if np.linalg.norm(state["models"][0].numpy()[0] - target) < 1e-3:
+        return t
+    return 3001
+
+  plain, heavy = rounds_to_tolerance(0.0), rounds_to_tolerance(0.9)
+  assert heavy < plain < 3001, (heavy, plain)

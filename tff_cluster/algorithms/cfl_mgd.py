@@ -1,0 +1,237 @@
+"""CFL-MGD (clustered FL with momentum gradient descent; the CFL-MGD paper,
+Algorithm 1), options I and II.
+
+State: P = `--num_groups` cluster models chi_p and cluster momentum buffers
+u_p (trainable weights, zero at the start), stacked [P, ...].
+
+Round t (lr eta_t = client_lr * lr_decay^(t-1); beta = `--cfl_mgd_beta`): the
+server broadcasts every chi_p (and every u_p where the option needs them).
+Each sampled client i estimates its cluster p_i = argmin_p phi_i(chi_p), its
+mean loss on its training batches (`--ifca_loss_batches`, 0 = all: IFCA's
+estimate; ties to the lowest index), r_{i,p} = 1{p = p_i}. Then
+
+option II, model averaging (`--cfl_mgd_option=model`, eqs. (4), (6), (10)):
+  (w, u) <- (chi_{p_i}, u_{p_i}); the round's local steps (the local work) of
+      u <- beta u + grad;  w <- w - eta u      (momentum first, eqs. (4)/(10))
+  server, per cluster with members: chi_p = mean of the members' w,
+  u_p = mean of their u (unweighted); a cluster without members keeps both.
+  With beta = 0 this is IFCA with uniform averaging; with P = 1 and beta = 0
+  it is FedAvg with uniform weights.
+
+option I, gradient averaging (`--cfl_mgd_option=gradient`, eqs. (3), (5), (9)):
+  g_i = the mean gradient at chi_{p_i} over the first `--cfl_mgd_grad_batches`
+      batches of the round's schedule (1: one stochastic gradient; a batch
+      of the client's size gives full-batch GD);
+  u_i <- beta u_i + g_i   (the current gradient, as the proof's eq. (32);
+      Algorithm 1 line 9 prints the previous round's)
+  server: chi_p <- chi_p - (eta / N) sum_{i in M_t} r_{i,p} u_i, N = the total
+      number of clients (the paper's m; `--grad_avg_norm=total`) or the
+      cluster's members this round (`members`, a cluster mean);
+      u_p = mean of its members' u_i, and every member sets u_i <- u_p
+      (Algorithm 1 line 15).
+  `--cfl_mgd_buffer=client` (the paper): u_i is the client's, kept between
+  its participations (a client that switches cluster brings its old
+  buffer); `server`: the client starts from its cluster's u_p instead.
+
+Evaluation: each client is tested with the cluster model of lowest loss on its
+own test data (IFCA's protocol, the paper's test clients).
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Optional
+
+import numpy as np
+import tensorflow as tf
+
+from tff_cluster import experiment, local_training
+from tff_cluster.algorithms.definition import ClientOutput, Definition, flat_norm
+from tff_cluster.algorithms.ifca import IFCADriver, argmin_cluster
+
+OPTIONS = ("model", "gradient")
+BUFFERS = ("client", "server")
+NORMS = ("total", "members")
+
+
+class CFLMGDDefinition(Definition):
+  """CFL-MGD's round as plain TF functions (see the module docstring).
+
+  State: `models` (every weight, [P, ...]) and `momenta` (trainable weights,
+  [P, ...]). Client state (option I with client buffers): `velocity`.
+  """
+
+  def __init__(self, weights_spec, num_trainable: int, num_clusters: int, *,
+               option: str = "model", beta: float = 0.9, buffer: str = "client",
+               norm: str = "total", num_clients: int = 1, loss_batches: int = 0,
+               grad_batches: int = 1, momentum: float = 0.0, persist_momentum: bool = False):
+    if momentum:
+      raise ValueError("invalid --client_momentum for cfl_mgd: its momentum is "
+                       "--cfl_mgd_beta; valid: --client_momentum=0")
+    super().__init__(weights_spec, num_trainable)
+    del persist_momentum
+    for name, value, valid in (("cfl_mgd_option", option, OPTIONS),
+                               ("cfl_mgd_buffer", buffer, BUFFERS),
+                               ("grad_avg_norm", norm, NORMS)):
+      if value not in valid:
+        raise ValueError(f"invalid --{name}={value}; valid: {', '.join(valid)}")
+    if not 0 <= beta < 1:
+      raise ValueError(f"invalid --cfl_mgd_beta={beta}; valid: 0 <= beta < 1")
+    self.k = int(num_clusters)
+    self.option = option
+    self.beta = float(beta)
+    # The trainer's heavy-ball momentum (option II's local steps).
+    self.momentum = self.beta if option == "model" else 0.0
+    self.buffer = buffer
+    self.norm = norm
+    self.num_clients = int(num_clients)
+    self.loss_batches = int(loss_batches)
+    self.grad_batches = int(grad_batches)
+
+  @property
+  def client_buffers(self) -> bool:
+    return self.option == "gradient" and self.buffer == "client"
+
+  def initial_state(self, initial_weights):
+    if not isinstance(initial_weights[0], (list, tuple)):
+      initial_weights = [initial_weights] * self.k
+    if len(initial_weights) != self.k:
+      raise ValueError(f"need {self.k} initial models, got {len(initial_weights)}")
+    models = [np.stack([np.asarray(m[layer]) for m in initial_weights])
+              for layer in range(len(initial_weights[0]))]
+    return collections.OrderedDict(
+        models=models,
+        momenta=[np.zeros_like(w, np.float32) for w in models[:self.num_trainable]])
+
+  def broadcast(self, state, params, mode):
+    out = collections.OrderedDict(models=list(state["models"]), lr=params["lr"])
+    if not self.client_buffers:
+      out["momenta"] = list(state["momenta"])
+    return out
+
+  def client_state_spec(self, mode):
+    if not self.client_buffers:
+      return None
+    return collections.OrderedDict(velocity=list(self.weights_spec[:self.num_trainable]))
+
+  def client_work(self, trainer, selected, received, client_state, data, mode):
+    models = list(received["models"])
+    losses = []
+    for j in range(self.k):
+      loss_sum, count = trainer.loss([w[j] for w in models], data, self.loss_batches)
+      losses.append(tf.math.divide_no_nan(loss_sum, count))
+    losses = tf.stack(losses)
+    cluster = argmin_cluster(losses)
+    onehot = tf.one_hot(cluster, self.k, dtype=tf.float32)
+    scatter = lambda t: tf.tensordot(onehot, t, axes=0)  # noqa: E731
+    start = [tf.gather(w, cluster) for w in models]
+    result = collections.OrderedDict(cluster=cluster, losses=losses)
+    if self.option == "model":
+      velocity = [tf.gather(u, cluster) for u in received["momenta"]]
+      out = trainer.train(start, data, received["lr"], velocity=velocity)
+      if out.velocity is None:  # beta = 0: the buffer stays zero
+        new_velocity = [tf.zeros_like(v) for v in velocity]
+      else:
+        new_velocity = list(out.velocity)
+      summed = collections.OrderedDict(
+          model_sums=[scatter(s + d) for s, d in zip(start, out.delta)],
+          velocity_sums=[scatter(v) for v in new_velocity],
+          counts=onehot, loss_sum=out.loss_sum, num_examples=out.num_examples,
+          update_norm_sum=flat_norm(out.delta), num_clients=tf.constant(1.0))
+      return ClientOutput(summed, result, None)
+    grads, _ = trainer.gradient(start, data, self.grad_batches)
+    if self.client_buffers:
+      previous = list(client_state["velocity"])
+    else:
+      previous = [tf.gather(u, cluster) for u in received["momenta"]]
+    u = [self.beta * p + g for p, g in zip(previous, grads)]
+    lr = tf.cast(received["lr"], tf.float32)
+    summed = collections.OrderedDict(
+        step_sums=[scatter(lr * v) for v in u],
+        velocity_sums=[scatter(v) for v in u], counts=onehot,
+        loss_sum=tf.gather(losses, cluster), num_examples=tf.constant(1.0),
+        update_norm_sum=lr * flat_norm(u), num_clients=tf.constant(1.0))
+    new_state = collections.OrderedDict(velocity=u) if self.client_buffers else None
+    return ClientOutput(summed, result, new_state)
+
+  def _per_cluster(self, counts, sums, old, divisor=None):
+    """sums / divisor where the cluster has members, else `old`."""
+    has = counts > 0
+    divisor = counts if divisor is None else divisor
+    safe = tf.where(divisor > 0, divisor, 1.0)
+    out = []
+    for s, o in zip(sums, old):
+      shape = tf.concat([[self.k], tf.ones([tf.rank(o) - 1], tf.int32)], 0)
+      out.append(tf.where(tf.reshape(has, shape), s / tf.reshape(safe, shape), o))
+    return out
+
+  def server_update(self, state, summed, mode):
+    counts = summed["counts"]
+    models = list(state["models"])
+    momenta = self._per_cluster(counts, summed["velocity_sums"], list(state["momenta"]))
+    if self.option == "model":
+      models = self._per_cluster(counts, summed["model_sums"], models)
+    else:
+      divisor = (counts if self.norm == "members"
+                 else tf.fill([self.k], tf.constant(float(self.num_clients))))
+      n = self.num_trainable
+      zeros = [tf.zeros_like(w) for w in models[:n]]
+      steps = self._per_cluster(counts, summed["step_sums"], zeros, divisor)
+      models = [w - s for w, s in zip(models[:n], steps)] + models[n:]
+    return collections.OrderedDict(models=models, momenta=momenta)
+
+
+def build_cfl_mgd(model_fn, loss: str, element_spec, num_clusters: int, num_clients: int,
+                  option: str = "model", beta: float = 0.9, buffer: str = "client",
+                  norm: str = "total", loss_batches: int = 0, grad_batches: int = 1):
+  """CFL-MGD's TFF computation `{'train': ...}` (the `tff` runner's; see
+  `tff_runner.build_round`); the state is `definition.initial_state([chi_1..chi_P])`.
+  Returns (definition, computations)."""
+  from tff_cluster.runners import tff_runner
+  model = model_fn()
+  definition = CFLMGDDefinition(
+      local_training.weights_type_spec(model), len(model.trainable_variables), num_clusters,
+      option=option, beta=beta, buffer=buffer, norm=norm, num_clients=num_clients,
+      loss_batches=loss_batches, grad_batches=grad_batches)
+  return definition, {"train": tff_runner.build_round(definition, "train", model_fn, loss,
+                                                      element_spec)}
+
+
+class CFLMGDDriver(IFCADriver):
+  """IFCA's host side (random initial models, argmin estimates, test clients
+  by test loss) around CFL-MGD's definition."""
+
+  def __init__(self, task, data, config: experiment.TrainingConfig, *, num_groups: int = 5,
+               cfl_mgd_option: str = "model", cfl_mgd_beta: float = 0.9,
+               cfl_mgd_buffer: str = "client", grad_avg_norm: str = "total",
+               ifca_loss_batches: int = 0, cfl_mgd_grad_batches: int = 1):
+    self._definition_options = dict(
+        option=cfl_mgd_option, beta=cfl_mgd_beta, buffer=cfl_mgd_buffer, norm=grad_avg_norm,
+        num_clients=data.num_clients, loss_batches=ifca_loss_batches,
+        grad_batches=cfl_mgd_grad_batches)
+    super().__init__(task, data, config, num_groups=num_groups,
+                     ifca_loss_batches=ifca_loss_batches)
+    self._summary.update(cfl_mgd_option=cfl_mgd_option, cfl_mgd_beta=cfl_mgd_beta,
+                         cfl_mgd_buffer=cfl_mgd_buffer, grad_avg_norm=grad_avg_norm)
+
+  def make_definition(self, specs, num_trainable, **solver):
+    return CFLMGDDefinition(specs, num_trainable, self.k, **self._definition_options,
+                            **solver)
+
+  def run_round(self, round_num, sampled):
+    row = super().run_round(round_num, sampled)
+    if self.definition.client_buffers:
+      # Algorithm 1 line 15: every participant takes its cluster's mean buffer.
+      momenta = self.runner.numpy_state(self.state)["momenta"]
+      for k in sampled:
+        p = int(self.assignment[int(k)])
+        self.client_states[int(k)] = collections.OrderedDict(
+            velocity=[np.asarray(u[p]) for u in momenta])
+    if self.definition.option == "model" or not self.definition.client_buffers:
+      row["bytes_down"] *= 2  # the models and the buffers
+    row["bytes_up"] *= 2
+    return row
+
+
+def make_driver(task, data, config: experiment.TrainingConfig, **options):
+  return CFLMGDDriver(task, data, config, **options)
