@@ -26,7 +26,8 @@ Methods (flags beyond the task's defaults):
   FeSEM                 --fesem_center=data (the code behind the paper's rows);
   WeCFL                 defaults.
 The runs go in this order (`--phases`, default all; the issue's order):
-  1. K = 10, alpha = (0.1, 10): FedAvg, FeSEM, WeCFL, IFCA, seeds `--seeds`;
+  1. K = 10, alpha = (0.1, 10): WeCFL, FeSEM, IFCA, FedAvg, seeds `--seeds`
+     (seed-major: every method's seed 0 first);
   2. K = 10, (3, 2)-class: the same methods, 1 seed;
   3. K = 5, alpha = (0.1, 10): FeSEM, WeCFL, IFCA, 1 seed;
   4. FedAvg+ and FedProx+ (K = 10, alpha = (0.1, 10)) and FedProx, 1 seed.
@@ -90,7 +91,7 @@ def phases(seeds: Sequence[int]) -> Dict[int, List[tuple]]:
   """Phase -> [(setting, K, method, seed)] in running order (seed-major)."""
   return {
       1: [("dir", 10 if m not in ONE_MODEL else 1, m, s) for s in seeds
-          for m in ("FedAvg", "FeSEM", "WeCFL", "IFCA")],
+          for m in ("WeCFL", "FeSEM", "IFCA", "FedAvg")],
       2: [("class", 10 if m not in ONE_MODEL else 1, m, seeds[0])
           for m in ("FedAvg", "FeSEM", "WeCFL", "IFCA")],
       3: [("dir", 5, m, seeds[0]) for m in ("FeSEM", "WeCFL", "IFCA")],

@@ -124,7 +124,7 @@ def test_flags_an_algorithm_ignores_are_reported_not_silently_dropped(capsys):
   settings = _resolve(["--algo=fedavg", "--mu=0.5", "--num_groups=3"])
   err = capsys.readouterr().err
   assert "mu" not in settings and "num_groups" not in settings
-  assert settings["algo_options"] == {}
+  assert settings["algo_options"] == {"client_weighting": "processed"}
   assert "warning: --mu, --num_groups ignored by --algo=fedavg" in err
   # FedProx uses --mu, and takes the task default (Synthetic: 1.0) when unset.
   assert _resolve(["--algo=fedprox", "--mu=0.5"])["mu"] == 0.5

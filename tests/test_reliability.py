@@ -369,6 +369,9 @@ DATA_CASES = {
     "cfl_mgd_with_client_momentum": lambda t: (
         ["--algo=cfl_mgd", "--client_momentum=0.5"],
         ["invalid --client_momentum", "--cfl_mgd_beta"]),
+    "mime_lite_with_client_momentum": lambda t: (
+        ["--algo=mime_lite", "--client_momentum=0.5"],
+        ["invalid --client_momentum", "--mime_momentum"]),
     "wecfl_fewer_round_clients_than_groups": lambda t: (
         ["--algo=wecfl", "--num_groups=5", "--clients_per_round=3"],
         ["invalid --clients_per_round=3", "--num_groups=5"]),

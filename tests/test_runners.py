@@ -56,6 +56,7 @@ PARITY_CASES = {
     "fedavgm": [{"server_lr": 0.8, "server_momentum": 0.5}],
     "fedmom": [{"server_momentum": 0.5, "client_weighting": "samples"}],
     "slowmo": [{"server_lr": 1.2, "server_momentum": 0.5}],
+    "mime_lite": [{"mime_momentum": 0.5}],
     "fedprox_plus": [{"ensemble_size": 2, "mu": 0.5, "ensemble_vote": "probs",
                       "client_weighting": "samples"}],
     "fedgrouprox": [{"num_groups": 3, "mu": 0.5, "pretrain_scale": 2.0, "pretrain_iters": 7,
@@ -86,7 +87,7 @@ def cluster_data():
 
 # Algorithms whose momentum is their own (CFL-MGD's beta): --client_momentum
 # is refused for them, the rest of a solver case applies.
-OWN_MOMENTUM = {"cfl_mgd"}
+OWN_MOMENTUM = {"cfl_mgd", "mime_lite"}
 
 
 def solver_for(algo, solver):

@@ -248,7 +248,7 @@ class TrainResult(NamedTuple):
 
 
 def sgd_step(model: tf.keras.Model, loss: str, x, y, mask, lr, anchor, mu: float,
-             momentum: float, velocity):
+             momentum: float, velocity, grad_offset=None):
   """One step of mini-batch SGD on F_k(w) + (mu/2)||w - anchor||^2.
 
   g = grad of the batch's mean loss (over its real examples: `mask` is None or
@@ -256,6 +256,9 @@ def sgd_step(model: tf.keras.Model, loss: str, x, y, mask, lr, anchor, mu: float
   without momentum w <- w - lr g; with heavy-ball momentum beta
   v <- beta v + g, w <- w - lr v (PyTorch's SGD convention, which the
   WeCFL/CFL-MGD reference codes use).
+
+  `grad_offset` (a constant per trainable weight, or None) is added to every
+  step's gradient (MimeLite's fixed server momentum term).
 
   Returns (batch loss x batch size, batch size, new velocity or None).
   """
@@ -274,6 +277,8 @@ def sgd_step(model: tf.keras.Model, loss: str, x, y, mask, lr, anchor, mu: float
   for i, (var, grad) in enumerate(zip(trainable, grads)):
     if mu:
       grad = grad + mu * (var - anchor[i])
+    if grad_offset is not None:
+      grad = grad + grad_offset[i]
     if momentum:
       grad = momentum * velocity[i] + grad
       new_velocity.append(grad)
@@ -306,9 +311,9 @@ class _Trainer:
                        list(velocity) if self.momentum else None)
 
   def train(self, start, data, lr, mu: float = 0.0, velocity=None,
-            anchor=None) -> TrainResult:
+            anchor=None, grad_offset=None) -> TrainResult:
     """`anchor`: the proximal term's centre (trainable weights; default the
-    start)."""
+    start); `grad_offset`: a constant added to every gradient (see `sgd_step`)."""
     raise NotImplementedError
 
   def loss(self, weights, data, max_batches: int = 0):
@@ -347,7 +352,7 @@ class DatasetTrainer(_Trainer):
   """Local SGD over a `tf.data.Dataset` of `{'x', 'y'}` batches (TFF runner)."""
 
   def train(self, start, data, lr, mu: float = 0.0, velocity=None,
-            anchor=None) -> TrainResult:
+            anchor=None, grad_offset=None) -> TrainResult:
     start = list(start)
     anchor = start[:self._num_trainable] if anchor is None else list(anchor)
     lr = tf.cast(lr, tf.float32)
@@ -356,7 +361,7 @@ class DatasetTrainer(_Trainer):
     def step(carry, batch):
       num_examples, loss_sum, v = carry
       loss_x_n, n, v = sgd_step(self.model, self.loss_kind, batch["x"], batch["y"], None,
-                                lr, anchor, mu, self.momentum, v)
+                                lr, anchor, mu, self.momentum, v, grad_offset)
       return num_examples + n, loss_sum + loss_x_n, tuple(v) if v is not None else ()
 
     num_examples, loss_sum, v = data.reduce(
@@ -407,7 +412,7 @@ class PaddedTrainer(_Trainer):
     self._exact = exact_batches
 
   def train(self, start, data: PaddedBatches, lr, mu: float = 0.0,
-            velocity=None, anchor=None) -> TrainResult:
+            velocity=None, anchor=None, grad_offset=None) -> TrainResult:
     start = list(start)
     anchor = start[:self._num_trainable] if anchor is None else list(anchor)
     lr = tf.cast(lr, tf.float32)
@@ -423,7 +428,7 @@ class PaddedTrainer(_Trainer):
         mask = tf.cast(tf.range(batch_size) < data.sizes[i], tf.float32)
       loss_x_n, n, new_v = sgd_step(
           self.model, self.loss_kind, tf.gather(self._x, rows), tf.gather(self._y, rows),
-          mask, lr, anchor, mu, self.momentum, v)
+          mask, lr, anchor, mu, self.momentum, v, grad_offset)
       return i + 1, num_examples + n, loss_sum + loss_x_n, \
           tuple(new_v) if new_v is not None else ()
 

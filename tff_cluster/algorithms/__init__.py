@@ -224,6 +224,12 @@ ALGORITHMS: Dict[str, AlgorithmSpec] = {
                       hparams=SERVER_MOMENTUM_HPARAMS),
         AlgorithmSpec("slowmo", "SlowMo: slow momentum on the averaged local progress",
                       "slowmo", hparams=SERVER_MOMENTUM_HPARAMS),
+        AlgorithmSpec("mime_lite", "MimeLite: local steps with the server's fixed momentum "
+                      "(TFF's build_weighted_mime_lite with SGDM)", "mime_lite",
+                      hparams=(HParam("mime_momentum", float, 0.9, "beta of the base "
+                                      "optimizer's (SGD with momentum) server-held state.",
+                                      low=0, high=1, high_open=True, group="mime_lite"),
+                               SERVER_LR)),
         AlgorithmSpec("cfl", "CFL: a cluster tree, bipartitions by the cosine "
                       "similarity of the members' updates (--num_groups: most clusters)",
                       "cfl", hparams=CFL_HPARAMS),

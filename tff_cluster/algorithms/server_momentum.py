@@ -101,6 +101,22 @@ class ServerMomentumDefinition(FedAvgDefinition):
     return collections.OrderedDict(model=trainable + rest, buffer=buffer)
 
 
+def build_server_momentum(model_fn, loss: str, element_spec, kind: str,
+                          server_lr: float = 1.0, server_momentum: float = 0.9,
+                          client_momentum: float = 0.0):
+  """The TFF computation `{'train': ...}` of FedAvgM / FedMom / SlowMo
+  (`kind`), the `tff` runner's (see `tff_runner.build_round`); the state is
+  `definition.initial_state(w0)`. Returns (definition, computations)."""
+  from tff_cluster import local_training
+  from tff_cluster.runners import tff_runner
+  model = model_fn()
+  definition = ServerMomentumDefinition(
+      local_training.weights_type_spec(model), len(model.trainable_variables), kind,
+      server_lr=server_lr, server_momentum=server_momentum, momentum=client_momentum)
+  return definition, {"train": tff_runner.build_round(definition, "train", model_fn, loss,
+                                                      element_spec)}
+
+
 class ServerMomentumDriver(FedAvgDriver):
   """FedAvg's host side over a server-momentum definition."""
 
