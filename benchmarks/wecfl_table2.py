@@ -163,18 +163,22 @@ def score(directory: str, method: str) -> Optional[tuple]:
 
 
 def seconds_per_round(directory: str) -> float:
+  """The median training time of a round (robust to a paused or shared machine)."""
   try:
-    with open(os.path.join(directory, "summary.json")) as f:
-      return float(json.load(f).get("mean_round_seconds", np.nan))
-  except (OSError, ValueError):
+    with open(os.path.join(directory, "metrics.csv"), newline="") as f:
+      times = [float(r["round_seconds"]) for r in csv.DictReader(f) if r.get("round_seconds")]
+  except (OSError, ValueError, KeyError):
     return float("nan")
+  return float(np.median(times)) if times else float("nan")
 
 
 def fmt(values: Sequence[float]) -> str:
   if not values:
     return "–"
   a = 100 * np.asarray(values)
-  return f"{a.mean():.2f} ± {a.std(ddof=1) if len(a) > 1 else 0.0:.2f}"
+  if len(a) == 1:
+    return f"{a[0]:.2f}"
+  return f"{a.mean():.2f} ± {a.std(ddof=1):.2f}"
 
 
 def main(argv=None):
@@ -262,7 +266,7 @@ def write_table(args):
            "persisted, batch 32). Paper IFCA rows: reference only (aliasing bug in "
            "the code behind them).", "",
            "| setting | K | method | seeds | ours acc | ours F1 | paper acc | paper F1 "
-           "| s/round |", "|---|---|---|---|---|---|---|---|---|"]
+           "| s/round (median) |", "|---|---|---|---|---|---|---|---|---|"]
   csv_rows = []
   order = list(METHODS)
   for (setting, k, method) in sorted(found, key=lambda t: (list(TASKS).index(t[0]), -t[1],

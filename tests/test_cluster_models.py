@@ -110,8 +110,8 @@ def test_wecfl_recovers_well_separated_clusters_with_data_weights(small, monkeyp
   driver = algorithms.get_algorithm("wecfl").make_driver(task, data, config, num_groups=2)
   driver.setup()
   sizes = np.asarray(data.num_train_samples(), float)
-  np.testing.assert_allclose([float(driver.client_states[k]["weight"]) for k in range(12)],
-                             sizes / sizes.sum(), rtol=1e-6)
+  np.testing.assert_allclose([float(driver.fresh_client_state("train", k)["weight"])
+                              for k in range(12)], sizes / sizes.sum(), rtol=1e-6)
   seen = {}
 
   def spy(features, k, weights=None, seed=0, **kw):
