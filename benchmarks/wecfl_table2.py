@@ -43,15 +43,15 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
+
+from fedgroup_table3 import run_one  # one way to run (or reuse) an experiment
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data")
@@ -118,30 +118,6 @@ def flags_for(setting: str, k: int, method: str, data_dir: str) -> List[str]:
 def run_dir(out: str, setting: str, k: int, method: str, seed: int) -> str:
   safe = method.replace("+", "plus")
   return os.path.join(out, setting, f"K{k}", safe, f"seed{seed}")
-
-
-def run_one(flags: List[str], directory: str, seed: int, rounds: Optional[int]) -> dict:
-  """Runs (or reuses) one experiment; returns its summary.json."""
-  summary_path = os.path.join(directory, "summary.json")
-  if os.path.exists(summary_path):
-    with open(summary_path) as f:
-      summary = json.load(f)
-    if summary.get("completed"):
-      return summary
-  cmd = [sys.executable, os.path.join(REPO_ROOT, "run_experiment.py"), *flags,
-         f"--seed={seed}", "--runner=local", "--progress=false", "--overwrite",
-         f"--output_dir={directory}"]
-  if rounds is not None:
-    cmd.append(f"--rounds={rounds}")
-  t0 = time.perf_counter()
-  proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True)
-  if proc.returncode != 0:
-    tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
-    raise RuntimeError(f"{' '.join(flags)} seed {seed}: exit {proc.returncode}: {tail}")
-  with open(summary_path) as f:
-    summary = json.load(f)
-  summary["wall_seconds"] = time.perf_counter() - t0
-  return summary
 
 
 def score(directory: str, method: str) -> Optional[tuple]:
@@ -217,7 +193,7 @@ def main(argv=None):
   if not args.table_only:
     for setting, k, method, seed in jobs:
       d = run_dir(args.out, setting, k, method, seed)
-      run_one(flags_for(setting, k, method, args.data_dir), d, seed, args.rounds)
+      run_one(flags_for(setting, k, method, args.data_dir), d, seed, "local", args.rounds)
       got = score(d, method)
       print(f"[{time.perf_counter() - t0:7.0f} s] {SETTING[setting]} K={k} {method} "
             f"seed {seed}: {got}", flush=True)
@@ -233,7 +209,7 @@ def project(jobs, args):
     if key not in seen:
       with tempfile.TemporaryDirectory() as tmp:
         s = run_one(flags_for(setting, k, method, args.data_dir),
-                    os.path.join(tmp, "run"), seed, 2)
+                    os.path.join(tmp, "run"), seed, "local", 2)
       per_round = (s["total_seconds"] - s["setup_seconds"]) / 2
       rounds = args.rounds or 100
       seen[key] = s["wall_seconds"] + (rounds - 2) * per_round

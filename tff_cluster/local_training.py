@@ -411,24 +411,27 @@ class PaddedTrainer(_Trainer):
     self._y = y
     self._exact = exact_batches
 
+  def _batch(self, data: PaddedBatches, i):
+    """(x, y, mask) of batch i: its real rows when `exact_batches`, else the
+    full padded batch with 1.0/0.0 row weights."""
+    if self._exact:
+      rows, mask = data.indices[i, :data.sizes[i]], None
+    else:
+      rows = data.indices[i]
+      mask = tf.cast(tf.range(tf.shape(data.indices)[1]) < data.sizes[i], tf.float32)
+    return tf.gather(self._x, rows), tf.gather(self._y, rows), mask
+
   def train(self, start, data: PaddedBatches, lr, mu: float = 0.0,
             velocity=None, anchor=None, grad_offset=None) -> TrainResult:
     start = list(start)
     anchor = start[:self._num_trainable] if anchor is None else list(anchor)
     lr = tf.cast(lr, tf.float32)
-    batch_size = tf.shape(data.indices)[1]
     v = self._start(start, velocity)
 
     def body(i, num_examples, loss_sum, v):
-      if self._exact:
-        rows = data.indices[i, :data.sizes[i]]
-        mask = None
-      else:
-        rows = data.indices[i]
-        mask = tf.cast(tf.range(batch_size) < data.sizes[i], tf.float32)
-      loss_x_n, n, new_v = sgd_step(
-          self.model, self.loss_kind, tf.gather(self._x, rows), tf.gather(self._y, rows),
-          mask, lr, anchor, mu, self.momentum, v, grad_offset)
+      x, y, mask = self._batch(data, i)
+      loss_x_n, n, new_v = sgd_step(self.model, self.loss_kind, x, y, mask, lr, anchor, mu,
+                                    self.momentum, v, grad_offset)
       return i + 1, num_examples + n, loss_sum + loss_x_n, \
           tuple(new_v) if new_v is not None else ()
 
@@ -443,17 +446,11 @@ class PaddedTrainer(_Trainer):
   def gradient(self, weights, data: PaddedBatches, max_batches: int = 1):
     for var, value in zip(self._variables, weights):
       var.assign(value)
-    batch_size = tf.shape(data.indices)[1]
     limit = data.num_steps if not max_batches else tf.minimum(data.num_steps, max_batches)
     zeros = tuple(tf.zeros_like(v) for v in self.model.trainable_variables)
 
     def body(i, total, count):
-      if self._exact:
-        rows, mask = data.indices[i, :data.sizes[i]], None
-      else:
-        rows = data.indices[i]
-        mask = tf.cast(tf.range(batch_size) < data.sizes[i], tf.float32)
-      grads, n = self._batch_gradient(tf.gather(self._x, rows), tf.gather(self._y, rows), mask)
+      grads, n = self._batch_gradient(*self._batch(data, i))
       return i + 1, tuple(a + g for a, g in zip(total, grads)), count + n
 
     _, total, count = tf.while_loop(
@@ -464,16 +461,10 @@ class PaddedTrainer(_Trainer):
   def loss(self, weights, data: PaddedBatches, max_batches: int = 0):
     for var, value in zip(self._variables, weights):
       var.assign(value)
-    batch_size = tf.shape(data.indices)[1]
     limit = data.num_steps if not max_batches else tf.minimum(data.num_steps, max_batches)
 
     def body(i, loss_sum, count):
-      if self._exact:
-        rows, mask = data.indices[i, :data.sizes[i]], None
-      else:
-        rows = data.indices[i]
-        mask = tf.cast(tf.range(batch_size) < data.sizes[i], tf.float32)
-      batch_loss, n = self._batch_loss(tf.gather(self._x, rows), tf.gather(self._y, rows), mask)
+      batch_loss, n = self._batch_loss(*self._batch(data, i))
       return i + 1, loss_sum + batch_loss, count + n
 
     _, loss_sum, count = tf.while_loop(
