@@ -178,14 +178,20 @@ def resolve_settings(values) -> dict:
   settings[other] = None
   if settings["num_clients"] is None:
     settings["num_clients"] = task.defaults.get("num_clients")
+  if algo.all_clients and given.get("clients_per_round") is None:
+    # Every client takes part in every round: the number is known once the
+    # data is loaded (`_load_task_data`).
+    settings["clients_per_round"] = None
   for name in ("rounds", "clients_per_round", "batch_size", "client_lr"):
+    if name == "clients_per_round" and algo.all_clients:
+      continue
     if settings[name] is None:
       raise UsageError(f"--{name} has no default for --task={task.name}; give it")
   if settings["local_epochs"] is None and settings["local_steps"] is None:
     raise UsageError(f"--task={task.name} has no default local work; give "
                      "--local_epochs or --local_steps")
-  if settings["num_clients"] is not None and \
-      settings["clients_per_round"] > settings["num_clients"]:
+  if settings["num_clients"] is not None and settings["clients_per_round"] is not None \
+      and settings["clients_per_round"] > settings["num_clients"]:
     raise UsageError(
         f"invalid --clients_per_round={settings['clients_per_round']}: more than "
         f"--num_clients={settings['num_clients']}; valid: 1..{settings['num_clients']}")
@@ -386,6 +392,8 @@ def _load_task_data(settings: dict, task):
   if settings["num_clients"] is not None and data.num_clients < settings["num_clients"]:
     raise UsageError(f"invalid --num_clients={settings['num_clients']}: --task={task.name} "
                      f"has {data.num_clients} clients; valid: 1..{data.num_clients}")
+  if settings["clients_per_round"] is None:  # an all-clients algorithm's default
+    settings["clients_per_round"] = data.num_clients
   if settings["clients_per_round"] > data.num_clients:
     # A task whose own setting decides how many clients remain names it (e.g.
     # sent140's "--task_arg=min_tweets=50").

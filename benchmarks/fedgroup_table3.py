@@ -136,16 +136,30 @@ def run_one(flags: List[str], directory: str, seed: int, runner: str,
       summary = json.load(f)
     if summary.get("completed"):
       return summary
+    if summary.get("checkpoint_round", 0) > 0:
+      # An interrupted run continues from its latest checkpoint.
+      return _resume(directory, rounds)
   cmd = [sys.executable, os.path.join(REPO_ROOT, "run_experiment.py"), *flags,
          f"--seed={seed}", f"--runner={runner}", "--progress=false", "--overwrite",
          f"--output_dir={directory}"]
+  return _run(cmd, directory, rounds, f"{' '.join(flags)} seed {seed}")
+
+
+def _resume(directory: str, rounds: Optional[int]) -> dict:
+  cmd = [sys.executable, os.path.join(REPO_ROOT, "run_experiment.py"), "--resume",
+         "--progress=false", f"--output_dir={directory}"]
+  return _run(cmd, directory, rounds, f"--resume {directory}")
+
+
+def _run(cmd: List[str], directory: str, rounds: Optional[int], what: str) -> dict:
+  summary_path = os.path.join(directory, "summary.json")
   if rounds is not None:
     cmd.append(f"--rounds={rounds}")
   t0 = time.perf_counter()
   proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True)
   if proc.returncode != 0:
     tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
-    raise RuntimeError(f"{' '.join(flags)} seed {seed}: exit {proc.returncode}: {tail}")
+    raise RuntimeError(f"{what}: exit {proc.returncode}: {tail}")
   with open(summary_path) as f:
     summary = json.load(f)
   summary["wall_seconds"] = time.perf_counter() - t0

@@ -23,7 +23,7 @@ from tests.helpers import (SMALL_ARGS, assert_one_line_error, assert_workers_gon
                            main_in_process,
                            metrics_rows_written, read_metrics_csv, run_watching_workers)
 from tests.test_fedprox_nist import write_leaf
-from tests.test_runners import OWN_MOMENTUM, PARITY_CASES
+from tests.test_runners import ALL_CLIENTS, OWN_MOMENTUM, PARITY_CASES
 from tests.test_sent140_csv import CLI_CASES as SENT140_CLI_CASES
 from tff_cluster import algorithms, checkpoint, experiment
 from tff_cluster import hparams as hp
@@ -63,6 +63,8 @@ def _train(task, data, algo, runner, rounds, run_dir, resume=None):
   config = _config(rounds, runner)
   if algo in OWN_MOMENTUM:
     config = dataclasses.replace(config, client_momentum=0.0)
+  if algo in ALL_CLIENTS:
+    config = dataclasses.replace(config, clients_per_round=data.num_clients)
   driver = algorithms.get_algorithm(algo).make_driver(task, data, config, **options)
   writer = ResultsWriter(str(run_dir), [*experiment.BASE_COLUMNS, *driver.extra_columns],
                          overwrite=True, tensorboard=False,
@@ -372,6 +374,15 @@ DATA_CASES = {
     "mime_lite_with_client_momentum": lambda t: (
         ["--algo=mime_lite", "--client_momentum=0.5"],
         ["invalid --client_momentum", "--mime_momentum"]),
+    "pfedmo_with_client_momentum": lambda t: (
+        ["--algo=pfedmo", "--client_momentum=0.5"],
+        ["invalid --client_momentum", "--nag_momentum"]),
+    "pfedmo_partial_participation": lambda t: (
+        ["--algo=pfedmo", "--task=synthetic", "--num_clients=8", "--clients_per_round=4"],
+        ["invalid --clients_per_round=4", "every worker"]),
+    "fednag_partial_participation": lambda t: (
+        ["--algo=fednag", "--task=synthetic", "--num_clients=8", "--clients_per_round=4"],
+        ["invalid --clients_per_round=4", "valid: 8"]),
     "wecfl_fewer_round_clients_than_groups": lambda t: (
         ["--algo=wecfl", "--num_groups=5", "--clients_per_round=3"],
         ["invalid --clients_per_round=3", "--num_groups=5"]),

@@ -62,6 +62,12 @@ PARITY_CASES = {
     "mime_lite": [{"mime_momentum": 0.2, "_config": {"client_lr": 0.005}}],
     "fedprox_plus": [{"ensemble_size": 2, "mu": 0.5, "ensemble_vote": "probs",
                       "client_weighting": "samples"}],
+    # (24 workers, all of them every round; the synthetic task has no public
+    # set, so pFedMo draws one from the pooled training data.)
+    "pfedmo": [{"pfedmo_pi": 1.0, "nag_momentum": 0.5, "score_batch": 16},
+               {"pfedmo_pi": 0.5, "nag_momentum": 0.0, "agg_weights": "uniform",
+                "public_fraction": 0.2}],
+    "fednag": [{"nag_momentum": 0.6, "_config": {"client_lr": 0.01}}],
     "fedgrouprox": [{"num_groups": 3, "mu": 0.5, "pretrain_scale": 2.0, "pretrain_iters": 7,
                      "group_agg_lr": 0.1, "cold_start": "rac"}],
 }
@@ -90,7 +96,9 @@ def cluster_data():
 
 # Algorithms whose momentum is their own (CFL-MGD's beta): --client_momentum
 # is refused for them, the rest of a solver case applies.
-OWN_MOMENTUM = {"cfl_mgd", "mime_lite"}
+OWN_MOMENTUM = {"cfl_mgd", "mime_lite", "pfedmo", "fednag"}
+# Algorithms where every client takes part in every round (cross-silo).
+ALL_CLIENTS = {"pfedmo", "fednag"}
 
 
 def solver_for(algo, solver):
@@ -103,7 +111,8 @@ def _run(task, data, algo, options, runner, tmp_path, solver):
   solver = solver_for(algo, solver)
   options = dict(options)
   config = experiment.TrainingConfig(**{
-      "rounds": ROUNDS, "clients_per_round": 8, "batch_size": 10, "client_lr": 0.02,
+      "rounds": ROUNDS, "batch_size": 10, "client_lr": 0.02,
+      "clients_per_round": data.num_clients if algo in ALL_CLIENTS else 8,
       "seed": 1, "runner": runner, **solver, **options.pop("_config", {})})
   driver = algorithms.get_algorithm(algo).make_driver(task, data, config, **options)
   columns = [*experiment.BASE_COLUMNS, *driver.extra_columns]

@@ -248,7 +248,7 @@ class TrainResult(NamedTuple):
 
 
 def sgd_step(model: tf.keras.Model, loss: str, x, y, mask, lr, anchor, mu: float,
-             momentum: float, velocity, grad_offset=None):
+             momentum: float, velocity, grad_offset=None, nesterov: bool = False):
   """One step of mini-batch SGD on F_k(w) + (mu/2)||w - anchor||^2.
 
   g = grad of the batch's mean loss (over its real examples: `mask` is None or
@@ -259,6 +259,13 @@ def sgd_step(model: tf.keras.Model, loss: str, x, y, mask, lr, anchor, mu: float
 
   `grad_offset` (a constant per trainable weight, or None) is added to every
   step's gradient (MimeLite's fixed server momentum term).
+
+  `nesterov`: Nesterov's accelerated gradient in its two-sequence form (the
+  pFedMo paper's eqs. 6-7), with `velocity` holding the look-ahead point y of
+  the previous step, not a velocity:
+    y_new = w - lr g(w);  w <- y_new + momentum (y_new - y);  y <- y_new.
+  In one sequence this is v <- momentum v - lr g, w <- w + momentum v - lr g
+  (Keras' nesterov SGD), with v = y_new - y.
 
   Returns (batch loss x batch size, batch size, new velocity or None).
   """
@@ -273,12 +280,17 @@ def sgd_step(model: tf.keras.Model, loss: str, x, y, mask, lr, anchor, mu: float
       count = tf.reduce_sum(mask)
       batch_loss = tf.reduce_sum(per_example * mask) / count
   grads = tape.gradient(batch_loss, trainable)
-  new_velocity = [] if momentum else None
+  new_velocity = [] if momentum or nesterov else None
   for i, (var, grad) in enumerate(zip(trainable, grads)):
     if mu:
       grad = grad + mu * (var - anchor[i])
     if grad_offset is not None:
       grad = grad + grad_offset[i]
+    if nesterov:
+      y_new = var - lr * grad
+      new_velocity.append(y_new)
+      var.assign(y_new + momentum * (y_new - velocity[i]))
+      continue
     if momentum:
       grad = momentum * velocity[i] + grad
       new_velocity.append(grad)
@@ -289,16 +301,24 @@ def sgd_step(model: tf.keras.Model, loss: str, x, y, mask, lr, anchor, mu: float
 class _Trainer:
   """`train(start, data, lr, mu, velocity)`: local SGD from `start` over `data`."""
 
-  def __init__(self, model: tf.keras.Model, loss: str, momentum: float = 0.0):
+  def __init__(self, model: tf.keras.Model, loss: str, momentum: float = 0.0,
+               nesterov: bool = False):
     self.model = model
     self.loss_kind = loss
     self.momentum = float(momentum)
+    # Nesterov's (x, y) form (see `sgd_step`): the "velocity" carried and
+    # returned is the look-ahead point y, given by the caller.
+    self.nesterov = bool(nesterov)
     self._variables = model_variables(model)
     self._num_trainable = len(model.trainable_variables)
 
   def _start(self, start, velocity):
     for var, value in zip(self._variables, start):
       var.assign(value)
+    if self.nesterov:
+      if velocity is None:
+        raise ValueError("Nesterov local steps need the look-ahead point y (velocity)")
+      return tuple(velocity)
     if not self.momentum:
       return ()
     if velocity is None:
@@ -308,7 +328,13 @@ class _Trainer:
   def _finish(self, start, num_examples, loss_sum, velocity) -> TrainResult:
     delta = [var - s for var, s in zip(self._variables, start)]
     return TrainResult(delta, num_examples, loss_sum,
-                       list(velocity) if self.momentum else None)
+                       list(velocity) if self.momentum or self.nesterov else None)
+
+  def predict(self, weights, x):
+    """The model's outputs (logits) at `weights` on inputs `x` (inference mode)."""
+    for var, value in zip(self._variables, weights):
+      var.assign(value)
+    return self.model(x, training=False)
 
   def train(self, start, data, lr, mu: float = 0.0, velocity=None,
             anchor=None, grad_offset=None) -> TrainResult:
@@ -361,7 +387,8 @@ class DatasetTrainer(_Trainer):
     def step(carry, batch):
       num_examples, loss_sum, v = carry
       loss_x_n, n, v = sgd_step(self.model, self.loss_kind, batch["x"], batch["y"], None,
-                                lr, anchor, mu, self.momentum, v, grad_offset)
+                                lr, anchor, mu, self.momentum, v, grad_offset,
+                                self.nesterov)
       return num_examples + n, loss_sum + loss_x_n, tuple(v) if v is not None else ()
 
     num_examples, loss_sum, v = data.reduce(
@@ -405,8 +432,8 @@ class PaddedTrainer(_Trainer):
   """
 
   def __init__(self, model, loss, x, y, momentum: float = 0.0,
-               exact_batches: bool = False):
-    super().__init__(model, loss, momentum)
+               exact_batches: bool = False, nesterov: bool = False):
+    super().__init__(model, loss, momentum, nesterov)
     self._x = x
     self._y = y
     self._exact = exact_batches
@@ -431,7 +458,7 @@ class PaddedTrainer(_Trainer):
     def body(i, num_examples, loss_sum, v):
       x, y, mask = self._batch(data, i)
       loss_x_n, n, new_v = sgd_step(self.model, self.loss_kind, x, y, mask, lr, anchor, mu,
-                                    self.momentum, v, grad_offset)
+                                    self.momentum, v, grad_offset, self.nesterov)
       return i + 1, num_examples + n, loss_sum + loss_x_n, \
           tuple(new_v) if new_v is not None else ()
 

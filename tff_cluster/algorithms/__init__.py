@@ -34,11 +34,14 @@ class AlgorithmSpec:
     module: module under `tff_cluster.algorithms` with `make_driver`.
     hparams: its own hyper-parameters (beyond `hparams.TRAINING`), declared once;
       shared concepts use the shared declarations of `tff_cluster.hparams`.
+    all_clients: every client takes part in every round (cross-silo); the
+      CLI's --clients_per_round then defaults to all of them.
   """
   name: str
   description: str
   module: str
   hparams: Tuple[HParam, ...] = ()
+  all_clients: bool = False
 
   def load(self):
     return importlib.import_module(f"tff_cluster.algorithms.{self.module}")
@@ -190,6 +193,25 @@ SERVER_MOMENTUM = HParam("server_momentum", float, 0.9, "beta: the server's mome
                          low=0, high=1, high_open=True, group="server momentum")
 SERVER_MOMENTUM_HPARAMS = (SERVER_LR, SERVER_MOMENTUM, CLIENT_WEIGHTING)
 
+NAG_MOMENTUM = HParam("nag_momentum", float, 0.5, "gamma: the workers' Nesterov "
+                      "momentum (the pFedMo paper's Table 2: 0.5).", low=0, high=1,
+                      high_open=True, group="pfedmo")
+AGG_WEIGHTS = HParam("agg_weights", str, "data", "Aggregation weights a_i: data "
+                     "(D_i / D) or uniform (1/N, the pFedMo paper's quantity-skew "
+                     "experiment).", choices=("data", "uniform"), group="pfedmo")
+PFEDMO_HPARAMS = (
+    NAG_MOMENTUM,
+    HParam("pfedmo_pi", float, 1.0, "pi: how strongly the representation model is "
+           "mixed into each worker's start (0 = FedNAG; Table 2: 1).", low=0, high=1,
+           group="pfedmo"),
+    AGG_WEIGHTS,
+    HParam("score_batch", int, 64, "B: samples of the scoring batch, drawn once from the "
+           "pooled test data (the paper gives no size).", low=1, group="pfedmo"),
+    HParam("public_fraction", float, 0.1, "When the task has no public set: the share "
+           "of the pooled training data drawn as one (it then overlaps the workers').",
+           low=0, low_open=True, high=1, group="pfedmo"),
+)
+
 ALGORITHMS: Dict[str, AlgorithmSpec] = {
     spec.name: spec for spec in [
         AlgorithmSpec("fedavg", "FedAvg: weighted averaging of local SGD models",
@@ -230,6 +252,12 @@ ALGORITHMS: Dict[str, AlgorithmSpec] = {
                                       "optimizer's (SGD with momentum) server-held state.",
                                       low=0, high=1, high_open=True, group="mime_lite"),
                                SERVER_LR)),
+        AlgorithmSpec("pfedmo", "pFedMo: local NAG; a representation model trained on "
+                      "public data personalises each worker's model and momentum",
+                      "pfedmo", hparams=PFEDMO_HPARAMS, all_clients=True),
+        AlgorithmSpec("fednag", "FedNAG: local NAG, weighted means of models and look-ahead "
+                      "points (pFedMo with pi = 0)", "fednag",
+                      hparams=(NAG_MOMENTUM, AGG_WEIGHTS), all_clients=True),
         AlgorithmSpec("cfl", "CFL: a cluster tree, bipartitions by the cosine "
                       "similarity of the members' updates (--num_groups: most clusters)",
                       "cfl", hparams=CFL_HPARAMS),

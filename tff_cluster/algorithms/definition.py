@@ -66,6 +66,9 @@ class Definition:
   """
 
   modes: Tuple[str, ...] = ("train",)
+  # Local steps are Nesterov's (x, y) form (`local_training.sgd_step`), the
+  # client state's or the definition's `velocity` being the look-ahead point.
+  nesterov: bool = False
 
   def __init__(self, weights_spec: Sequence[tf.TensorSpec], num_trainable: int, *,
                momentum: float = 0.0, persist_momentum: bool = False):

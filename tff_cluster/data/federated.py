@@ -36,6 +36,9 @@ class FederatedData:
     client_count_setting: the task setting that decided how many clients
       there are (e.g. "--task_arg=min_tweets=5"), named by the CLI when too
       few remain; None when only the data decides.
+    public: (x, y) a public i.i.d. set held by the server (pFedMo's
+      representation model trains on it), disjoint from the clients' data;
+      None when the task defines none.
   """
   client_ids: List[str]
   train: Dict[str, Arrays]
@@ -44,6 +47,7 @@ class FederatedData:
   true_clusters: Optional[np.ndarray] = None
   description: str = ""
   client_count_setting: Optional[str] = None
+  public: Optional[Arrays] = None
 
   def __post_init__(self):
     if set(self.train) != set(self.client_ids) or set(self.test) != set(
@@ -76,7 +80,7 @@ class FederatedData:
       clusters = self.true_clusters[[index[c] for c in client_ids]]
     return FederatedData(list(client_ids), {c: self.train[c] for c in client_ids},
                          {c: self.test[c] for c in client_ids}, self.num_classes,
-                         clusters, self.description)
+                         clusters, self.description, public=self.public)
 
   def train_client_data(self) -> "tff.simulation.datasets.ClientData":
     """Training data as a TFF `ClientData` (elements `{'x': ..., 'y': ...}`)."""

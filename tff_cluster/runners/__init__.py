@@ -47,11 +47,13 @@ def check_keys(keys, num_keys: int, num_clients: int) -> None:
 
 
 def make_runner(name: str, definition, model_fn, loss: str, data, seed: int,
-                jit: str = "auto"):
-  """The runner `name` ('tff' or 'local') for `definition` on `data`."""
+                jit: str = "auto", modes=None):
+  """The runner `name` ('tff' or 'local') for `definition` on `data`; `modes`:
+  the definition's modes it will run (default all; the tff runner builds
+  their computations up front)."""
   if name == "tff":
     from tff_cluster.runners import tff_runner
-    return tff_runner.TffRunner(definition, model_fn, loss, data, seed)
+    return tff_runner.TffRunner(definition, model_fn, loss, data, seed, modes=modes)
   if name == "local":
     from tff_cluster.runners import local_runner
     return local_runner.LocalRunner(definition, model_fn, loss, data, seed, jit=jit)

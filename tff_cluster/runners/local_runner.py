@@ -113,7 +113,8 @@ class LocalRunner:
 
     def one(c, database, keys, received, client_states, indices, sizes, num_steps, x, y):
       trainer = local_training.PaddedTrainer(
-          model, loss, x, y, momentum=d.momentum, exact_batches=self.exact_batches)
+          model, loss, x, y, momentum=d.momentum, exact_batches=self.exact_batches,
+          nesterov=d.nesterov)
       selected = None if database is None else tf.nest.map_structure(
           lambda t: tf.gather(t, keys[c]), database)
       client_state = None if client_states is None else tf.nest.map_structure(

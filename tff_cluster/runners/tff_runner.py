@@ -79,7 +79,8 @@ def build_round(definition, mode: str, model_fn, loss: str, element_spec):
     arg_types.append(tff_types.to_tff_type(client_state_spec))
 
   def client_body(selected, received, dataset, client_state):
-    trainer = local_training.DatasetTrainer(model_fn(), loss, momentum=d.momentum)
+    trainer = local_training.DatasetTrainer(model_fn(), loss, momentum=d.momentum,
+                                             nesterov=d.nesterov)
 
     # A tf.function inside the computation's graph: its automatic control
     # dependencies order the variable assignments and reads of local SGD.
@@ -162,7 +163,7 @@ class TffRunner:
 
   name = "tff"
 
-  def __init__(self, definition, model_fn, loss: str, data, seed: int):
+  def __init__(self, definition, model_fn, loss: str, data, seed: int, modes=None):
     self.definition = definition
     self._model_fn = model_fn
     self._loss = loss
@@ -176,7 +177,7 @@ class TffRunner:
     # the evaluator's), so every computation is traced before those exist.
     self._computations: Dict[str, Any] = {
         mode: build_round(definition, mode, model_fn, loss, self._element_spec)
-        for mode in definition.modes}
+        for mode in (definition.modes if modes is None else modes)}
 
   def describe(self) -> Dict[str, Any]:
     return {"runner": self.name, "device": "TFF C++ runtime (CPU)", "jit": False}

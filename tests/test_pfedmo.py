@@ -1,0 +1,282 @@
+"""pFedMo and FedNAG: the score, the running maximum, eqs. 11-12, NAG's local
+steps, the server update by hand, and pi = 0 = FedNAG."""
+
+import collections
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tasks
+from tff_cluster import algorithms, experiment, local_training, models
+from tff_cluster.algorithms.pfedmo import (PFedMoDefinition, personalise,
+                                           running_max_scores, soft_cross_entropy)
+from tff_cluster.data.federated import FederatedData
+from tff_cluster.task import DataOptions
+
+
+def test_score_of_a_two_class_batch_by_hand():
+  # p = (0, 0): w = (1/2, 1/2); q = (ln 3, 0): softmax(q) = (3/4, 1/4).
+  loss = soft_cross_entropy(tf.constant([[0.0, 0.0]]), tf.constant([[math.log(3.0), 0.0]]))
+  expected = -0.5 * (math.log(0.75) + math.log(0.25))
+  assert abs(float(loss) - expected) < 1e-6
+  assert round(float(loss), 4) == 0.8370
+
+
+def test_score_averages_over_the_batch():
+  p = tf.constant([[0.0, 0.0], [2.0, -1.0]])
+  q = tf.constant([[math.log(3.0), 0.0], [0.5, 0.5]])
+  each = [float(soft_cross_entropy(p[i:i + 1], q[i:i + 1])) for i in range(2)]
+  np.testing.assert_allclose(float(soft_cross_entropy(p, q)), np.mean(each), rtol=1e-6)
+  # With equal logits for the student, the loss is ln C whatever the teacher.
+  np.testing.assert_allclose(each[1], math.log(2.0), rtol=1e-6)
+
+
+def test_running_maximum_of_algorithm_2():
+  u = tf.zeros([1])
+  scores = []
+  for loss in (2.0, 1.0, 3.0, 1.5):
+    u, s = running_max_scores(u, tf.constant([loss]))
+    scores.append(float(s[0]))
+  np.testing.assert_allclose(scores, [0.0, 0.5, 0.0, 0.5], atol=1e-7)
+  assert float(u[0]) == 3.0
+
+
+def test_eq_12_identity_and_its_special_cases():
+  rng = np.random.default_rng(0)
+  x_bar, y_bar, x_r, y_r = (tf.constant(rng.normal(size=5), tf.float32) for _ in range(4))
+  for c in (0.0, 0.3, 1.0):
+    x_plus, y_plus = personalise(c, x_bar, y_bar, x_r, y_r)
+    np.testing.assert_allclose(x_plus, x_bar + c * ((x_r - x_bar) - (y_r - y_bar)),
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(y_plus, (1 - c) * y_bar + c * y_r, rtol=1e-5, atol=1e-6)
+  x_plus, y_plus = personalise(0.0, x_bar, y_bar, x_r, y_r)  # pi s = 0: FedNAG
+  np.testing.assert_allclose(x_plus, x_bar, atol=1e-6)
+  np.testing.assert_allclose(y_plus, y_bar, atol=1e-6)
+  # gamma = 0: x = y at aggregation time (x_bar = y_bar, x_r = y_r). Eq. 12
+  # then gives x+ = x_bar whatever the score (the representation terms
+  # cancel), and y+ = (1 - c) x_bar + c x_r, which a gamma = 0 step ignores.
+  x_plus, y_plus = personalise(0.4, x_bar, x_bar, x_r, x_r)
+  np.testing.assert_allclose(x_plus, x_bar, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(y_plus, 0.6 * x_bar + 0.4 * x_r, rtol=1e-5, atol=1e-6)
+
+
+def test_server_update_by_hand():
+  """Two workers with a_i = (1/4, 3/4), one 2-vector weight, pi = 0.5."""
+  spec = [tf.TensorSpec([2], tf.float32)]
+  d = PFedMoDefinition(spec, 1, 2, [0.25, 0.75], np.zeros((1, 2), np.float32),
+                       nag_momentum=0.5, pi=0.5)
+  state = tf.nest.map_structure(lambda a: tf.constant(a, tf.float32),
+                                d.initial_state([np.zeros(2)]))
+  state["rep_x"] = [tf.constant([1.0, 2.0])]
+  state["rep_y"] = [tf.constant([0.5, 1.0])]
+  state["u"] = tf.constant([4.0, 1.0])  # worker 0's earlier maximum
+  x = np.array([[2.0, 0.0], [0.0, 4.0]], np.float32)
+  y = np.array([[1.0, 0.0], [0.0, 2.0]], np.float32)
+  a = np.array([0.25, 0.75], np.float32)
+  summed = collections.OrderedDict(
+      x=[tf.constant(a @ x)], y=[tf.constant(a @ y)], weight=tf.constant(1.0),
+      score_loss=tf.constant([2.0, 3.0]), loss_sum=tf.constant(0.0),
+      num_examples=tf.constant(10.0))
+  new = d.server_update(state, summed, "train")
+  x_bar, y_bar = a @ x, a @ y  # (0.5, 3.0), (0.25, 1.5)
+  s = np.array([1 - 2.0 / 4.0, 0.0])  # worker 1's loss is a new maximum
+  np.testing.assert_allclose(new["s"], s)
+  np.testing.assert_allclose(new["u"], [4.0, 3.0])
+  x_r, y_r = np.array([1.0, 2.0]), np.array([0.5, 1.0])
+  for i in range(2):
+    c = 0.5 * s[i]
+    y_plus = (1 - c) * y_bar + c * y_r
+    x_plus = (1 - c) * x_bar + c * x_r + y_bar - y_plus
+    np.testing.assert_allclose(new["x"][0][i], x_plus, rtol=1e-6)
+    np.testing.assert_allclose(new["y"][0][i], y_plus, rtol=1e-6)
+  # Worker 0: c = 0.25: y+ = 0.75 (0.25, 1.5) + 0.25 (0.5, 1) = (0.3125, 1.375);
+  # x+ = 0.75 (0.5, 3) + 0.25 (1, 2) + (0.25, 1.5) - y+ = (0.5625, 2.875).
+  np.testing.assert_allclose(new["x"][0][0], [0.5625, 2.875], rtol=1e-6)
+  np.testing.assert_allclose(new["model"][0], 0.25 * new["x"][0][0] + 0.75 * new["x"][0][1],
+                             rtol=1e-6)
+  # The representation model is untouched by the workers' aggregation.
+  np.testing.assert_allclose(new["rep_x"][0], x_r)
+
+
+def test_nag_local_steps_equal_keras_nesterov_sgd():
+  """x-sequence of the (x, y) form = Keras' one-sequence Nesterov SGD from v = 0
+  (y_0 = x_0); the returned y = x - gamma v."""
+  rng = np.random.default_rng(1)
+  x = rng.normal(size=(40, 6)).astype(np.float32)
+  y = rng.integers(0, 3, 40).astype(np.int32)
+  model = models.mclr(6, 3)
+  start = local_training.get_weights(model)
+  trainer = local_training.DatasetTrainer(model, models.SPARSE_CE_LOGITS, momentum=0.7,
+                                          nesterov=True)
+  data = local_training.client_dataset(x, y, 8, 1, seed=3)
+  out = trainer.train(start, data, 0.3, velocity=start)
+  ours = [s + d.numpy() for s, d in zip(start, out.delta)]
+
+  reference = models.mclr(6, 3)
+  local_training.set_weights(reference, start)
+  opt = tf.keras.optimizers.SGD(0.3, momentum=0.7, nesterov=True)
+  for batch in data:
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean(models.per_example_loss(
+          models.SPARSE_CE_LOGITS, batch["y"], reference(batch["x"], training=True)))
+    opt.apply_gradients(zip(tape.gradient(loss, reference.trainable_variables),
+                            reference.trainable_variables))
+  for a, b in zip(ours, local_training.get_weights(reference)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  velocities = [opt.variables[1 + i].numpy() for i in range(len(ours))]
+  for y_ours, w, v in zip(out.velocity, ours, velocities):
+    np.testing.assert_allclose(y_ours, w - 0.7 * v, rtol=1e-5, atol=1e-6)
+
+
+def test_two_nag_steps_on_a_quadratic_by_hand():
+  """f(w) = 0.5 w^2 per example (a one-weight linear model on x = 1, y = 0
+  under squared error is this up to the loss kind; here the update itself):
+  y1 = x0 - eta x0; x1 = y1 + gamma (y1 - y0); y2 = x1 - eta x1; x2 = ..."""
+  eta, gamma, x0 = 0.1, 0.5, 2.0
+  var = tf.Variable([x0])
+  y_prev = [tf.constant([x0])]
+  for _ in range(2):
+    grad = var.read_value()  # d/dw 0.5 w^2
+    y_new = var - eta * grad
+    var.assign(y_new + gamma * (y_new - y_prev[0]))
+    y_prev = [y_new]
+  y1 = x0 - eta * x0
+  x1 = y1 + gamma * (y1 - x0)
+  y2 = x1 - eta * x1
+  x2 = y2 + gamma * (y2 - y1)
+  np.testing.assert_allclose(var.numpy(), [x2], rtol=1e-6)
+  # The same two steps through sgd_step's nesterov branch on a model whose
+  # loss gradient is w: MCLR on one example with zero input has gradient only
+  # in its bias, so compare the bias sequence with the closed form instead.
+  model = models.mclr(1, 2)
+  bias = model.trainable_variables[1]
+  bias.assign([x0, 0.0])
+  model.trainable_variables[0].assign(tf.zeros_like(model.trainable_variables[0]))
+  velocity = [tf.zeros_like(model.trainable_variables[0]), tf.constant([x0, 0.0])]
+  xs = tf.zeros([1, 1])
+  ys = tf.constant([1])
+  for _ in range(2):
+    _, _, velocity = local_training.sgd_step(model, models.SPARSE_CE_LOGITS, xs, ys, None,
+                                             eta, None, 0.0, gamma, velocity,
+                                             nesterov=True)
+  # Closed form for the bias b = (b0, b1) of softmax cross-entropy with label 1.
+  b, y_old = np.array([x0, 0.0]), np.array([x0, 0.0])
+  for _ in range(2):
+    p = np.exp(b - b.max()) / np.exp(b - b.max()).sum()
+    g = p - np.array([0.0, 1.0])
+    y_new = b - eta * g
+    b = y_new + gamma * (y_new - y_old)
+    y_old = y_new
+  np.testing.assert_allclose(bias.numpy(), b, rtol=1e-5)
+  np.testing.assert_allclose(velocity[1].numpy(), y_old, rtol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def workers():
+  task = tasks.get_task("synthetic_clusters")
+  data = task.load_data(DataOptions(seed=5, num_clients=4, extra={"num_clusters": 2}))
+  return task, data
+
+
+def _run(task, data, algo, rounds=3, runner="local", **options):
+  config = experiment.TrainingConfig(rounds=rounds, clients_per_round=data.num_clients,
+                                     local_epochs=None, local_steps=6, batch_size=10,
+                                     client_lr=0.05, seed=2, runner=runner)
+  driver = algorithms.get_algorithm(algo).make_driver(task, data, config, **options)
+  experiment.run_training(task, data, config, driver, progress=False)
+  return driver, driver.runner.numpy_state(driver.state)
+
+
+def test_fednag_is_pfedmo_with_pi_zero(workers):
+  task, data = workers
+  _, nag = _run(task, data, "fednag", nag_momentum=0.6)
+  _, pi0 = _run(task, data, "pfedmo", nag_momentum=0.6, pfedmo_pi=0.0)
+  for key in ("model", "x", "y"):
+    for a, b in zip(nag[key], pi0[key]):
+      np.testing.assert_array_equal(a, b)
+  # Every worker starts from the same (x_bar, y_bar): FedNAG's aggregation.
+  for w in nag["x"]:
+    np.testing.assert_allclose(w, np.broadcast_to(w[0], w.shape), atol=0)
+
+
+def test_first_aggregation_of_pfedmo_is_fednags(workers):
+  """At k = 1 every score is 0 (u = l), so pi = 1 changes nothing yet."""
+  task, data = workers
+  _, nag = _run(task, data, "fednag", rounds=1)
+  _, pf = _run(task, data, "pfedmo", rounds=1, pfedmo_pi=1.0)
+  np.testing.assert_array_equal(pf["s"], np.zeros(4))
+  for a, b in zip(nag["x"], pf["x"]):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_pfedmo_personalises_and_the_global_model_is_their_weighted_mean(workers):
+  task, data = workers
+  driver, state = _run(task, data, "pfedmo", rounds=4, pfedmo_pi=1.0)
+  s = state["s"]
+  assert np.all((s >= 0) & (s < 1)) and s.max() > 0
+  a = data.num_train_samples() / data.num_train_samples().sum()
+  np.testing.assert_allclose(state["agg_weight"], a, rtol=1e-6)
+  for g, stack in zip(state["model"], state["x"]):
+    np.testing.assert_allclose(g, np.tensordot(a, stack, axes=1), rtol=1e-5, atol=1e-6)
+  distinct = [w for w in state["x"] if not np.allclose(w, w[0])]
+  assert distinct, "workers with different scores must get different models"
+  # x_{i+} = x_bar + pi s_i D with one direction D for every worker, and
+  # x_+ = x_bar + pi q D (q = sum a_i s_i): x_{i+} - x_+ = pi (s_i - q) D.
+  q = float(a @ s)
+  i, j = np.argsort(np.abs(s - q))[-2:]
+  for g, stack in zip(state["model"], state["x"]):
+    d_i = (stack[i] - g) / (s[i] - q)
+    d_j = (stack[j] - g) / (s[j] - q)
+    np.testing.assert_allclose(d_i, d_j, rtol=1e-3, atol=1e-5)
+
+
+def test_representation_model_sees_only_the_public_set(workers):
+  """Changing the workers' data leaves x_r unchanged; changing the public set
+  changes it."""
+  task, data = workers
+  rng = np.random.default_rng(0)
+  public = (rng.normal(size=(50, 60)).astype(np.float32),
+            rng.integers(0, 10, 50).astype(np.int32))
+  base = dataclasses.replace(data, public=public)
+  shuffled_train = {c: (x, np.roll(y, 1)) for c, (x, y) in data.train.items()}
+  other = dataclasses.replace(data, train=shuffled_train, public=public)
+  _, a = _run(task, base, "pfedmo", rounds=2)
+  _, b = _run(task, other, "pfedmo", rounds=2)
+  for wa, wb in zip(a["rep_x"], b["rep_x"]):
+    np.testing.assert_array_equal(wa, wb)
+  assert not all(np.array_equal(wa, wb) for wa, wb in zip(a["x"], b["x"]))
+  _, c = _run(task, dataclasses.replace(data, public=(public[0] + 1.0, public[1])),
+              "pfedmo", rounds=2)
+  assert not all(np.array_equal(wa, wc) for wa, wc in zip(a["rep_x"], c["rep_x"]))
+
+
+def test_pfedmo_refuses_partial_participation_and_client_momentum(workers):
+  task, data = workers
+  config = experiment.TrainingConfig(rounds=1, clients_per_round=2, local_epochs=1,
+                                     batch_size=10, client_lr=0.05)
+  with pytest.raises(ValueError, match="clients_per_round=2 for pfedmo"):
+    algorithms.get_algorithm("pfedmo").make_driver(task, data, config)
+  config = dataclasses.replace(config, clients_per_round=4, client_momentum=0.9)
+  with pytest.raises(ValueError, match="client_momentum for fednag"):
+    algorithms.get_algorithm("fednag").make_driver(task, data, config)
+
+
+def test_cli_defaults_to_every_worker_and_writes_both_accuracies(tmp_path, capsys):
+  import json
+
+  from tests.helpers import main_in_process
+  out = tmp_path / "run"
+  code, _, err = main_in_process(
+      ["--algo=pfedmo", "--task=synthetic", "--num_clients=6", "--rounds=2",
+       "--local_steps=3", "--runner=local", "--progress=false", f"--output_dir={out}"],
+      capsys)
+  assert code == 0, err
+  config = json.loads((out / "config.json").read_text())
+  assert config["clients_per_round"] == 6
+  rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+  assert all(0 <= r["global_test_accuracy"] <= 1 and 0 <= r["test_accuracy"] <= 1
+             for r in rows)
+  assert "pooled training data" in json.dumps(config)
