@@ -63,6 +63,24 @@ def test_eq_12_identity_and_its_special_cases():
   np.testing.assert_allclose(y_plus, 0.6 * x_bar + 0.4 * x_r, rtol=1e-5, atol=1e-6)
 
 
+def test_mix_rule_weights_the_representation_model_and_eq12_cancels_it():
+  x_bar, x_r = tf.constant([1.0]), tf.constant([0.0])
+  # Converged models (x = y): eq. 12 keeps x_bar, the mix moves toward x_r.
+  x12, y12 = personalise(0.5, x_bar, x_bar, x_r, x_r, "eq12")
+  xmix, ymix = personalise(0.5, x_bar, x_bar, x_r, x_r, "mix")
+  np.testing.assert_allclose(x12, [1.0])
+  np.testing.assert_allclose(xmix, [0.5])
+  np.testing.assert_allclose(y12, [0.5])
+  np.testing.assert_allclose(ymix, [0.5])
+  # With zero gradients, NAG from (x+, y+) under eq. 12 drifts away from x_r:
+  # x -> 1 + c gamma / (1 - gamma) = 1.5 for c = gamma = 0.5.
+  x, y_prev = float(x12[0]), float(y12[0])
+  for _ in range(60):
+    y = x
+    x, y_prev = y + 0.5 * (y - y_prev), y
+  assert abs(x - 1.5) < 1e-9
+
+
 def test_server_update_by_hand():
   """Two workers with a_i = (1/4, 3/4), one 2-vector weight, pi = 0.5."""
   spec = [tf.TensorSpec([2], tf.float32)]

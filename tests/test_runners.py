@@ -64,9 +64,10 @@ PARITY_CASES = {
                       "client_weighting": "samples"}],
     # (24 workers, all of them every round; the synthetic task has no public
     # set, so pFedMo draws one from the pooled training data.)
-    "pfedmo": [{"pfedmo_pi": 1.0, "nag_momentum": 0.5, "score_batch": 16},
-               {"pfedmo_pi": 0.5, "nag_momentum": 0.0, "agg_weights": "uniform",
-                "public_fraction": 0.2}],
+    "pfedmo": [{"pfedmo_pi": 1.0, "nag_momentum": 0.5, "score_batch": 16,
+                "_config": {"client_lr": 0.01}},
+               {"pfedmo_pi": 0.5, "nag_momentum": 0.3, "agg_weights": "uniform",
+                "public_fraction": 0.2, "pfedmo_model": "mix"}],
     "fednag": [{"nag_momentum": 0.6, "_config": {"client_lr": 0.01}}],
     "fedgrouprox": [{"num_groups": 3, "mu": 0.5, "pretrain_scale": 2.0, "pretrain_iters": 7,
                      "group_agg_lr": 0.1, "cold_start": "rac"}],

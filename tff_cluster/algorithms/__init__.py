@@ -205,6 +205,10 @@ PFEDMO_HPARAMS = (
            "mixed into each worker's start (0 = FedNAG; Table 2: 1).", low=0, high=1,
            group="pfedmo"),
     AGG_WEIGHTS,
+    HParam("pfedmo_model", str, "eq12", "Each worker's model: eq12 (as printed, with the "
+           "momentum term y_bar - y_i+, which cancels the mix with x_r to first order) or "
+           "mix ((1 - pi s_i) x_bar + pi s_i x_r, the paper's description of eq. 12).",
+           choices=("eq12", "mix"), group="pfedmo"),
     HParam("score_batch", int, 64, "B: samples of the scoring batch, drawn once from the "
            "pooled test data (the paper gives no size).", low=1, group="pfedmo"),
     HParam("public_fraction", float, 0.1, "When the task has no public set: the share "
