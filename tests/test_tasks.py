@@ -42,7 +42,7 @@ EXPECTED_CLASSES = {
     "fmnist_clusterwise_class": 10, "cifar10": 10, "sent140": 2, "femnist_fedprox": 26,
     "fmnist_clientwise_dir": 10, "fmnist_clientwise_class": 10,
     "mnist_clusterwise_dir": 10, "mnist_clusterwise_class": 10,
-    "mnist_clientwise_dir": 10, "mnist_clientwise_class": 10}
+    "mnist_clientwise_dir": 10, "mnist_clientwise_class": 10, "mnist_workers": 10}
 
 REGISTRY = tasks.registry()
 
