@@ -383,6 +383,13 @@ DATA_CASES = {
     "fednag_partial_participation": lambda t: (
         ["--algo=fednag", "--task=synthetic", "--num_clients=8", "--clients_per_round=4"],
         ["invalid --clients_per_round=4", "valid: 8"]),
+    "mnist_workers_quantity_not_4": lambda t: (
+        ["--algo=fedavg", "--task=mnist_workers", f"--data_dir={SHARED_DATA / 'mnist'}",
+         "--task_arg=split=quantity", "--num_clients=5", "--clients_per_round=5"],
+        ["invalid --num_clients=5", "split=quantity"]),
+    "mnist_workers_unknown_split": lambda t: (
+        ["--task=mnist_workers", "--task_arg=split=pathological"],
+        ["split=pathological", "iid"]),
     "wecfl_fewer_round_clients_than_groups": lambda t: (
         ["--algo=wecfl", "--num_groups=5", "--clients_per_round=3"],
         ["invalid --clients_per_round=3", "--num_groups=5"]),
