@@ -83,7 +83,8 @@ class FederatedData:
                          clusters, self.description, public=self.public)
 
   def train_client_data(self) -> "tff.simulation.datasets.ClientData":
-    """Training data as a TFF `ClientData` (elements `{'x': ..., 'y': ...}`)."""
+    """Training data as a TFF `ClientData` (elements `{'x': ..., 'y': ...}`;
+    the reverse is `tff_cluster.data.client_data.from_client_data`)."""
     return _to_client_data(self.client_ids, self.train)
 
   def test_client_data(self) -> "tff.simulation.datasets.ClientData":
@@ -92,14 +93,8 @@ class FederatedData:
 
 
 def _to_client_data(client_ids, split):
-  # In-memory ClientData: datasets are built from the numpy arrays on demand.
-  import tensorflow as tf  # deferred: loading data needs neither TF nor TFF
-  import tensorflow_federated as tff
-  def dataset_fn(client_id: str) -> "tf.data.Dataset":
-    x, y = split[client_id]
-    return tf.data.Dataset.from_tensor_slices({"x": x, "y": y})
-  return tff.simulation.datasets.ClientData.from_clients_and_fn(
-      list(client_ids), dataset_fn)
+  from tff_cluster.data.client_data import to_client_data  # imports TF and TFF
+  return to_client_data(client_ids, split)
 
 
 def split_train_test(x: np.ndarray, y: np.ndarray, rng: np.random.Generator,
