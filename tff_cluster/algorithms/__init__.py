@@ -46,6 +46,11 @@ class AlgorithmSpec:
   def load(self):
     return importlib.import_module(f"tff_cluster.algorithms.{self.module}")
 
+  def build(self, model_fn, loss, **settings):
+    """The algorithm's public process object (`tff_cluster.api.Process`)."""
+    from tff_cluster import api
+    return api.build(self.name, model_fn, loss, **settings)
+
   def make_driver(self, task, data, config, **options):
     """The host-side driver of this algorithm on `config.runner`."""
     return self.load().make_driver(task, data, config, **options)

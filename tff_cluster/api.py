@@ -1,0 +1,315 @@
+"""The public entry point of every algorithm: a process object that cannot be misused.
+
+    process = tff_cluster.api.build("fedgroup", model_fn, loss, client_lr=0.01,
+                                    local_epochs=10, batch_size=10, num_groups=5)
+    state = process.initialize(data)            # FedGroup: the group cold start runs here
+    out = process.next(state, ["f_00001", ...])  # client ids; keys and groups handled inside
+    out.state, out.metrics, out.client_results  # like tff.learning's LearningProcessOutput
+    process.get_model_weights(out.state)        # one ModelWeights per model / cluster
+    process.evaluate(out.state)                 # test metrics of every client
+
+(also `tff_cluster.algorithms.<name>.build(model_fn, loss, ...)`.)
+
+`build_*` in the algorithm modules keep returning the raw TFF computations (the
+`tff` runner's); this object sits on a runner (`runner='local'`, TFF-free, or
+`'tff'`) and the algorithm's host side, and checks what it is given:
+
+* `initialize(data)` takes a `FederatedData` (or a pair of TFF `ClientData`,
+  train and test) and runs the algorithm's set-up, e.g. FedGroup's cold
+  start. Only a state made by `initialize` (or returned by `next`) of this
+  process is accepted by `next`; a state from another process, or an object
+  of another type, is refused with a `TypeError`.
+* `next(state, clients)` takes client ids (or indices into the data's
+  clients); unknown or repeated clients are refused with a `ValueError` naming
+  them and what is valid. The algorithm picks each client's key/group itself.
+  `next` may be given an older state: the process returns to it first.
+* The model is a Keras `model_fn` (a fresh, built model per call) and a loss:
+  a Keras loss object or name for sparse categorical cross-entropy on logits
+  (`tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)`) or
+  binary cross-entropy on a sigmoid output (`from_logits=False`), or the
+  library's kinds `'sparse_ce_logits'` / `'binary_probs'`. Other losses, and
+  `tff.learning.models` functional models, are refused with a clear message:
+  both runners train Keras variables with these two losses.
+* Initial weights are optional: without them the model's own initializer,
+  seeded by `seed`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Union
+
+import numpy as np
+
+from tff_cluster import algorithms, models
+from tff_cluster.data.federated import FederatedData
+
+_PROCESS_IDS = itertools.count()
+
+
+class ModelWeights(NamedTuple):
+  """One model's weights (the field names of `tff.learning.models.ModelWeights`)."""
+  trainable: List[np.ndarray]
+  non_trainable: List[np.ndarray]
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessState:
+  """An opaque state of one process (made only by `initialize` and `next`)."""
+  process_id: int
+  round_num: int
+  snapshot: Any = dataclasses.field(repr=False, compare=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessOutput:
+  """What `next` returns (cf. `tff.learning.templates.LearningProcessOutput`).
+
+  state: the new state; metrics: the round's training metrics (train_loss,
+  bytes, the algorithm's own) and, when evaluated, test_accuracy, test_loss,
+  test_accuracy_clientavg, test_macro_f1; client_results: client id ->
+  {'model': the index of the model (cluster/group) it uses now, -1 if none}
+  for every client of the data.
+  """
+  state: ProcessState
+  metrics: Dict[str, Any]
+  client_results: Dict[str, Dict[str, Any]]
+
+
+def loss_kind(loss) -> str:
+  """The library's loss kind for a Keras loss object, name or kind."""
+  if isinstance(loss, str):
+    names = {models.SPARSE_CE_LOGITS: models.SPARSE_CE_LOGITS,
+             models.BINARY_PROBS: models.BINARY_PROBS}
+    if loss in names:
+      return names[loss]
+    raise ValueError(f"unsupported loss {loss!r}; valid: {models.SPARSE_CE_LOGITS!r}, "
+                     f"{models.BINARY_PROBS!r}, or a Keras SparseCategoricalCrossentropy"
+                     "(from_logits=True) / BinaryCrossentropy(from_logits=False) object")
+  import tensorflow as tf
+  config = loss.get_config() if hasattr(loss, "get_config") else {}
+  if isinstance(loss, tf.keras.losses.SparseCategoricalCrossentropy) and \
+      config.get("from_logits"):
+    return models.SPARSE_CE_LOGITS
+  if isinstance(loss, tf.keras.losses.BinaryCrossentropy) and not config.get("from_logits"):
+    return models.BINARY_PROBS
+  raise ValueError(f"unsupported loss {type(loss).__name__}({config}); valid: "
+                   "SparseCategoricalCrossentropy(from_logits=True) or "
+                   "BinaryCrossentropy(from_logits=False) (or their kinds "
+                   f"{models.SPARSE_CE_LOGITS!r}, {models.BINARY_PROBS!r})")
+
+
+def _check_model_fn(model_fn):
+  import tensorflow as tf
+  if not callable(model_fn):
+    raise TypeError(f"model_fn must be a function returning a fresh Keras model, got "
+                    f"{type(model_fn).__name__}")
+  model = model_fn()
+  if not isinstance(model, tf.keras.Model):
+    raise TypeError(f"model_fn returned a {type(model).__name__}; valid: a built "
+                    "tf.keras.Model (tff.learning.models functional models are not "
+                    "supported: the runners train Keras variables)")
+  if not model.built or not model.weights:
+    raise ValueError("model_fn returned a Keras model without weights; build it "
+                     "(e.g. give its Input shape) before returning it")
+  return model
+
+
+class Process:
+  """One algorithm on one runner; see the module docstring."""
+
+  def __init__(self, algo: str, model_fn, loss, *, client_lr: float, batch_size: int,
+               local_epochs: Optional[int] = None, local_steps: Optional[int] = None,
+               runner: str = "local", seed: int = 0, initial_weights=None,
+               lr_decay: float = 1.0, client_momentum: float = 0.0,
+               client_state: str = "persist", jit: str = "auto", evaluate: bool = True,
+               rounds: int = 100, **hparams):
+    from tff_cluster import hparams as hp
+    from tff_cluster.task import TaskSpec
+    spec = algorithms.get_algorithm(algo)  # KeyError names the valid algorithms
+    declared = {d.name: d for d in spec.hparams}
+    unknown = sorted(set(hparams) - set(declared))
+    if unknown:
+      raise ValueError(f"unknown setting {unknown[0]!r} for {algo}; valid: "
+                       f"{', '.join(sorted(declared)) or 'none'}")
+    resolved = {}
+    for name, decl in declared.items():
+      value = hparams.get(name, decl.default)
+      resolved[name] = value if value is None else decl.check(value)
+    if not (isinstance(client_lr, (int, float)) and client_lr > 0):
+      raise ValueError(f"invalid client_lr={client_lr}; valid: a number > 0")
+    if not (isinstance(rounds, int) and rounds >= 1):
+      raise ValueError(f"invalid rounds={rounds}; valid: an integer >= 1 (the planned "
+                       "number of rounds, which some algorithms schedule by)")
+    if (local_epochs is None) == (local_steps is None):
+      raise ValueError("give exactly one of local_epochs and local_steps")
+    if runner not in hp.RUNNERS:
+      raise ValueError(f"invalid runner={runner!r}; valid: {', '.join(hp.RUNNERS)}")
+    model = _check_model_fn(model_fn)
+    self.algo = algo
+    self.loss = loss_kind(loss)
+    self._task = TaskSpec(name="custom", description="", load_data=None,
+                          model_fn=model_fn, loss=self.loss, defaults={})
+    self._layout = [v.shape for v in model.weights]
+    self._num_trainable = len(model.trainable_variables)
+    self._train_settings = dict(
+        client_lr=float(client_lr), batch_size=int(batch_size), local_epochs=local_epochs,
+        local_steps=local_steps, runner=runner, seed=int(seed), lr_decay=float(lr_decay),
+        client_momentum=float(client_momentum), client_state=client_state, jit=jit)
+    self._options = resolved
+    self._rounds = rounds
+    self._all_clients = spec.all_clients
+    self._initial_weights = None if initial_weights is None else [
+        np.asarray(w) for w in initial_weights]
+    if self._initial_weights is not None:
+      shapes = [tuple(w.shape) for w in self._initial_weights]
+      if shapes != [tuple(s) for s in self._layout]:
+        raise ValueError(f"initial_weights have shapes {shapes}; valid: the model's "
+                         f"{[tuple(s) for s in self._layout]} (trainable, then "
+                         "non-trainable)")
+    self._evaluate_each_round = evaluate
+    self._id = next(_PROCESS_IDS)
+    self._driver = None
+    self._data: Optional[FederatedData] = None
+    self._evaluator = None
+    self._latest: Optional[ProcessState] = None
+
+  # -- data ----------------------------------------------------------------
+
+  @staticmethod
+  def _as_federated_data(client_data) -> FederatedData:
+    if isinstance(client_data, FederatedData):
+      return client_data
+    if isinstance(client_data, (tuple, list)) and len(client_data) == 2:
+      from tff_cluster.data.client_data import from_client_data
+      return from_client_data(client_data[0], client_data[1])
+    raise TypeError(f"client data must be a FederatedData or a (train, test) pair of TFF "
+                    f"ClientData, got {type(client_data).__name__}")
+
+  # -- the process ---------------------------------------------------------
+
+  def initialize(self, client_data) -> ProcessState:
+    """Builds the runner on `client_data` and runs the algorithm's set-up (cold
+    start). Returns the first state."""
+    from tff_cluster import experiment
+    data = self._as_federated_data(client_data)
+    if self._driver is not None:
+      raise RuntimeError("this process is already initialized; build a new process "
+                         "for other data (states of one process cannot mix with another's)")
+    config = experiment.TrainingConfig(
+        rounds=self._rounds, clients_per_round=data.num_clients, **self._train_settings)
+    driver = self._task_driver(data, config)
+    if self._initial_weights is not None:
+      driver.w0 = [np.array(w) for w in self._initial_weights]
+    driver.setup()
+    self._driver, self._data = driver, data
+    from tff_cluster.evaluation import Evaluator
+    self._evaluator = Evaluator(self._task.model_fn, self.loss, data)
+    self._latest = ProcessState(self._id, 0, driver.snapshot())
+    return self._latest
+
+  def _task_driver(self, data, config):
+    spec = algorithms.get_algorithm(self.algo)
+    return spec.make_driver(self._task, data, config, **self._options)
+
+  def _check_state(self, state) -> None:
+    if not isinstance(state, ProcessState):
+      raise TypeError(f"state must be a ProcessState from this process's initialize() or "
+                      f"next(), got {type(state).__name__}")
+    if state.process_id != self._id or self._driver is None:
+      raise TypeError("state belongs to another process; valid: a state returned by this "
+                      "process's initialize() or next()")
+
+  def _client_indices(self, clients) -> np.ndarray:
+    ids = self._data.client_ids
+    index = {c: i for i, c in enumerate(ids)}
+    out = []
+    for c in clients:
+      if isinstance(c, (int, np.integer)) and not isinstance(c, bool):
+        if not 0 <= int(c) < len(ids):
+          raise ValueError(f"invalid client index {int(c)}; valid: 0..{len(ids) - 1}")
+        out.append(int(c))
+      elif c in index:
+        out.append(index[c])
+      else:
+        raise ValueError(f"unknown client {c!r}; valid: the ids of the data given to "
+                         f"initialize() (e.g. {ids[0]!r}) or indices 0..{len(ids) - 1}")
+    if len(set(out)) != len(out):
+      raise ValueError("a client appears twice in one round; valid: distinct clients")
+    if not out:
+      raise ValueError("next() needs at least one client")
+    if self._all_clients and len(out) != len(ids):
+      raise ValueError(f"{self.algo} trains every client every round; valid: all "
+                       f"{len(ids)} clients")
+    return np.sort(np.asarray(out, np.int64))
+
+  def next(self, state: ProcessState, clients: Optional[Sequence[Union[str, int]]] = None
+           ) -> ProcessOutput:
+    """One round on `clients` (ids or indices; default every client)."""
+    self._check_state(state)
+    driver = self._driver
+    if state is not self._latest:
+      driver.restore(driver.snapshot_numpy(state.snapshot))
+    sampled = self._client_indices(self._data.client_ids if clients is None else clients)
+    round_num = state.round_num + 1
+    metrics = dict(driver.run_round(round_num, sampled))
+    weights, client_model = driver.eval_models()
+    if self._evaluate_each_round:
+      result = self._evaluator.evaluate(weights, client_model)
+      metrics.update(test_accuracy=result.accuracy, test_loss=result.loss,
+                     test_accuracy_clientavg=result.accuracy_clientavg,
+                     test_macro_f1=result.macro_f1)
+      metrics.update(driver.round_eval_metrics(result))
+      client_model = result.client_model
+    new = ProcessState(self._id, round_num, driver.snapshot())
+    self._latest = new
+    return ProcessOutput(new, metrics, self._client_results(client_model))
+
+  def _client_results(self, client_model) -> Dict[str, Dict[str, Any]]:
+    ids = self._data.client_ids
+    if isinstance(client_model, str):
+      return {c: {"model": -1} for c in ids}
+    assignment = np.asarray(client_model).reshape(-1)
+    return {c: {"model": int(assignment[i]) if assignment[i] >= 0 else -1}
+            for i, c in enumerate(ids)}
+
+  def _restore(self, state: ProcessState) -> None:
+    self._check_state(state)
+    if state is not self._latest:
+      self._driver.restore(self._driver.snapshot_numpy(state.snapshot))
+      self._latest = state
+
+  def get_model_weights(self, state: ProcessState) -> List[ModelWeights]:
+    """Every model of `state` (one, or one per cluster/group/ensemble member)."""
+    self._restore(state)
+    weights, _ = self._driver.eval_models()
+    n = self._num_trainable
+    return [ModelWeights([np.asarray(w) for w in m[:n]], [np.asarray(w) for w in m[n:]])
+            for m in weights]
+
+  def evaluate(self, state: ProcessState, client_data=None) -> Dict[str, Any]:
+    """Test metrics of `state` on the test data of `client_data` (default the
+    data given to initialize; other data must have the same client ids when
+    the algorithm assigns models per client)."""
+    from tff_cluster.evaluation import Evaluator
+    self._restore(state)
+    weights, client_model = self._driver.eval_models()
+    evaluator = self._evaluator
+    if client_data is not None:
+      data = self._as_federated_data(client_data)
+      if not isinstance(client_model, str) and data.client_ids != self._data.client_ids:
+        raise ValueError("evaluate(): the data's client ids differ from initialize()'s; "
+                         "valid: the same clients (each is tested with its own model)")
+      evaluator = Evaluator(self._task.model_fn, self.loss, data)
+    result = evaluator.evaluate(weights, client_model)
+    return {"test_accuracy": result.accuracy, "test_loss": result.loss,
+            "test_accuracy_clientavg": result.accuracy_clientavg,
+            "test_macro_f1": result.macro_f1,
+            "client_model": np.asarray(result.client_model).tolist()
+            if not isinstance(result.client_model, str) else result.client_model}
+
+
+def build(algo: str, model_fn, loss, **settings) -> Process:
+  """The process of `algo` (see `Process` and the module docstring)."""
+  return Process(algo, model_fn, loss, **settings)
