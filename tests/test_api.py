@@ -180,3 +180,21 @@ def test_tff_runner_process_equals_the_local_one(data):
     for x, y in zip(a.trainable, b.trainable):
       np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
 
+
+
+def test_build_fedavg_takes_a_keras_loss_and_seeds_its_initial_weights():
+  """The TFF LearningProcess: a Keras loss object, no initial weights (seeded)."""
+  from tff_cluster import local_training, runtime
+  from tff_cluster.algorithms import fedavg
+  spec = local_training.client_dataset(np.zeros((4, 60), np.float32),
+                                       np.zeros(4, np.int64), 2, 1, 0).element_spec
+  with runtime.tff_runtime():
+    a = fedavg.build_fedavg(model_fn, SCE, spec, client_lr=0.1, seed=3)
+    b = fedavg.build_fedavg(model_fn, "sparse_ce_logits", spec, client_lr=0.1, seed=3)
+    wa = a.get_model_weights(a.initialize())
+    wb = b.get_model_weights(b.initialize())
+  np.testing.assert_array_equal(wa.trainable[0], wb.trainable[0])
+  tf.keras.utils.set_random_seed(3)
+  np.testing.assert_array_equal(wa.trainable[0], model_fn().get_weights()[0])
+  with pytest.raises(ValueError, match="unsupported loss"):
+    fedavg.build_fedavg(model_fn, tf.keras.losses.Hinge(), spec, client_lr=0.1)

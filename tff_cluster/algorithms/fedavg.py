@@ -18,7 +18,7 @@ server optimizer) for research pipelines.
 from __future__ import annotations
 
 import collections
-from typing import Callable, List
+from typing import Callable, List, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -126,18 +126,19 @@ def make_driver(task, data, config: experiment.TrainingConfig,
   return FedAvgDriver(task, data, config, mu=0.0, client_weighting=client_weighting)
 
 
-def build_fedavg(model_fn: Callable[[], tf.keras.Model], loss: str,
-                 element_spec, initial_weights: List[np.ndarray],
-                 client_lr: float, mu: float = 0.0, server_optimizer=None,
-                 client_momentum: float = 0.0):
+def build_fedavg(model_fn: Callable[[], tf.keras.Model], loss,
+                 element_spec, initial_weights: Optional[List[np.ndarray]] = None,
+                 client_lr: float = 0.01, mu: float = 0.0, server_optimizer=None,
+                 client_momentum: float = 0.0, seed: int = 0):
   """FedAvg (mu = 0) or FedProx (mu > 0) as a TFF `LearningProcess`.
 
   Args:
     model_fn: builds a fresh built Keras model (called inside TFF computations).
-    loss: `tff_cluster.models` loss kind.
+    loss: `tff_cluster.models` loss kind, or the Keras loss object it names
+      (`tff_cluster.api.loss_kind`).
     element_spec: element spec of a client's batched dataset (`{'x', 'y'}`).
-    initial_weights: starting weights, trainable then non-trainable (fixed so
-      that a seed fixes the run).
+    initial_weights: starting weights, trainable then non-trainable; default
+      the model's own initializer under `seed`.
     client_lr: local SGD learning rate.
     mu: proximal coefficient; 0 = FedAvg.
     server_optimizer: a `tff.learning.optimizers.Optimizer` applied to the
@@ -155,8 +156,13 @@ def build_fedavg(model_fn: Callable[[], tf.keras.Model], loss: str,
 
   from tff_cluster import runtime, tff_types
 
+  from tff_cluster.api import loss_kind
+  loss = loss_kind(loss)
   if client_lr <= 0:
     raise ValueError(f"client_lr must be > 0, got {client_lr}")
+  if initial_weights is None:
+    tf.keras.utils.set_random_seed(seed)
+    initial_weights = local_training.get_weights(model_fn())
   runtime.install()
   model = model_fn()
   num_trainable = len(model.trainable_variables)

@@ -41,11 +41,14 @@ def build_round(definition, mode: str, model_fn, loss: str, element_spec):
     definition: the algorithm's `Definition`.
     mode: one of `definition.modes`.
     model_fn: builds a fresh built Keras model (called inside computations).
-    loss: `tff_cluster.models` loss kind.
+    loss: `tff_cluster.models` loss kind, or the Keras loss object it names
+      (`tff_cluster.api.loss_kind`).
     element_spec: element spec of a client's batched dataset (`{'x', 'y'}`).
 
   Keys are `int32[1]` per client, in 0..K-1 with K = `definition.num_keys(mode)`.
   """
+  from tff_cluster.api import loss_kind
+  loss = loss_kind(loss)  # a Keras loss object or a kind; anything else: ValueError
   runtime.install()
   d = definition
   state_type = tff_types.to_tff_type(d.state_spec())
