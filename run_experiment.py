@@ -392,9 +392,10 @@ def _load_task_data(settings: dict, task):
   if settings["num_clients"] is not None and data.num_clients < settings["num_clients"]:
     raise UsageError(f"invalid --num_clients={settings['num_clients']}: --task={task.name} "
                      f"has {data.num_clients} clients; valid: 1..{data.num_clients}")
+  training = data.num_training_clients  # test-only clients never train
   if settings["clients_per_round"] is None:  # an all-clients algorithm's default
-    settings["clients_per_round"] = data.num_clients
-  if settings["clients_per_round"] > data.num_clients:
+    settings["clients_per_round"] = training
+  if settings["clients_per_round"] > training:
     # A task whose own setting decides how many clients remain names it (e.g.
     # sent140's "--task_arg=min_tweets=50").
     setting = getattr(data, "client_count_setting", None)
@@ -404,9 +405,12 @@ def _load_task_data(settings: dict, task):
           f"--clients_per_round={settings['clients_per_round']}; valid: a setting that "
           f"keeps >= {settings['clients_per_round']} clients, or --clients_per_round <= "
           f"{data.num_clients}")
+    what = (f"{training} clients" if training == data.num_clients else
+            f"{training} clients with training data (and {data.num_clients - training} "
+            "test-only clients)")
     raise UsageError(
         f"invalid --clients_per_round={settings['clients_per_round']}: the task has "
-        f"{data.num_clients} clients; valid: 1..{data.num_clients}")
+        f"{what}; valid: 1..{training}")
   return data
 
 

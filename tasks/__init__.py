@@ -12,7 +12,7 @@ from typing import Dict
 from tff_cluster.task import TaskSpec
 
 _MODULES = ("synthetic", "femnist", "femnist_fedprox", "sent140", "mnist", "fmnist",
-            "cifar10", "mnist_clusterwise", "mnist_workers")
+            "cifar10", "mnist_clusterwise", "mnist_workers", "rotated")
 
 
 def registry() -> Dict[str, TaskSpec]:

@@ -10,7 +10,7 @@ Tasks on the pooled 70,000 images, each client's samples split 90/10
 (settings from `DataOptions.extra`, defaults in brackets):
   fmnist                    pathological non-IID (McMahan et al.):
                             'classes_per_client' [2] classes per client.
-  rotated_fmnist            IID split, 'num_clusters' [4] rotation clusters
+  rotated_fmnist_iid        IID split, 'num_clusters' [4] rotation clusters
                             (0/90/180/270 degrees; Ghosh et al., IFCA).
 These two default to 200 clients; their optimization defaults (lr 0.01,
 batch 10, 10 local epochs, 20 clients per round, mu 0.01) are this project's
@@ -295,7 +295,8 @@ def wecfl_tasks(prefix: str, label: str, source: Callable) -> List[TaskSpec]:
 TASKS = [
     _spec("fmnist", "Fashion-MNIST, 200 clients x 2 classes (pathological), "
           "FMNIST CNN (--data_dir: idx files)", load_fmnist, CLASSES_PER_CLIENT),
-    _spec("rotated_fmnist", "Fashion-MNIST, 200 IID clients in 4 rotation "
-          "clusters (0/90/180/270 deg), FMNIST CNN", load_rotated, ROTATION_CLUSTERS),
+    _spec("rotated_fmnist_iid", "Fashion-MNIST, 200 IID clients in 4 rotation "
+          "clusters (0/90/180/270 deg), 90/10 split, FMNIST CNN (rotated_fmnist is the "
+          "IFCA/CFL-MGD construction)", load_rotated, ROTATION_CLUSTERS),
     *wecfl_tasks("fmnist", "Fashion-MNIST", lambda options: _official(options)),
 ]

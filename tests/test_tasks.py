@@ -38,7 +38,8 @@ DEFAULT_KEYS = {"rounds", "clients_per_round", "batch_size", "client_lr", "mu",
 EXPECTED_CLASSES = {
     "femnist": 62, "femnist_digits": 10, "femnist_upper": 26,
     "femnist_lower": 26, "rotated_femnist_digits": 10, "mnist": 10,
-    "fmnist": 10, "rotated_fmnist": 10, "fmnist_clusterwise_dir": 10,
+    "fmnist": 10, "rotated_fmnist_iid": 10, "rotated_fmnist": 10, "rotated_mnist": 10,
+    "rotated_cifar10": 10, "fmnist_clusterwise_dir": 10,
     "fmnist_clusterwise_class": 10, "cifar10": 10, "sent140": 2, "femnist_fedprox": 26,
     "fmnist_clientwise_dir": 10, "fmnist_clientwise_class": 10,
     "mnist_clusterwise_dir": 10, "mnist_clusterwise_class": 10,
@@ -284,8 +285,8 @@ def test_fmnist_default_partition(fmnist_options):
   assert REGISTRY["fmnist"].model_fn()(x[:3]).shape == (3, 10)
 
 
-def test_rotated_fmnist(fmnist_options, fmnist_pooled):
-  data = REGISTRY["rotated_fmnist"].load_data(fmnist_options)
+def test_rotated_fmnist_iid(fmnist_options, fmnist_pooled):
+  data = REGISTRY["rotated_fmnist_iid"].load_data(fmnist_options)
   assert data.num_clients == 200
   assert np.all(np.bincount(data.true_clusters) == 50)  # m = 4
   # A 90-degree cluster's images are rotated copies of pooled images.

@@ -145,6 +145,7 @@ class Evaluator:
     self._y = [data.test[c][1] for c in data.client_ids]
     self._counts = np.array([len(y) for y in self._y], np.int64)
     self._weight = client_weights(data.num_train_samples(), self._counts)
+    self._test_only = np.asarray(data.test_only())
 
     @tf.function(reduce_retracing=True)
     def batch_stats(x, y):
@@ -198,6 +199,8 @@ class Evaluator:
                         per_client_f1=pick("per_client_f1"),
                         client_weight=self._weight.copy())
     client_model = np.asarray(client_model)
+    if self._test_only.any() and len(weights) > 1:
+      client_model = self._choose_for_test_only(weights, client_model)
     n = len(self._y)
     correct = np.zeros(n)
     loss_sum = np.zeros(n)
@@ -218,6 +221,25 @@ class Evaluator:
     return EvalResult(float(correct.sum() / total), float(loss_sum.sum() / total),
                       correct, self._counts.copy(), loss_sum, client_model=client_model,
                       per_client_f1=f1, client_weight=self._weight.copy())
+
+  def _choose_for_test_only(self, weights, client_model: np.ndarray) -> np.ndarray:
+    """Test-only clients (no training data, so no assignment of their own)
+    take the model of lowest mean loss on their own test data (ties: the
+    lowest index); the others keep `client_model`."""
+    members = np.flatnonzero(self._test_only & (self._counts > 0))
+    if not len(members):
+      return client_model
+    x = np.concatenate([self._x[k] for k in members])
+    y = np.concatenate([self._y[k] for k in members])
+    bounds = np.cumsum(self._counts[members])[:-1]
+    mean_loss = []
+    for w in weights:
+      local_training.set_weights(self._model, w)
+      _, losses, _ = self._stats(x, y)
+      mean_loss.append([s.mean() for s in np.split(losses, bounds)])
+    out = np.array(client_model, copy=True)
+    out[members] = np.argmin(np.asarray(mean_loss), axis=0)
+    return out
 
   def _evaluate_ensemble(self, weights, vote: str) -> EvalResult:
     """Every client tested with the vote of all `weights` (see `ensemble_predict`);

@@ -233,9 +233,16 @@ def _all_finite(structure) -> bool:
   return True
 
 
-def sample_clients(rng: np.random.Generator, num_clients: int,
-                   clients_per_round: int) -> np.ndarray:
-  return np.sort(rng.choice(num_clients, clients_per_round, replace=False))
+def sample_clients(rng: np.random.Generator, num_clients, clients_per_round: int
+                   ) -> np.ndarray:
+  """`clients_per_round` distinct clients, sorted: drawn from range(num_clients),
+  or from `num_clients` itself when it is an array of candidate indices (the
+  clients with training data)."""
+  if np.ndim(num_clients) == 0:
+    return np.sort(rng.choice(num_clients, clients_per_round, replace=False))
+  # (With every client a candidate this is the same draw as from range(n).)
+  candidates = np.asarray(num_clients)
+  return np.sort(candidates[rng.choice(len(candidates), clients_per_round, replace=False)])
 
 
 _STOP_SIGNAL = {"signum": None}
@@ -274,6 +281,11 @@ def run_training(task: TaskSpec, data: FederatedData, config: TrainingConfig,
   from tff_cluster import checkpoint
 
   evaluator = Evaluator(task.model_fn, task.loss, data)
+  trainable = data.training_clients()
+  if config.clients_per_round > len(trainable):
+    raise ValueError(f"invalid --clients_per_round={config.clients_per_round}: "
+                     f"{len(trainable)} clients have training data; valid: "
+                     f"1..{len(trainable)}")
   start = time.perf_counter()
   rng = np.random.default_rng(np.random.SeedSequence([config.seed, 7]))
   rows: List[Dict[str, Any]] = []
@@ -315,7 +327,7 @@ def run_training(task: TaskSpec, data: FederatedData, config: TrainingConfig,
       save_checkpoint(0, driver.snapshot(), rng)
     for round_num in range(first_round, config.rounds + 1):
       good, good_rng = driver.snapshot(), copy.deepcopy(rng)
-      sampled = sample_clients(rng, data.num_clients, config.clients_per_round)
+      sampled = sample_clients(rng, trainable, config.clients_per_round)
       t0 = time.perf_counter()
       row: Dict[str, Any] = {"round": round_num}
       try:

@@ -430,7 +430,7 @@ class FedGroupDriver(experiment.Driver):
     if num_newcomers:
       self.newcomers[self._rng.choice(n, num_newcomers, replace=False)] = True
     self.newcomer_rounds = int(np.ceil(0.1 * config.rounds)) if num_newcomers else 0
-    pool = np.flatnonzero(~self.newcomers)
+    pool = np.flatnonzero(~self.newcomers & ~self.data.test_only())
     if cold_start == "rcc":
       self.num_pretrain = min(num_groups, len(pool))
     else:
@@ -467,7 +467,7 @@ class FedGroupDriver(experiment.Driver):
 
   def setup(self):
     t0 = time.perf_counter()
-    pool = np.flatnonzero(~self.newcomers)
+    pool = np.flatnonzero(~self.newcomers & ~self.data.test_only())
     chosen = np.sort(self._rng.choice(pool, self.num_pretrain, replace=False))
     out = self.train_clients("pretrain", self.definition.initial_state(self.w0), chosen,
                              0, work=self.pretrain_work, persist=False)

@@ -245,8 +245,8 @@ class IFCADriver(experiment.Driver):
     state = self.definition.initial_state(self._draw(0))
     attempts = 1
     if self.init == "good_init" and self.k > 1:
-      clients = np.sort(self._rng.choice(self.data.num_clients,
-                                         self.config.clients_per_round, replace=False))
+      clients = experiment.sample_clients(self._rng, self.data.training_clients(),
+                                          self.config.clients_per_round)
       best, best_share = state, -1.0
       for attempt in range(GOOD_INIT_ATTEMPTS):
         if attempt:
@@ -280,8 +280,8 @@ class IFCADriver(experiment.Driver):
     from tff_cluster.algorithms.wecfl import last_dense_indices
     single = self.definition.initial_state(self.w0)
     for i in range(self.warm_rounds):
-      clients = np.sort(self._rng.choice(self.data.num_clients,
-                                         self.config.clients_per_round, replace=False))
+      clients = experiment.sample_clients(self._rng, self.data.training_clients(),
+                                          self.config.clients_per_round)
       out = self.train_clients("forced", single, clients, 1, keys=np.zeros(len(clients)),
                                persist=False, shuffle_round=WARM_SHUFFLE_BASE + i)
       single = self.runner.numpy_state(out.state)

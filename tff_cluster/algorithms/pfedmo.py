@@ -306,6 +306,10 @@ class PFedMoDriver(experiment.Driver):
                public_fraction: float = 0.1, pfedmo_model: str = "eq12",
                representation: bool = True):
     algo = "pfedmo" if representation else "fednag"
+    if data.test_only().any():
+      raise ValueError(f"{algo} trains every client every round, but this task has "
+                       f"{int(data.test_only().sum())} test-only clients; valid: a task "
+                       "whose clients all hold training data")
     if config.clients_per_round != data.num_clients:
       raise ValueError(f"invalid --clients_per_round={config.clients_per_round} for "
                        f"{algo}: every worker takes part in every aggregation; valid: "

@@ -33,6 +33,9 @@ class FederatedData:
     true_clusters: int array aligned with `client_ids` (ground-truth cluster of
       each client), or None when the partition defines none.
     description: one line on where the data came from (provenance).
+      A client whose training arrays are empty is test-only (`test_only()`):
+      rounds never sample it, and it is tested with the model of lowest loss
+      on its own test data.
     client_count_setting: the task setting that decided how many clients
       there are (e.g. "--task_arg=min_tweets=5"), named by the CLI when too
       few remain; None when only the data decides.
@@ -66,6 +69,20 @@ class FederatedData:
   @property
   def num_clients(self) -> int:
     return len(self.client_ids)
+
+  def training_clients(self) -> np.ndarray:
+    """Indices of the clients with training data (the ones a round may sample)."""
+    return np.flatnonzero(self.num_train_samples() > 0)
+
+  @property
+  def num_training_clients(self) -> int:
+    return int((self.num_train_samples() > 0).sum())
+
+  def test_only(self) -> np.ndarray:
+    """Bool per client: True for a test-only client (no training data: e.g.
+    the rotated tasks' test clients, which pick a model by their own test
+    loss and are never trained)."""
+    return self.num_train_samples() == 0
 
   def num_train_samples(self) -> np.ndarray:
     return np.array([len(self.train[c][1]) for c in self.client_ids], np.int64)
