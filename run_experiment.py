@@ -35,7 +35,7 @@ import warnings  # noqa: E402
 from absl import flags, logging  # noqa: E402
 import numpy as np  # noqa: E402
 
-import tasks  # noqa: E402
+from tff_cluster import tasks  # noqa: E402
 from tff_cluster import algorithms  # noqa: E402
 from tff_cluster import hparams as hp  # noqa: E402
 

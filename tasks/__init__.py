@@ -1,36 +1,17 @@
-"""Task registry for the CLI: `--task` name -> `TaskSpec`.
+"""The papers' task settings moved into the library: `tff_cluster.tasks`.
 
-Each module listed in `_MODULES` defines `TASKS`, a list of `TaskSpec`s. The
-modules only describe tasks; no data is read at import time.
+This package keeps `import tasks` and `from tasks import fmnist` working in a
+checkout (scripts, notebooks and tests written before the move): `tasks` and
+`tasks.<module>` are the very module objects of `tff_cluster.tasks`, not
+copies, so patching one patches the other.
 """
 
-from __future__ import annotations
-
 import importlib
-from typing import Dict
+import sys
 
-from tff_cluster.task import TaskSpec
+from tff_cluster import tasks as _package
 
-_MODULES = ("synthetic", "femnist", "femnist_fedprox", "sent140", "mnist", "fmnist",
-            "cifar10", "mnist_clusterwise", "mnist_workers", "rotated")
-
-
-def registry() -> Dict[str, TaskSpec]:
-  tasks: Dict[str, TaskSpec] = {}
-  for module in _MODULES:
-    for spec in importlib.import_module(f"tasks.{module}").TASKS:
-      if spec.name in tasks:
-        raise ValueError(f"task {spec.name!r} is defined twice")
-      tasks[spec.name] = spec
-  return tasks
-
-
-def task_names():
-  return sorted(registry())
-
-
-def get_task(name: str) -> TaskSpec:
-  tasks = registry()
-  if name not in tasks:
-    raise KeyError(f"unknown task {name!r}; valid: {', '.join(sorted(tasks))}")
-  return tasks[name]
+for _name in _package._MODULES:  # pylint: disable=protected-access
+  sys.modules[f"{__name__}.{_name}"] = importlib.import_module(
+      f"tff_cluster.tasks.{_name}")
+sys.modules[__name__] = _package

@@ -507,3 +507,28 @@ def test_cifar10_task(tmp_path):
   x, _ = data.train[data.client_ids[0]]
   assert x.shape[1:] == (32, 32, 3)
   assert spec.model_fn()(x[:2]).shape == (2, 10)
+
+
+def test_tasks_are_importable_outside_a_checkout(tmp_path):
+  """`tff_cluster.tasks` comes with the installed package: from another
+  directory (no checkout on the path) the registry and a task's data load."""
+  import subprocess
+  import sys
+  code = ("import sys; sys.path = [p for p in sys.path if p not in ('', '.')]; "
+          "import tff_cluster, tff_cluster.tasks as t; "
+          "assert 'rotated_mnist' in t.task_names(); "
+          "from tff_cluster.task import DataOptions; "
+          "d = t.get_task('synthetic').load_data(DataOptions(num_clients=3)); "
+          "print(d.num_clients, tff_cluster.__file__)")
+  out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.startswith("3 ")
+
+
+def test_checkout_alias_is_the_package():
+  import sys
+
+  from tasks import fmnist as alias
+  from tff_cluster.tasks import fmnist
+  assert alias is fmnist and tasks is sys.modules["tff_cluster.tasks"]

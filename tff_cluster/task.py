@@ -1,7 +1,8 @@
 """What a task is: a data source + partition, a model, a loss and defaults.
 
-Task modules live in the top-level `tasks/` folder of a checkout (used by the
-CLI); each defines one `TaskSpec`. The library only knows this interface.
+Task modules live in `tff_cluster.tasks` (installed with the library; the CLI
+and the README's examples use them); each defines `TaskSpec`s. The rest of the
+library only knows this interface.
 """
 
 from __future__ import annotations

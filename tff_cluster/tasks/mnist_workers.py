@@ -38,7 +38,7 @@ from typing import List, Sequence, Tuple
 
 import numpy as np
 
-from tasks import fmnist
+from tff_cluster.tasks import fmnist
 from tff_cluster import models
 from tff_cluster.data.federated import DataError, FederatedData
 from tff_cluster.hparams import HParam

@@ -10,7 +10,7 @@ with PyTorch's defaults, as the fmnist_* tasks.
 
 from __future__ import annotations
 
-from tasks import fmnist
+from tff_cluster.tasks import fmnist
 from tff_cluster.task import DataOptions
 
 

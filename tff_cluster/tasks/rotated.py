@@ -40,7 +40,7 @@ from typing import Callable, Sequence, Tuple
 
 import numpy as np
 
-from tasks import fmnist
+from tff_cluster.tasks import fmnist
 from tff_cluster import models
 from tff_cluster.data import vision
 from tff_cluster.data.federated import DataError, FederatedData
