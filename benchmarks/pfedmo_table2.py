@@ -162,6 +162,7 @@ def main(argv=None):
   p.add_argument("--out", default=os.path.join(REPO_ROOT, "results", "pfedmo_table2"))
   p.add_argument("--table", default=os.path.join(REPO_ROOT, "benchmarks", "results",
                                                  "pfedmo_table2"))
+  p.add_argument("--methods", default=None, help="comma-separated subset of the methods")
   p.add_argument("--table_only", action="store_true")
   args = p.parse_args(argv)
   settings = args.settings.split(",")
@@ -170,11 +171,16 @@ def main(argv=None):
     raise SystemExit(f"pfedmo_table2.py: error: unknown setting {bad[0]}; valid: "
                      f"{', '.join(SETTINGS)}")
   seeds = [int(s) for s in args.seeds.split(",")]
+  methods = list(METHODS) if args.methods is None else args.methods.split(",")
+  unknown = [m for m in methods if m not in METHODS]
+  if unknown:
+    raise SystemExit(f"pfedmo_table2.py: error: unknown method {unknown[0]!r}; valid: "
+                     f"{', '.join(METHODS)}")
   t0 = time.perf_counter()
   if not args.table_only:
     for seed in seeds:
       for setting in settings:
-        for method in METHODS:
+        for method in methods:
           d = run_dir(args.out, setting, method, seed)
           run_one(flags_for(setting, method, args.data_dir), d, seed, "local", None)
           print(f"[{time.perf_counter() - t0:6.0f} s] {setting} {method} seed {seed}: "
