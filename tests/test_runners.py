@@ -390,12 +390,20 @@ def test_declarations_import_without_tensorflow():
   assert out.strip() == "[]"
 
 
+def flags_of(algo):
+  return {d.name for d in algorithms.get_algorithm(algo).hparams}
+
+
 def test_definitions_and_local_runner_import_no_tff(tmp_path):
   """A whole local-runner CLI run of every algorithm leaves TFF out of sys.modules."""
+  def per_round(algo):  # every client every round for pFedMo and FedNAG
+    return "" if algo in ALL_CLIENTS else "'--clients_per_round=3', "
+
   runs = "\n".join(
       f"assert run_experiment.main(['x', '--algo={algo}', '--runner=local', '--rounds=1', "
-      f"'--num_clients=12', '--clients_per_round=3', '--local_epochs=1', "
-      f"'--progress=false', '--num_groups=2', '--output_dir={tmp_path / algo}']) == 0"
+      f"'--num_clients=12', {per_round(algo)}'--local_epochs=1', "
+      f"'--progress=false', '--output_dir={tmp_path / algo}'"
+      f"{', ' + repr('--num_groups=2') if 'num_groups' in flags_of(algo) else ''}]) == 0"
       for algo in sorted(algorithms.ALGORITHMS))
   out = _python(f"""
       import sys, warnings
