@@ -103,12 +103,15 @@ def score(directory: str, method: str) -> Optional[Dict[str, float]]:
     if not json.load(f).get("completed"):
       return None
   with open(os.path.join(directory, "metrics.jsonl")) as f:
-    last = [json.loads(line) for line in f if line.strip()][-1]
+    rows = [json.loads(line) for line in f if line.strip()]
+  last = rows[-1]
+  # The median round: robust to a round paused or shared with other runs.
+  seconds = float(np.median([r["round_seconds"] for r in rows if r.get("round_seconds")]))
   if method in PERSONAL:
     return {"global": last["global_test_accuracy"], "personal": last["test_accuracy"],
-            "round": last["round"], "seconds": last["round_seconds"]}
+            "round": last["round"], "seconds": seconds}
   return {"global": last["test_accuracy"], "personal": None, "round": last["round"],
-          "seconds": last["round_seconds"]}
+          "seconds": seconds}
 
 
 def fmt(values: Sequence[float]) -> str:
@@ -146,7 +149,7 @@ def write_table(args) -> str:
     if rows:
       lines += [f"**{TITLES[setting]}**", "",
                 "| method | seeds | global x_+ (pooled test) | personalised x_i+ (own "
-                "test) | paper | s/round |", "|---|---|---|---|---|---|", *rows, ""]
+                "test) | paper | s/round (median) |", "|---|---|---|---|---|---|", *rows, ""]
   text = "\n".join(lines)
   os.makedirs(os.path.dirname(args.table), exist_ok=True)
   with open(args.table + ".md", "w") as f:
