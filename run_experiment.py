@@ -450,10 +450,11 @@ def run(settings: dict) -> dict:
       shutil.rmtree(out_dir, ignore_errors=True)
     raise
 
-  versions = {"tensorflow": tf.__version__}
-  if config.runner == "tff":
-    import tensorflow_federated as tff
-    versions["tensorflow_federated"] = tff.__version__
+  from tff_cluster.task import DataOptions, task_arg
+  # The task's declared settings as the data was built with them (defaults
+  # filled in), next to `task_args`, what was given.
+  task_args_applied = {d.name: task_arg(DataOptions(extra=settings["task_args"]), d)
+                       for d in task.task_args}
   runner_columns = list(getattr(driver, "extra_columns", ()))
   writer = results.ResultsWriter(
       out_dir, [*experiment.BASE_COLUMNS, *runner_columns],
@@ -470,7 +471,8 @@ def run(settings: dict) -> dict:
       "task_defaults": dict(task.defaults),
       "model": task.model_name,
       "runner_info": driver.describe(),
-      "versions": versions,
+      "task_args_applied": task_args_applied,
+      **results.provenance(),  # git_commit, git_dirty, versions
       "command": " ".join(sys.argv),
       **({"resumed_from_round": resume["round"]} if resume else {}),
   })

@@ -214,7 +214,7 @@ def test_results_files(cli_run):
   logged = {}
   for event in tf.compat.v1.train.summary_iterator(events[0]):
     for value in event.summary.value:
-      if value.tag == "test_accuracy":
+      if value.tag == "metrics/test_accuracy":
         logged[event.step] = float(tf.make_ndarray(value.tensor))
   assert sorted(logged) == [1, 2, 3]
   for row in rows:

@@ -357,6 +357,9 @@ def run_training(task: TaskSpec, data: FederatedData, config: TrainingConfig,
       rows.append(row)
       if writer is not None:
         writer.write_round(row)
+        writer.write_groups(round_num, data.client_ids, client_groups(
+            client_model, last_choice if "test_accuracy" in row else None,
+            getattr(driver, "assignment", None), data.num_clients))
       if checkpoint_dir is not None and (round_num % checkpoint_every == 0
                                          or round_num == config.rounds):
         save_checkpoint(round_num, driver.snapshot(), rng)
@@ -422,3 +425,21 @@ def save_models(task: TaskSpec, directory: str, weights, client_model,
   results.write_json(os.path.join(directory, "clients.json"), {
       "round": int(round_num), "num_models": len(weights),
       "client_model": {c: int(j) for c, j in zip(client_ids, client_model)}})
+
+def client_groups(client_model, chosen, assignment, num_clients: int) -> Optional[np.ndarray]:
+  """Each client's group/model index this round, for groups.csv; -1: none.
+
+  `client_model` is what `Driver.eval_models` returned: indices, where a
+  driver that keeps an `assignment` with -1 for clients in no group yet (e.g.
+  FedGroup, whose eval_models tests them with the auxiliary model) gives -1
+  for those; `CHOOSE_BY_TEST_LOSS`: `chosen`, the evaluation's choice (None
+  on a round without evaluation: not known); an ensemble: -1 for everyone.
+  """
+  if isinstance(client_model, str):
+    if client_model == CHOOSE_BY_TEST_LOSS:
+      return None if chosen is None else np.asarray(chosen, np.int64)
+    return np.full(num_clients, -1, np.int64)
+  groups = np.array(client_model, np.int64)
+  if assignment is not None and np.shape(assignment) == groups.shape:
+    groups[np.asarray(assignment) < 0] = -1
+  return groups

@@ -1,14 +1,23 @@
 """Everything a run leaves in `--output_dir`.
 
-  config.json     every resolved setting of the run
+  config.json     every resolved setting of the run, the task's arguments as
+                  applied, the git commit and library versions
   metrics.csv     one row per round (fixed columns; empty cells where a value
   metrics.jsonl   was not computed that round, e.g. between evaluations)
+  groups.csv      one row per round: each client's group/model index (-1: none)
   summary.json    final/max test accuracy, timings, algorithm extras
-  tensorboard/    TensorBoard scalars (tf.summary), one step per round
-  accuracy.png    test accuracy and train loss curves
+  tensorboard/    TensorBoard scalars (tf.summary), one step per round, under
+                  metrics/, groups/, comm/ and time/; the run's HParams
+  accuracy.png    test accuracy (per group too) and train loss curves
   checkpoints/    the run state for --resume (`tff_cluster.checkpoint`)
   models/         final/ and best/ models (`model_<j>.keras`, `clients.json`)
   eval_<task>.json  --eval_only results
+
+Non-finite numbers: a CSV cell holds `nan`, `inf` or `-inf` (an empty cell
+means "not computed that round"); JSON has no such numbers, so JSON and JSONL
+write null and list the fields that were non-finite under "nonfinite" (e.g.
+`"nonfinite": ["test_loss"]`, nested ones as `name.key` / `name[i]`), a key
+present only when there are any.
 """
 
 from __future__ import annotations
@@ -16,10 +25,14 @@ from __future__ import annotations
 import csv
 import io
 import json
-import shutil
 import math
 import os
-from typing import Any, Dict, Iterable, List, Mapping, Optional
+import re
+import shutil
+import subprocess
+import sys
+import warnings
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -70,11 +83,62 @@ def to_jsonable(value: Any) -> Any:
   return value
 
 
+def nonfinite_fields(value: Any, prefix: str = "") -> List[str]:
+  """The fields of `value` holding NaN or an infinity: top-level keys by name,
+  nested ones as `name.key` / `name[i]`."""
+  if isinstance(value, Mapping):
+    out = []
+    for k, v in value.items():
+      out += nonfinite_fields(v, f"{prefix}.{k}" if prefix else str(k))
+    return out
+  if isinstance(value, (list, tuple, np.ndarray)):
+    if isinstance(value, np.ndarray) and value.dtype.kind not in "fc":
+      return []
+    out = []
+    for i, v in enumerate(value):
+      out += nonfinite_fields(v, f"{prefix}[{i}]")
+    return out
+  if isinstance(value, (float, np.floating)) and not math.isfinite(float(value)):
+    return [prefix]
+  return []
+
+
+def json_record(value: Any) -> Any:
+  """`value` for JSON: non-finite numbers as null; a mapping with any gets
+  "nonfinite": [their fields]."""
+  out = to_jsonable(value)
+  if isinstance(value, Mapping):
+    bad = [f for f in nonfinite_fields(value) if f != "nonfinite"]
+    if bad:
+      out["nonfinite"] = sorted(bad)
+  return out
+
+
 def write_json(path: str, value: Any) -> None:
-  """Atomically (temporary file, fsync, rename): a reader never sees half a file."""
+  """Atomically (temporary file, fsync, rename): a reader never sees half a file.
+  Non-finite numbers become null, listed under "nonfinite" (`json_record`)."""
   from tff_cluster.checkpoint import atomic_write_bytes
-  text = json.dumps(to_jsonable(value), indent=2, sort_keys=True) + "\n"
+  text = json.dumps(json_record(value), indent=2, sort_keys=True, allow_nan=False) + "\n"
   atomic_write_bytes(path, text.encode())
+
+
+def _jsonl_line(row: Mapping[str, Any]) -> str:
+  return json.dumps(json_record(row), sort_keys=True, allow_nan=False) + "\n"
+
+
+def csv_cell(value: Any) -> Any:
+  """A CSV cell: empty for None, `nan`/`inf`/`-inf` for non-finite numbers,
+  plain Python numbers for numpy scalars."""
+  if value is None:
+    return ""
+  if isinstance(value, np.generic):
+    value = value.item()
+  if isinstance(value, float):
+    if math.isnan(value):
+      return "nan"
+    if math.isinf(value):
+      return "inf" if value > 0 else "-inf"
+  return value
 
 
 def _csv_line(values) -> str:
@@ -83,13 +147,120 @@ def _csv_line(values) -> str:
   return buffer.getvalue()
 
 
+def _plain(row: Mapping[str, Any]) -> Dict[str, Any]:
+  """A row with numpy scalars as Python values (NaN and infinities kept)."""
+  return {str(k): v.item() if isinstance(v, np.generic) else v for k, v in row.items()}
+
+
+# TensorBoard: every column under one of these sections.
+_GROUP_TAGS = re.compile(r"^(group_|cfl_)|^(num_clusters|ari|purity|num_changed|"
+                         r"num_assigned|num_cold_clients|kmeans_objective)$")
+
+
+def tensorboard_tag(column: str) -> str:
+  """The TensorBoard tag of a metrics column: `comm/` for bytes, `time/` for
+  seconds, `groups/` for group and clustering columns, `metrics/` for the rest
+  (accuracies, losses, F1, algorithm metrics)."""
+  if column in ("bytes_down", "bytes_up"):
+    return f"comm/{column}"
+  if column.endswith("_seconds"):
+    return f"time/{column}"
+  if _GROUP_TAGS.search(column):
+    return f"groups/{column}"
+  return f"metrics/{column}"
+
+
+# config.json keys recorded as TensorBoard HParams (when scalar and set).
+HPARAM_KEYS = ("algo", "task", "model", "seed", "rounds", "clients_per_round", "batch_size",
+               "client_lr", "local_epochs", "local_steps", "lr_decay", "client_momentum",
+               "client_state", "eval_every", "num_clients", "runner", "jit")
+
+
+def hparams_of(config: Mapping[str, Any]) -> Dict[str, Any]:
+  """The run's settings for the TensorBoard HParams plugin: the training
+  settings, the algorithm's options and the task's arguments (`task_arg.NAME`),
+  scalar str/int/float/bool values only."""
+  def scalar(v):
+    if isinstance(v, np.generic):
+      v = v.item()
+    return v if isinstance(v, (str, bool, int, float)) and not (
+        isinstance(v, float) and not math.isfinite(v)) else None
+
+  out: Dict[str, Any] = {}
+  for key in HPARAM_KEYS:
+    if scalar(config.get(key)) is not None:
+      out[key] = scalar(config[key])
+  for key, value in sorted((config.get("algo_options") or {}).items()):
+    if scalar(value) is not None:
+      out[key] = scalar(value)
+  task_args = config.get("task_args_applied")
+  if task_args is None:
+    task_args = config.get("task_args") or {}
+  for key, value in sorted(task_args.items()):
+    if scalar(value) is not None:
+      out[f"task_arg.{key}"] = scalar(value)
+  return out
+
+
+def _package_version(name: str) -> Optional[str]:
+  from importlib import metadata
+  try:
+    return metadata.version(name)
+  except metadata.PackageNotFoundError:
+    return None
+
+
+def library_versions() -> Dict[str, Optional[str]]:
+  """Python's and the installed numpy, TensorFlow and TFF versions (None: not
+  installed), read from the package metadata (nothing is imported)."""
+  return {"python": sys.version.split()[0],
+          "numpy": _package_version("numpy"),
+          "tensorflow": _package_version("tensorflow"),
+          "tensorflow_federated": _package_version("tensorflow-federated")}
+
+
+def _git(repo: str, *args: str) -> Optional[str]:
+  try:
+    out = subprocess.run(["git", "-C", repo, *args], capture_output=True, text=True,
+                         timeout=20, stdin=subprocess.DEVNULL)
+  except (OSError, subprocess.SubprocessError, ValueError):
+    return None
+  return out.stdout.strip() if out.returncode == 0 else None
+
+
+def git_state(repo: Optional[str] = None) -> Dict[str, Any]:
+  """{"git_commit": HEAD, "git_dirty": whether tracked files differ from it} of
+  the checkout holding this package (`repo`: another directory); both None
+  when it is not the top of a git work tree or git is missing. Never raises."""
+  if repo is None:
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  none = {"git_commit": None, "git_dirty": None}
+  try:
+    top = _git(repo, "rev-parse", "--show-toplevel")
+    if not top or os.path.realpath(top) != os.path.realpath(repo):
+      return none  # e.g. an installed package inside someone else's repository
+    commit = _git(repo, "rev-parse", "HEAD")
+    if not commit:
+      return none
+    status = _git(repo, "status", "--porcelain", "--untracked-files=no")
+    return {"git_commit": commit, "git_dirty": None if status is None else bool(status)}
+  except Exception:  # noqa: BLE001 - provenance must never fail a run
+    return none
+
+
+def provenance() -> Dict[str, Any]:
+  """config.json's record of where a run's code came from."""
+  return {**git_state(), "versions": library_versions()}
+
+
 class ResultsWriter:
-  """Writes config, per-round rows, TensorBoard scalars and the summary.
+  """Writes config, per-round rows and groups, TensorBoard scalars and the summary.
 
   Each row is one `write` of a whole line followed by flush and fsync, so a
   killed run leaves whole rows. `resume_rows` (a resumed run) rewrites
   metrics.csv/metrics.jsonl atomically with exactly those rows, dropping any
-  the killed run wrote after its last checkpoint, then appends.
+  the killed run wrote after its last checkpoint, then appends; groups.csv
+  keeps its rows of the same rounds (`write_groups`).
   """
 
   def __init__(self, path: str, columns: Iterable[str], overwrite: bool = False,
@@ -100,25 +271,29 @@ class ResultsWriter:
       _clear_previous_results(path)
     self.path = path
     self.columns: List[str] = list(dict.fromkeys(columns))
-    self._rows: List[Dict[str, Any]] = []
+    self.config: Optional[Dict[str, Any]] = None
     csv_path = os.path.join(path, "metrics.csv")
     jsonl_path = os.path.join(path, "metrics.jsonl")
     from tff_cluster.checkpoint import atomic_write_bytes
-    rows = [to_jsonable(dict(r)) for r in (resume_rows or [])]
+    raw = [_plain(r) for r in (resume_rows or [])]
+    self._resume_rounds = (None if resume_rows is None else
+                           {int(r["round"]) for r in raw})
     atomic_write_bytes(csv_path, "".join(
-        [_csv_line(self.columns)] + [self._csv_row(r) for r in rows]).encode())
-    atomic_write_bytes(jsonl_path, "".join(
-        json.dumps(r, sort_keys=True) + "\n" for r in rows).encode())
-    self._rows.extend(rows)
+        [_csv_line(self.columns)] + [self._csv_row(r) for r in raw]).encode())
+    atomic_write_bytes(jsonl_path, "".join(_jsonl_line(r) for r in raw).encode())
+    self._raw_rows: List[Dict[str, Any]] = raw  # NaN and infinities kept
+    self._rows: List[Dict[str, Any]] = [to_jsonable(r) for r in raw]
     self._csv_file = open(csv_path, "a", newline="")
-    self._jsonl = open(jsonl_path, "a")
+    self._jsonl = open(jsonl_path, "a", newline="\n")
+    self._groups_file = None
+    self._groups_width = 0
     self._tb = None
     if tensorboard:
       import tensorflow as tf
       self._tb = tf.summary.create_file_writer(os.path.join(path, TENSORBOARD_DIR))
 
   def _csv_row(self, row: Mapping[str, Any]) -> str:
-    return _csv_line(["" if row.get(c) is None else row.get(c) for c in self.columns])
+    return _csv_line([csv_cell(row.get(c)) for c in self.columns])
 
   @staticmethod
   def _append(f, line: str) -> None:
@@ -127,56 +302,100 @@ class ResultsWriter:
     os.fsync(f.fileno())
 
   def write_config(self, config: Mapping[str, Any]) -> None:
+    """config.json; a new run's (not a resumed one's) settings also go to the
+    TensorBoard HParams plugin, once."""
+    self.config = dict(config)
     write_json(os.path.join(self.path, "config.json"), config)
+    if self._tb is not None and self._resume_rounds is None:
+      from tensorboard.plugins.hparams import api as hp_api
+      with self._tb.as_default():
+        hp_api.hparams(hparams_of(config),
+                       trial_id=os.path.basename(os.path.normpath(self.path)))
+      self._tb.flush()
 
   def write_round(self, row: Mapping[str, Any]) -> None:
-    row = to_jsonable(dict(row))
-    unknown = set(row) - set(self.columns)
+    raw = _plain(row)
+    unknown = set(raw) - set(self.columns)
     if unknown:
       raise KeyError(f"metrics {sorted(unknown)} are not declared columns")
-    self._append(self._csv_file, self._csv_row(row))
-    self._append(self._jsonl, json.dumps(row, sort_keys=True) + "\n")
-    self._rows.append(row)
+    self._append(self._csv_file, self._csv_row(raw))
+    self._append(self._jsonl, _jsonl_line(raw))
+    self._raw_rows.append(raw)
+    self._rows.append(to_jsonable(raw))
     if self._tb is not None:
       import tensorflow as tf
-      with self._tb.as_default(step=int(row["round"])):
-        for key, value in row.items():
-          if key != "round" and isinstance(value, (int, float)):
-            tf.summary.scalar(key, value)
+      with self._tb.as_default(step=int(raw["round"])):
+        for key, value in raw.items():
+          if (key != "round" and isinstance(value, (int, float))
+              and math.isfinite(value)):
+            tf.summary.scalar(tensorboard_tag(key), value)
+
+  def write_groups(self, round_num: int, client_ids: Sequence[str],
+                   groups: Optional[Sequence[int]]) -> None:
+    """One groups.csv line: `round_num`, then each client's group/model index
+    (-1: none); `groups=None` leaves the cells empty (not known this round).
+
+    The first call writes the header (`round`, the client ids); in a resumed
+    run it keeps the existing rows of the rounds in `resume_rows` (torn or
+    later lines dropped, as in metrics.csv), rewritten atomically.
+    """
+    if self._groups_file is None:
+      self._open_groups(list(client_ids))
+    if groups is None:
+      cells = [""] * (self._groups_width - 1)
+    else:
+      cells = [int(g) for g in groups]
+      if len(cells) != self._groups_width - 1:
+        raise ValueError(f"groups.csv: {len(cells)} values for "
+                         f"{self._groups_width - 1} clients")
+    self._append(self._groups_file, _csv_line([int(round_num), *cells]))
+
+  def _open_groups(self, client_ids: List[str]) -> None:
+    from tff_cluster.checkpoint import atomic_write_bytes
+    header = ["round", *client_ids]
+    path = os.path.join(self.path, "groups.csv")
+    kept = []
+    if self._resume_rounds and os.path.isfile(path):
+      with open(path, newline="") as f:
+        lines = list(csv.reader(f))
+      if lines and lines[0] == header:
+        for cells in lines[1:]:
+          if (len(cells) == len(header) and re.fullmatch(r"\d+", cells[0])
+              and int(cells[0]) in self._resume_rounds):
+            kept.append(cells)
+    atomic_write_bytes(path, "".join(_csv_line(c) for c in [header, *kept]).encode())
+    self._groups_file = open(path, "a", newline="")
+    self._groups_width = len(header)
 
   @property
   def rows(self) -> List[Dict[str, Any]]:
+    """The rows so far, JSON-ready (non-finite numbers as None)."""
     return self._rows
 
   def write_summary(self, summary: Mapping[str, Any]) -> None:
     write_json(os.path.join(self.path, "summary.json"), summary)
 
-  def plot(self, title: str) -> Optional[str]:
-    """Test accuracy and train loss against rounds, saved as accuracy.png."""
-    evaluated = [r for r in self._rows if r.get("test_accuracy") is not None]
-    if not evaluated:
+  def plot(self, title: Optional[str] = None) -> Optional[str]:
+    """accuracy.png: test accuracy, each group's accuracy (when the rows have
+    `group_<j>_accuracy`) and train loss against rounds, drawn by
+    `tff_cluster.plot`; titled from the config (algorithm, task, seed, key
+    settings), else `title`. A failure to draw is a warning, never an error."""
+    if not any(r.get("test_accuracy") is not None for r in self._raw_rows):
       return None
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    ax1.plot([r["round"] for r in evaluated],
-             [r["test_accuracy"] for r in evaluated])
-    ax1.set(xlabel="round", ylabel="test accuracy", title=title, ylim=(0, 1))
-    ax1.grid(alpha=0.3)
-    trained = [r for r in self._rows if r.get("train_loss") is not None]
-    ax2.plot([r["round"] for r in trained], [r["train_loss"] for r in trained])
-    ax2.set(xlabel="round", ylabel="train loss")
-    ax2.grid(alpha=0.3)
-    fig.tight_layout()
+    from tff_cluster import plot
+    rows = [{k: (float(v) if isinstance(v, (int, float)) else None)
+             for k, v in r.items()} for r in self._raw_rows]
+    run = plot.Run(self.path, dict(self.config or {}), list(self.columns), rows)
     out = os.path.join(self.path, "accuracy.png")
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    try:
+      return plot.plot_runs([run], out, title=None if self.config else title, dpi=100)
+    except Exception as e:  # noqa: BLE001 - the run's results matter more
+      warnings.warn(f"accuracy.png not written: {type(e).__name__}: {e}")
+      return None
 
   def close(self) -> None:
-    for f in (self._csv_file, self._jsonl):
-      if not f.closed:
+    for f in (self._csv_file, self._jsonl, self._groups_file):
+      if f is not None and not f.closed:
         f.close()
     if self._tb is not None:
       self._tb.flush()

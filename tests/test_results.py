@@ -1,0 +1,412 @@
+"""Results worth reading: NaN conventions, groups.csv, TensorBoard tags and
+HParams, config.json provenance, and the plot tool (`python -m tff_cluster.plot`)."""
+
+from __future__ import annotations
+
+import csv
+import glob
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO_ROOT
+from tests.helpers import read_metrics_csv
+from tff_cluster import experiment, plot, results
+from tff_cluster.results import ResultsWriter
+
+COLUMNS = ["round", "train_loss", "test_accuracy", "test_loss", "round_seconds",
+           "eval_seconds", "bytes_down", "bytes_up", "mean_update_norm", "group_0_accuracy",
+           "group_0_size", "num_clusters", "ari", "purity", "num_changed"]
+SMALL = ("--num_clients=20", "--clients_per_round=5", "--local_epochs=1", "--rounds=3",
+         "--runner=local", "--progress=false")
+
+
+def _rows_of(path):
+  with open(path, newline="") as f:
+    return list(csv.reader(f))
+
+
+# ---------------------------------------------------------------------------
+# Non-finite numbers: `nan`/`inf` in CSV; null + "nonfinite" in JSON(L).
+
+
+def test_nan_and_inf_are_written_as_such_in_csv_and_listed_in_jsonl(tmp_path):
+  writer = ResultsWriter(str(tmp_path), ["round", "train_loss", "test_accuracy",
+                                         "test_loss", "ari"], tensorboard=False)
+  writer.write_round({"round": 1, "train_loss": np.float32(0.5), "test_accuracy": None,
+                      "test_loss": math.nan, "ari": np.float64(math.inf)})
+  writer.write_round({"round": 2, "train_loss": -math.inf, "test_accuracy": 0.75,
+                      "test_loss": 0.25})
+  writer.write_round({"round": 3, "train_loss": 0.125})
+  writer.close()
+  raw = (tmp_path / "metrics.csv").read_bytes()
+  assert b"\r" not in raw
+  assert raw.decode().splitlines() == ["round,train_loss,test_accuracy,test_loss,ari",
+                                       "1,0.5,,nan,inf", "2,-inf,0.75,0.25,", "3,0.125,,,"]
+  lines = (tmp_path / "metrics.jsonl").read_bytes().decode()
+  assert "\r" not in lines and "NaN" not in lines and "Infinity" not in lines
+  jsonl = [json.loads(line) for line in lines.splitlines()]
+  assert jsonl[0] == {"round": 1, "train_loss": 0.5, "test_accuracy": None,
+                      "test_loss": None, "ari": None, "nonfinite": ["ari", "test_loss"]}
+  assert jsonl[1]["nonfinite"] == ["train_loss"] and jsonl[1]["train_loss"] is None
+  assert "nonfinite" not in jsonl[2]  # only when there are any
+  # The repository's readers: NaN and infinities come back, empty cells as None.
+  rows = read_metrics_csv(tmp_path / "metrics.csv")
+  assert math.isnan(rows[0]["test_loss"]) and rows[0]["ari"] == math.inf
+  assert rows[0]["test_accuracy"] is None and rows[1]["train_loss"] == -math.inf
+  columns, plotted = plot.read_metrics(str(tmp_path))
+  assert columns[0] == "round" and math.isnan(plotted[0]["test_loss"])
+  os.remove(tmp_path / "metrics.csv")  # the JSONL reader: null, unless listed
+  _, from_jsonl = plot.read_metrics(str(tmp_path))
+  assert math.isnan(from_jsonl[0]["test_loss"]) and from_jsonl[0]["test_accuracy"] is None
+  # writer.rows stays JSON-ready (None for non-finite values).
+  assert writer.rows[0]["test_loss"] is None
+
+
+def test_resumed_writer_keeps_nan_cells(tmp_path):
+  rows = [{"round": 1, "train_loss": 0.5, "test_loss": math.nan},
+          {"round": 2, "train_loss": 0.25, "test_loss": 1.0}]
+  writer = ResultsWriter(str(tmp_path), ["round", "train_loss", "test_loss"],
+                         tensorboard=False, resume_rows=rows)  # rows as a checkpoint has them
+  writer.close()
+  assert (tmp_path / "metrics.csv").read_text().splitlines()[1:] == ["1,0.5,nan", "2,0.25,1.0"]
+  assert json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])[
+      "nonfinite"] == ["test_loss"]
+
+
+def test_summary_json_lists_nonfinite_fields(tmp_path):
+  results.write_json(str(tmp_path / "summary.json"),
+                     {"final_test_accuracy": math.nan, "ok": 1.0,
+                      "group_accuracy": [0.5, math.inf], "nested": {"a": -math.inf}})
+  summary = json.loads((tmp_path / "summary.json").read_text())
+  assert summary["final_test_accuracy"] is None and summary["group_accuracy"] == [0.5, None]
+  assert summary["nonfinite"] == ["final_test_accuracy", "group_accuracy[1]", "nested.a"]
+  results.write_json(str(tmp_path / "clean.json"), {"a": 1.0})
+  assert "nonfinite" not in json.loads((tmp_path / "clean.json").read_text())
+
+
+# ---------------------------------------------------------------------------
+# TensorBoard: grouped tags and the HParams plugin.
+
+
+def test_tensorboard_tags_are_grouped():
+  assert results.tensorboard_tag("test_accuracy") == "metrics/test_accuracy"
+  assert results.tensorboard_tag("test_macro_f1") == "metrics/test_macro_f1"
+  assert results.tensorboard_tag("mean_update_norm") == "metrics/mean_update_norm"
+  assert results.tensorboard_tag("global_test_loss") == "metrics/global_test_loss"
+  for name in ("group_3_accuracy", "group_0_size", "group_discrepancy", "num_clusters",
+               "ari", "purity", "num_changed", "num_assigned", "cfl_splits"):
+    assert results.tensorboard_tag(name) == f"groups/{name}", name
+  assert results.tensorboard_tag("bytes_up") == "comm/bytes_up"
+  assert results.tensorboard_tag("round_seconds") == "time/round_seconds"
+  assert results.tensorboard_tag("eval_seconds") == "time/eval_seconds"
+
+
+def _events(run_dir):
+  """(tag -> {step: value}, hparams of the session start) of a run's events."""
+  import tensorflow as tf
+  from tensorboard.plugins.hparams import plugin_data_pb2
+  scalars, hparams = {}, None
+  for path in glob.glob(os.path.join(str(run_dir), "tensorboard", "events.out.tfevents.*")):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      for value in event.summary.value:
+        if value.metadata.plugin_data.plugin_name == "hparams":
+          data = plugin_data_pb2.HParamsPluginData.FromString(
+              value.metadata.plugin_data.content)
+          if data.HasField("session_start_info"):
+            hparams = {k: getattr(v, v.WhichOneof("kind"))
+                       for k, v in data.session_start_info.hparams.items()}
+          continue
+        scalars.setdefault(value.tag, {})[event.step] = float(tf.make_ndarray(value.tensor))
+  return scalars, hparams
+
+
+def test_tensorboard_events_hold_grouped_tags_and_hparams(tmp_path):
+  writer = ResultsWriter(str(tmp_path), COLUMNS)
+  writer.write_config({"algo": "ifca", "task": "synthetic_clusters", "model": "mclr",
+                       "seed": 3, "client_lr": 0.01, "rounds": 2, "batch_size": 10,
+                       "local_epochs": 1, "local_steps": None, "runner": "local",
+                       "algo_options": {"num_groups": 2, "ifca_init": "random",
+                                        "ifca_good_init_threshold": None},
+                       "task_args": {}, "task_args_applied": {"num_clusters": 2},
+                       "runner_info": {"device": "/CPU:0"}, "versions": {"numpy": "1"}})
+  for r in (1, 2):
+    writer.write_round({"round": r, "train_loss": 1.0 / r, "test_accuracy": 0.5 + r / 10,
+                        "test_loss": math.nan, "round_seconds": 0.1, "eval_seconds": 0.01,
+                        "bytes_down": 400, "bytes_up": 200, "mean_update_norm": 0.3,
+                        "group_0_accuracy": 0.9, "group_0_size": 7, "num_clusters": 2,
+                        "ari": 1.0, "purity": 1.0, "num_changed": 0})
+  writer.close()
+  scalars, hparams = _events(tmp_path)
+  assert set(scalars) == {
+      "metrics/train_loss", "metrics/test_accuracy", "metrics/mean_update_norm",
+      "groups/group_0_accuracy", "groups/group_0_size", "groups/num_clusters",
+      "groups/ari", "groups/purity", "groups/num_changed", "comm/bytes_down",
+      "comm/bytes_up", "time/round_seconds", "time/eval_seconds"}  # NaN test_loss: left out
+  assert scalars["metrics/test_accuracy"] == {1: pytest.approx(0.6), 2: pytest.approx(0.7)}
+  assert hparams == {"algo": "ifca", "task": "synthetic_clusters", "model": "mclr",
+                     "seed": 3, "client_lr": 0.01, "rounds": 2, "batch_size": 10,
+                     "local_epochs": 1, "runner": "local", "num_groups": 2,
+                     "ifca_init": "random", "task_arg.num_clusters": 2}
+
+
+# ---------------------------------------------------------------------------
+# groups.csv
+
+
+def test_client_groups_values():
+  aux = 3  # FedGroup tests a client in no group with model m (the auxiliary one)
+  assignment = np.array([0, -1, 2, -1])
+  client_model = np.where(assignment >= 0, assignment, aux)
+  np.testing.assert_array_equal(
+      experiment.client_groups(client_model, None, assignment, 4), [0, -1, 2, -1])
+  np.testing.assert_array_equal(  # no assignment kept: the indices as given
+      experiment.client_groups(np.array([0, 0, 0, 0]), None, None, 4), [0, 0, 0, 0])
+  chosen = np.array([1, 0, 1, 1])
+  np.testing.assert_array_equal(experiment.client_groups(
+      experiment.CHOOSE_BY_TEST_LOSS, chosen, assignment, 4), chosen)
+  assert experiment.client_groups(experiment.CHOOSE_BY_TEST_LOSS, None, assignment, 4) is None
+  np.testing.assert_array_equal(
+      experiment.client_groups("ensemble_logits", None, None, 4), [-1, -1, -1, -1])
+
+
+def test_groups_csv_keeps_the_checkpointed_rounds_on_resume(tmp_path):
+  writer = ResultsWriter(str(tmp_path), ["round"], tensorboard=False)
+  for r in (1, 2, 3):
+    writer.write_round({"round": r})
+    writer.write_groups(r, ["a", "b"], [r % 2, -1])
+  writer.close()
+  with open(tmp_path / "groups.csv", "a") as f:
+    f.write("4,1")  # a torn line
+  writer = ResultsWriter(str(tmp_path), ["round"], tensorboard=False,
+                         resume_rows=[{"round": 1}, {"round": 2}])
+  writer.write_groups(3, ["a", "b"], None)  # chosen at evaluation, not evaluated
+  writer.close()
+  assert (tmp_path / "groups.csv").read_bytes() == b"round,a,b\n1,1,-1\n2,0,-1\n3,,\n"
+
+
+def _run(out_dir, *args):
+  import run_experiment
+  code = run_experiment.main(["run_experiment.py", *SMALL, f"--output_dir={out_dir}", *args])
+  assert code == 0
+  return out_dir
+
+
+@pytest.fixture(scope="module")
+def ifca_run(tmp_path_factory):
+  return _run(tmp_path_factory.mktemp("ifca") / "run", "--algo=ifca", "--num_groups=2",
+              "--task=synthetic_clusters", "--task_arg=num_clusters=2", "--seed=1")
+
+
+@pytest.fixture(scope="module")
+def fedgroup_run(tmp_path_factory):
+  # 2 of 20 clients pre-trained: the others join a group when first sampled.
+  return _run(tmp_path_factory.mktemp("fedgroup") / "run", "--algo=fedgroup",
+              "--num_groups=2", "--pretrain_scale=1", "--task=synthetic_clusters",
+              "--seed=2", "--rounds=4", "--checkpoint_every=2")
+
+
+def test_groups_csv_of_ifca_is_the_evaluation_choice(ifca_run):
+  lines = _rows_of(ifca_run / "groups.csv")
+  summary = json.loads((ifca_run / "summary.json").read_text())
+  clients = list(summary["last_training_cluster"])
+  assert lines[0][0] == "round" and sorted(lines[0][1:]) == sorted(clients)
+  assert len(lines[0]) == 21 and [int(l[0]) for l in lines[1:]] == [1, 2, 3]
+  groups = np.array([[int(v) for v in line[1:]] for line in lines[1:]])
+  assert set(groups.ravel()) <= {0, 1}
+  metrics = read_metrics_csv(ifca_run / "metrics.csv")
+  for row, g in zip(metrics, groups):  # group_<j>_size counts the evaluation's choice
+    assert [int(row[f"group_{j}_size"]) for j in (0, 1)] == list(np.bincount(g, minlength=2))
+  final = json.loads((ifca_run / "models" / "final" / "clients.json").read_text())
+  assert {c: int(g) for c, g in zip(lines[0][1:], groups[-1])} == final["client_model"]
+
+
+def test_groups_csv_of_fedgroup_marks_unassigned_clients(fedgroup_run):
+  lines = _rows_of(fedgroup_run / "groups.csv")
+  assert [int(l[0]) for l in lines[1:]] == [1, 2, 3, 4]
+  groups = np.array([[int(v) for v in line[1:]] for line in lines[1:]])
+  assert set(groups.ravel()) <= {-1, 0, 1}
+  assert (groups[0] == -1).any(), "most clients join after round 1"
+  assert ((groups >= 0).sum(axis=1) == np.maximum.accumulate(
+      (groups >= 0).sum(axis=1))).all()  # a client once in a group stays in one
+  metrics = read_metrics_csv(fedgroup_run / "metrics.csv")
+  for row, g in zip(metrics, groups):
+    assert int(row["num_assigned"]) == (g >= 0).sum()
+    assert [int(row[f"group_{j}_size"]) for j in (0, 1)] == [(g == 0).sum(), (g == 1).sum()]
+  summary = json.loads((fedgroup_run / "summary.json").read_text())
+  assert dict(zip(lines[0][1:], groups[-1].tolist())) == summary["final_assignment"]
+
+
+def test_groups_csv_after_resume_equals_the_uninterrupted_run(fedgroup_run, tmp_path):
+  import shutil
+
+  from tff_cluster import checkpoint
+  run = tmp_path / "run"
+  shutil.copytree(fedgroup_run, run)
+  whole = (run / "groups.csv").read_bytes()
+  # As if killed after round 3: no checkpoint of round 4, a torn line at the end.
+  os.remove(os.path.join(checkpoint.directory(str(run)), "round-000004.pkl"))
+  with open(run / "groups.csv", "ab") as f:
+    f.write(b"5,0,1")
+  import run_experiment
+  assert run_experiment.main(["run_experiment.py", "--resume", f"--output_dir={run}",
+                              "--progress=false"]) == 0
+  assert (run / "groups.csv").read_bytes() == whole
+  assert [r["round"] for r in read_metrics_csv(run / "metrics.csv")] == [1, 2, 3, 4]
+
+
+# ---------------------------------------------------------------------------
+# config.json: provenance and the task arguments as applied.
+
+
+def test_config_records_commit_versions_and_applied_task_args(ifca_run, fedgroup_run):
+  from importlib import metadata
+  config = json.loads((ifca_run / "config.json").read_text())
+  assert config["git_commit"] is None or re.fullmatch(r"[0-9a-f]{40}", config["git_commit"])
+  assert config["git_dirty"] in (None, True, False)
+  assert (config["git_commit"] is None) == (config["git_dirty"] is None)
+  assert config["versions"] == {
+      "python": sys.version.split()[0], "numpy": np.__version__,
+      "tensorflow": metadata.version("tensorflow"),
+      "tensorflow_federated": metadata.version("tensorflow-federated")}
+  assert config["task_args"] == {"num_clusters": 2}
+  assert config["task_args_applied"] == {"num_clusters": 2}
+  from tff_cluster import tasks
+  default = {d.name: d.default for d in tasks.get_task("synthetic_clusters").task_args}
+  config = json.loads((fedgroup_run / "config.json").read_text())
+  assert config["task_args"] == {} and config["task_args_applied"] == default
+
+
+def test_git_state_is_none_outside_a_checkout_and_without_git(tmp_path, monkeypatch):
+  assert results.git_state(str(tmp_path)) == {"git_commit": None, "git_dirty": None}
+  git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+  subprocess.run([*git, "init", "-q"], check=True)
+  (tmp_path / "f.txt").write_text("1")
+  subprocess.run([*git, "add", "f.txt"], check=True)
+  subprocess.run([*git, "commit", "-q", "-m", "c"], check=True)
+  head = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True,
+                        text=True).stdout.strip()
+  assert results.git_state(str(tmp_path)) == {"git_commit": head, "git_dirty": False}
+  (tmp_path / "f.txt").write_text("2")
+  assert results.git_state(str(tmp_path))["git_dirty"] is True
+  sub = tmp_path / "sub"  # inside the work tree but not its top: not our checkout
+  sub.mkdir()
+  assert results.git_state(str(sub))["git_commit"] is None
+  monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+  assert results.git_state(str(tmp_path)) == {"git_commit": None, "git_dirty": None}
+
+
+# ---------------------------------------------------------------------------
+# The plot tool.
+
+
+def _fake_run(path, algo, seed, accuracy, groups=0, **settings):
+  """A run directory as run_experiment.py writes it, without training."""
+  columns = ["round", "train_loss", "test_accuracy", *[f"group_{j}_accuracy" for j in
+                                                        range(groups)],
+             *[f"group_{j}_size" for j in range(groups)]]
+  writer = ResultsWriter(str(path), columns, tensorboard=False)
+  config = {"algo": algo, "task": "synthetic_clusters", "model": "mclr", "seed": seed,
+            "client_lr": 0.01, "local_epochs": 1, "local_steps": None, "runner": "local",
+            "rounds": len(accuracy), "batch_size": 10, "clients_per_round": 5,
+            "output_dir": str(path), "num_train_samples": 100 + seed,
+            "algo_options": ({"num_groups": groups, "ifca_init": "random"} if groups
+                             else {"client_weighting": "processed"}),
+            "task_args": {}, "task_args_applied": {"num_clusters": 2}, **settings}
+  writer.write_config(config)
+  for r, acc in enumerate(accuracy, start=1):
+    row = {"round": r, "train_loss": 1.0 / r, "test_accuracy": acc}
+    for j in range(groups):
+      row[f"group_{j}_accuracy"] = acc - 0.05 * j
+      row[f"group_{j}_size"] = 10
+    writer.write_round(row)
+  writer.close()
+  return str(path)
+
+
+def test_labels_name_algorithm_task_seeds_and_the_settings_that_differ(tmp_path):
+  runs = [plot.load_run(_fake_run(tmp_path / "a", "ifca", 0, [0.5, 0.6], groups=2)),
+          plot.load_run(_fake_run(tmp_path / "b", "ifca", 1, [0.4, 0.7], groups=2)),
+          plot.load_run(_fake_run(tmp_path / "c", "fedavg", 0, [0.3, 0.4]))]
+  groups = plot.group_runs(runs)
+  assert [len(g.runs) for g in groups] == [2, 1]  # same settings but the seed
+  title, labels = plot.describe(groups)
+  assert title == "synthetic_clusters, mclr, lr=0.01, E=1, runner=local"
+  assert labels == ["ifca, groups=2, mean ± std of 2 seeds (0, 1)", "fedavg, seed 0"]
+  rounds, mean, std, n = plot.series(groups[0], "test_accuracy")
+  np.testing.assert_allclose(mean, [0.45, 0.65])
+  np.testing.assert_allclose(std, [np.std([0.5, 0.4], ddof=1), np.std([0.6, 0.7], ddof=1)])
+  assert list(rounds) == [1, 2] and list(n) == [2, 2]
+  # One group: everything in the title, seeds included.
+  title, labels = plot.describe(plot.group_runs(runs[:1]))
+  assert title.startswith("ifca on synthetic_clusters, mclr, groups=2, lr=0.01, E=1, "
+                          "runner=local") and title.endswith("seed 0")
+  # Two settings of one algorithm: the differing option is named.
+  other = plot.load_run(_fake_run(tmp_path / "d", "ifca", 0, [0.5, 0.5], groups=3,
+                                  client_lr=0.1))
+  _, labels = plot.describe(plot.group_runs([runs[0], other]))
+  assert labels == ["ifca, groups=2, lr=0.01, seed 0", "ifca, groups=3, lr=0.1, seed 0"]
+  _, labels = plot.describe(plot.group_runs(runs[:2], separate_seeds=True))
+  assert labels == ["ifca, seed 0", "ifca, seed 1"]
+
+
+def test_plot_cli_draws_two_seeds_and_another_setting(tmp_path, capsys):
+  dirs = [_fake_run(tmp_path / "ifca0", "ifca", 0, [0.5, 0.6, 0.8], groups=2),
+          _fake_run(tmp_path / "ifca1", "ifca", 1, [0.4, 0.7, 0.75], groups=2),
+          _fake_run(tmp_path / "fedavg0", "fedavg", 0, [0.3, 0.4, math.nan])]
+  out = tmp_path / "cmp.png"
+  assert plot.main([*dirs, f"--out={out}"]) == 0
+  assert out.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+  assert "3 runs in 2 curves" in capsys.readouterr().err
+  import matplotlib
+  single = tmp_path / "one.svg"  # one run: the per-group panel; any matplotlib format
+  with matplotlib.rc_context({"svg.fonttype": "none"}):  # text as text
+    assert plot.main([dirs[0], "--out", str(single), "--metric=train_loss"]) == 0
+  text = single.read_text()
+  assert "test accuracy per group" in text and "group 1 (10 clients)" in text
+
+
+def test_runs_accuracy_png_is_drawn_by_the_plot_module(ifca_run):
+  png = (ifca_run / "accuracy.png").read_bytes()
+  assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
+
+
+def _one_line_error(code, err, *needles):
+  assert code == 2, err
+  lines = [line for line in err.splitlines() if line.strip()]
+  assert len(lines) == 1 and lines[0].startswith("python -m tff_cluster.plot: error: "), err
+  assert "Traceback" not in err
+  for needle in needles:
+    assert needle in lines[0], (needle, lines[0])
+
+
+def test_plot_cli_errors_are_one_line(tmp_path, capsys):
+  good = _fake_run(tmp_path / "good", "fedavg", 0, [0.3, 0.4])
+  cases = [
+      ([str(tmp_path / "missing")], ("does not exist", "missing")),
+      ([str(tmp_path / "good" / "config.json")], ("is not a directory",)),
+      ([str(tmp_path)], ("has no metrics.csv or metrics.jsonl",)),
+      ([good, "--metric=accuracy"], ("--metric=accuracy", "valid:", "test_accuracy")),
+      ([good, "--out=x.nope"], ("--out=x.nope", "valid:", ".png")),
+      ([good, f"--out={tmp_path / 'no' / 'dir.png'}"], ("does not exist",)),
+      ([], ("RUN_DIR",)),
+      ([good, "--bogus"], ("--bogus",)),
+  ]
+  for argv, needles in cases:
+    code = plot.main(argv)
+    _one_line_error(code, capsys.readouterr().err, *needles)
+  (tmp_path / "empty").mkdir()
+  ResultsWriter(str(tmp_path / "empty"), ["round", "test_accuracy"],
+                tensorboard=False).close()
+  _one_line_error(plot.main([str(tmp_path / "empty")]), capsys.readouterr().err,
+                  "no rows yet")
+  # The module as a program, as users run it.
+  proc = subprocess.run([sys.executable, "-m", "tff_cluster.plot", str(tmp_path / "nope")],
+                        cwd=str(REPO_ROOT), capture_output=True, text=True, timeout=120)
+  _one_line_error(proc.returncode, proc.stderr, "does not exist")

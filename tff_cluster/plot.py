@@ -1,0 +1,542 @@
+"""Curves of one or more runs, from their result directories.
+
+  python -m tff_cluster.plot RUN_DIR [RUN_DIR ...] [--out plot.png]
+                             [--metric test_accuracy] [--title TEXT]
+                             [--separate_seeds] [--dpi 120]
+
+Each RUN_DIR is a directory written by `run_experiment.py` (its `metrics.csv`,
+or `metrics.jsonl` when there is no CSV, and `config.json`). Runs whose
+settings differ only by `--seed` form one group, drawn as the mean over the
+seeds with a +/- one standard deviation band (sample std; the legend says how
+many seeds). The title names what all runs share (algorithm, task, model and
+the key settings); each legend entry names its algorithm, the settings that
+set it apart from the other groups, and its seeds. Panels: the metric, each
+group's accuracy (columns `group_<j>_accuracy`, when a single run is drawn) and
+the training loss.
+
+The per-run `accuracy.png` that a run writes at its end (`ResultsWriter.plot`)
+is drawn by `plot_runs` here too. Nothing here imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import math
+import os
+import re
+import sys
+import textwrap
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+PROG = "python -m tff_cluster.plot"
+
+# The settings that define a run (config.json keys), in the order labels name
+# them, with their short names. Every other setting found in a config (an
+# algorithm's options, the task's arguments) follows as name=value.
+KEY_SETTINGS = (("algo", ""), ("task", ""), ("model", ""), ("num_groups", "groups"),
+                ("client_lr", "lr"), ("local_epochs", "E"), ("local_steps", "steps"),
+                ("runner", "runner"))
+OTHER_SETTINGS = ("batch_size", "clients_per_round", "rounds", "num_clients", "lr_decay",
+                  "client_momentum", "client_state", "eval_every", "jit",
+                  "synthetic_alpha", "synthetic_beta", "data_dir", "glove_path")
+SHORT_NAMES = dict(KEY_SETTINGS, batch_size="B", clients_per_round="clients/round")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p")
+GROUP_ACCURACY = re.compile(r"^group_(\d+)_accuracy$")
+MAX_MARKERS = 30  # per line; longer runs mark every n-th point
+
+
+class PlotError(ValueError):
+  """Bad input to the plot tool; the message is the one line shown."""
+
+
+@dataclasses.dataclass
+class Run:
+  """One run directory: its config (empty without config.json), its columns in
+  file order and its rows (column -> float; NaN/inf as such; None for an empty
+  cell, a value not computed that round)."""
+  path: str
+  config: Dict[str, Any]
+  columns: List[str]
+  rows: List[Dict[str, Optional[float]]]
+
+  @property
+  def name(self) -> str:
+    return os.path.basename(os.path.normpath(self.path)) or self.path
+
+  @property
+  def seed(self) -> Optional[int]:
+    seed = self.config.get("seed")
+    return int(seed) if isinstance(seed, (int, float)) and not isinstance(seed, bool) \
+        else None
+
+
+@dataclasses.dataclass
+class RunGroup:
+  """Runs that differ only by seed; `settings` is what they share."""
+  settings: Dict[str, Any]
+  runs: List[Run]
+
+  @property
+  def seeds(self) -> List[Optional[int]]:
+    return [r.seed for r in self.runs]
+
+
+# ---------------------------------------------------------------------------
+# Reading
+
+
+def _cell(value: Optional[str]) -> Optional[float]:
+  if value is None or value == "":
+    return None
+  return float(value)  # 'nan', 'inf' and '-inf' included
+
+
+def read_metrics(run_dir: str) -> Tuple[List[str], List[Dict[str, Optional[float]]]]:
+  """(columns, rows) of a run's metrics.csv, or of metrics.jsonl without one.
+
+  CSV cells: empty = not computed that round (None), `nan`/`inf`/`-inf` as
+  floats. JSONL: null is None, or NaN when the row lists the field under
+  "nonfinite". A torn last line (a run killed mid-write) is skipped.
+  Raises PlotError when there is neither file or one cannot be parsed.
+  """
+  csv_path = os.path.join(run_dir, "metrics.csv")
+  jsonl_path = os.path.join(run_dir, "metrics.jsonl")
+  if os.path.isfile(csv_path):
+    try:
+      with open(csv_path, newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if not header:
+          raise PlotError(f"{csv_path} is empty; valid: a metrics.csv with a header line")
+        rows = []
+        for line_num, cells in enumerate(reader, start=2):
+          if len(cells) != len(header):
+            continue  # a torn line
+          try:
+            rows.append({c: _cell(v) for c, v in zip(header, cells)})
+          except ValueError:
+            raise PlotError(f"{csv_path} line {line_num} has a value that is not a "
+                            "number; valid: numbers, nan, inf or empty cells") from None
+    except OSError as e:
+      raise PlotError(f"cannot read {csv_path} ({e.strerror or e})") from None
+    return header, [r for r in rows if r.get("round") is not None]
+  if os.path.isfile(jsonl_path):
+    columns: Dict[str, None] = {}
+    rows = []
+    try:
+      with open(jsonl_path) as f:
+        lines = f.read().splitlines()
+    except OSError as e:
+      raise PlotError(f"cannot read {jsonl_path} ({e.strerror or e})") from None
+    for i, line in enumerate(lines):
+      if not line.strip():
+        continue
+      try:
+        record = json.loads(line)
+      except ValueError:
+        if i == len(lines) - 1:
+          continue  # a torn last line
+        raise PlotError(f"{jsonl_path} line {i + 1} is not JSON; valid: one JSON "
+                        "object per line") from None
+      nonfinite = set(record.pop("nonfinite", ()) or ())
+      row = {}
+      for key, value in record.items():
+        columns.setdefault(key)
+        if value is None:
+          row[key] = math.nan if key in nonfinite else None
+        elif isinstance(value, (int, float)):
+          row[key] = float(value)
+      if row.get("round") is not None:
+        rows.append(row)
+    return list(columns), rows
+  raise PlotError(f"{run_dir} has no metrics.csv or metrics.jsonl; valid: a run "
+                  "directory written by run_experiment.py (its --output_dir)")
+
+
+def load_run(run_dir: str) -> Run:
+  """A run directory's config and metrics. Raises PlotError (one line)."""
+  if not os.path.exists(run_dir):
+    raise PlotError(f"run directory {run_dir} does not exist; valid: a directory "
+                    "written by run_experiment.py (its --output_dir)")
+  if not os.path.isdir(run_dir):
+    raise PlotError(f"{run_dir} is not a directory; valid: a run directory written by "
+                    "run_experiment.py (its --output_dir)")
+  columns, rows = read_metrics(run_dir)
+  config: Dict[str, Any] = {}
+  config_path = os.path.join(run_dir, "config.json")
+  if os.path.isfile(config_path):
+    try:
+      with open(config_path) as f:
+        config = json.load(f)
+    except (OSError, ValueError) as e:
+      raise PlotError(f"cannot read {config_path} ({e.__class__.__name__}); valid: "
+                      "the config.json a run wrote") from None
+    if not isinstance(config, dict):
+      raise PlotError(f"{config_path} is not a JSON object; valid: the config.json a "
+                      "run wrote")
+  return Run(run_dir, config, columns, rows)
+
+
+# ---------------------------------------------------------------------------
+# Grouping and labels
+
+
+def run_settings(config: Mapping[str, Any]) -> Dict[str, Any]:
+  """The settings that define a run (the seed aside), from its config.json:
+  the training settings, the algorithm's options and the task's arguments
+  (as applied, where the config records them)."""
+  out: Dict[str, Any] = {}
+  for name, _ in KEY_SETTINGS:
+    if config.get(name) is not None:
+      out[name] = config[name]
+  for name, value in sorted((config.get("algo_options") or {}).items()):
+    if value is not None and name not in out:
+      out[name] = value
+  for name in OTHER_SETTINGS:
+    if config.get(name) is not None:
+      out[name] = config[name]
+  task_args = config.get("task_args_applied")
+  if task_args is None:
+    task_args = config.get("task_args") or {}
+  for name, value in sorted(task_args.items()):
+    out[f"task_arg.{name}"] = value
+  return out
+
+
+def group_runs(runs: Sequence[Run], separate_seeds: bool = False) -> List[RunGroup]:
+  """Runs with equal settings (the seed aside) in one group, in order of first
+  appearance; a run without config.json is a group of its own."""
+  groups: List[RunGroup] = []
+  for run in runs:
+    settings = run_settings(run.config) if run.config else {"run": run.name}
+    match = None if separate_seeds or not run.config else next(
+        (g for g in groups if g.settings == settings and g.runs[0].config), None)
+    if match is None:
+      groups.append(RunGroup(settings, [run]))
+    else:
+      match.runs.append(run)
+  return groups
+
+
+def format_value(value: Any) -> str:
+  if isinstance(value, bool):
+    return "true" if value else "false"
+  if isinstance(value, float):
+    return f"{value:g}"
+  return str(value)
+
+
+def _setting_text(name: str, value: Any) -> str:
+  if name in ("algo", "task", "model", "run"):
+    return format_value(value)
+  return f"{SHORT_NAMES.get(name, name)}={format_value(value)}"
+
+
+def _ordered_names(groups: Sequence[RunGroup]) -> List[str]:
+  names: Dict[str, None] = {}
+  for name, _ in KEY_SETTINGS:
+    names[name] = None
+  for g in groups:
+    for name in g.settings:
+      names.setdefault(name)
+  return list(names)
+
+
+def seeds_text(seeds: Sequence[Optional[int]]) -> str:
+  """'seed 0', or 'mean ± std of 2 seeds (0, 1)'."""
+  known = [s for s in seeds if s is not None]
+  listed = ", ".join(str(s) for s in known) if len(known) == len(seeds) else "?"
+  if len(seeds) == 1:
+    return f"seed {listed}" if known else ""  # a run without config.json
+  return f"mean ± std of {len(seeds)} seeds ({listed})"
+
+
+def describe(groups: Sequence[RunGroup]) -> Tuple[str, List[str]]:
+  """(title, one legend label per group).
+
+  The title holds what every group shares: algorithm, task, model and the key
+  settings (and the seeds, for a single group). Each label names its
+  algorithm, every setting whose value differs between the groups, and its
+  seeds."""
+  names = _ordered_names(groups)
+  missing = object()
+  common = [n for n in names
+            if len({repr(g.settings.get(n, missing)) for g in groups}) == 1
+            and n in groups[0].settings]
+  key = {n for n, _ in KEY_SETTINGS} | {"run"}  # "run": a run without config.json
+  # A key setting differs when its values (or its absence) differ; any other
+  # setting (e.g. an algorithm's option) when the groups that have it differ
+  # in it: one that only some groups' algorithm has is implied by the name.
+  differing = [n for n in names if n not in common and (
+      len({repr(g.settings[n]) for g in groups if n in g.settings}) > 1
+      or (n in key and any(n in g.settings for g in groups)))]
+  parts = []
+  shared = {n: groups[0].settings[n] for n in common}
+  if "algo" in shared and "task" in shared:
+    parts.append(f"{shared['algo']} on {shared['task']}")
+  elif "task" in shared:
+    parts.append(str(shared["task"]))
+  elif "algo" in shared:
+    parts.append(str(shared["algo"]))
+  if "run" in shared:
+    parts.append(str(shared["run"]))
+  parts += [_setting_text(n, shared[n]) for n in common
+            if n in key and n not in ("algo", "task", "run")]
+  if len(groups) == 1:
+    parts += [_setting_text(n, shared[n]) for n in common if n not in key and n != "run"
+              and n in ("num_groups", "batch_size", "clients_per_round", "rounds")]
+    parts.append(seeds_text(groups[0].seeds))
+  title = ", ".join(p for p in parts if p)
+  labels = []
+  for g in groups:
+    bits = [_setting_text(n, g.settings[n]) for n in differing if n in g.settings]
+    if "algo" in common and len(groups) > 1:
+      bits.insert(0, str(shared["algo"]))
+    labels.append(", ".join(b for b in bits + [seeds_text(g.seeds)] if b))
+  return title, labels
+
+
+def metric_label(metric: str) -> str:
+  return metric.replace("_", " ")
+
+
+# ---------------------------------------------------------------------------
+# Series
+
+
+def _finite(value: Optional[float]) -> bool:
+  return value is not None and math.isfinite(value)
+
+
+def series(group: RunGroup, column: str):
+  """(rounds, mean, std, n) of `column` over the group's runs, per round where
+  any run has a value; the mean and the sample std are over the runs with a
+  finite value there (std 0 with one run, NaN mean with none)."""
+  import numpy as np
+  by_round: Dict[float, List[float]] = {}
+  for run in group.runs:
+    for row in run.rows:
+      value = row.get(column)
+      if value is not None:
+        by_round.setdefault(row["round"], []).append(value)
+  rounds = sorted(by_round)
+  mean, std, count = [], [], []
+  for r in rounds:
+    finite = [v for v in by_round[r] if math.isfinite(v)]
+    count.append(len(finite))
+    mean.append(float(np.mean(finite)) if finite else math.nan)
+    std.append(float(np.std(finite, ddof=1)) if len(finite) > 1 else 0.0)
+  return (np.asarray(rounds), np.asarray(mean), np.asarray(std), np.asarray(count))
+
+
+def group_columns(run: Run) -> List[Tuple[int, str]]:
+  """(j, column) of the run's `group_<j>_accuracy` columns with any value."""
+  found = []
+  for c in run.columns:
+    m = GROUP_ACCURACY.match(c)
+    if m and any(row.get(c) is not None for row in run.rows):
+      found.append((int(m.group(1)), c))
+  return sorted(found)
+
+
+def _last_value(run: Run, column: str) -> Optional[float]:
+  for row in reversed(run.rows):
+    if _finite(row.get(column)):
+      return row[column]
+  return None
+
+
+# ---------------------------------------------------------------------------
+# Drawing
+
+
+def _markevery(n: int) -> int:
+  return max(1, int(math.ceil(n / MAX_MARKERS)))
+
+
+def _style(ax, ylabel: str) -> None:
+  from matplotlib.ticker import MaxNLocator
+  ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+  ax.set_xlabel("round")
+  ax.set_ylabel(ylabel)
+  ax.grid(alpha=0.3)
+
+
+def _draw_groups(ax, groups, column, labels, colors) -> bool:
+  drawn = False
+  for i, (g, label) in enumerate(zip(groups, labels)):
+    rounds, mean, std, _ = series(g, column)
+    if not len(rounds):
+      continue
+    color = colors[i % len(colors)]
+    ax.plot(rounds, mean, color=color, marker=MARKERS[i % len(MARKERS)], markersize=4,
+            markevery=_markevery(len(rounds)), linewidth=1.5, label=label)
+    if len(g.runs) > 1:
+      ax.fill_between(rounds, mean - std, mean + std, color=color, alpha=0.18,
+                      linewidth=0)
+    drawn = True
+  return drawn
+
+
+def plot_runs(runs: Sequence[Run], out: str, metric: str = "test_accuracy",
+              title: Optional[str] = None, separate_seeds: bool = False,
+              dpi: int = 120) -> str:
+  """Draws `runs` into `out` (format from its extension); returns `out`.
+
+  Panels: `metric` per group (mean ± std over seeds), each group's accuracy
+  when one run is drawn and it has `group_<j>_accuracy` columns, and the
+  training loss when any run has one.
+  """
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  groups = group_runs(runs, separate_seeds)
+  auto_title, labels = describe(groups)
+  title = auto_title if title is None else title
+  single = len(runs) == 1
+  per_group = group_columns(runs[0]) if single else []
+  show_loss = metric != "train_loss" and any(
+      any(r.get("train_loss") is not None for r in run.rows) for run in runs)
+  panels = 1 + bool(per_group) + show_loss
+  legend_rows = 0 if len(groups) == 1 else int(math.ceil(len(groups) / min(len(groups), 2)))
+  fig = plt.figure(figsize=(4.6 * panels + 0.4, 3.9 + 0.25 * legend_rows),
+                   layout="constrained")
+  axes = fig.subplots(1, panels, squeeze=False)[0]
+  colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+
+  ax = axes[0]
+  _draw_groups(ax, groups, metric, labels, colors)
+  _style(ax, metric_label(metric))
+  ax.set_title(metric_label(metric), fontsize="medium")
+  next_ax = 1
+  if per_group:
+    gax = axes[next_ax]
+    next_ax += 1
+    run = runs[0]
+    for i, (j, column) in enumerate(per_group):
+      points = [(row["round"], row[column]) for row in run.rows
+                if row.get(column) is not None]
+      size = _last_value(run, f"group_{j}_size")
+      label = f"group {j}" + (f" ({int(size)} clients)" if size is not None else "")
+      gax.plot([p[0] for p in points], [p[1] for p in points],
+               color=colors[i % len(colors)], marker=MARKERS[i % len(MARKERS)],
+               markersize=3.5, markevery=_markevery(len(points)), linewidth=1.2,
+               label=label)
+    _style(gax, "test accuracy")
+    gax.set_title("test accuracy per group", fontsize="medium")
+    if len(per_group) <= 4:
+      gax.legend(fontsize="x-small", loc="best", framealpha=0.8)
+    else:  # beside the panel, clear of the curves
+      gax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                 ncol=1 if len(per_group) <= 12 else 2, frameon=False)
+  if show_loss:
+    lax = axes[next_ax]
+    _draw_groups(lax, groups, "train_loss", labels, colors)
+    _style(lax, "train loss")
+    lax.set_title("train loss", fontsize="medium")
+  width_chars = int(26 * panels + 10)
+  fig.suptitle("\n".join(textwrap.wrap(title, width_chars)), fontsize="medium")
+  if len(groups) > 1:
+    handles, texts = axes[0].get_legend_handles_labels()
+    line_chars = int(13 * panels + 6)  # per legend column at font size "small"
+    ncol = 2 if max(len(t) for t in texts) <= line_chars else 1
+    texts = ["\n".join(textwrap.wrap(t, line_chars * (3 - ncol))) for t in texts]
+    fig.legend(handles, texts, loc="outside lower center", ncol=min(len(groups), ncol),
+               fontsize="small", frameon=False)
+  fig.savefig(out, dpi=dpi)
+  plt.close(fig)
+  return out
+
+
+# ---------------------------------------------------------------------------
+# Command line
+
+
+class _Parser(argparse.ArgumentParser):
+  def error(self, message):  # one line, exit status 2
+    print(f"{PROG}: error: {message} (see --help)", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def _parser() -> argparse.ArgumentParser:
+  parser = _Parser(prog=PROG, description=(
+      "Overlays the curves of run directories written by run_experiment.py; runs that "
+      "differ only by --seed are drawn as their mean with a ± std band."))
+  parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
+                      help="a run's --output_dir (holding metrics.csv and config.json)")
+  parser.add_argument("--out", default="plot.png",
+                      help="image file to write; format from the extension "
+                           "(default: plot.png)")
+  parser.add_argument("--metric", default="test_accuracy",
+                      help="column of metrics.csv for the first panel "
+                           "(default: test_accuracy)")
+  parser.add_argument("--title", default=None, help="replaces the generated title")
+  parser.add_argument("--separate_seeds", action="store_true",
+                      help="one curve per run instead of the mean over seeds")
+  parser.add_argument("--dpi", type=int, default=120, help="resolution (default: 120)")
+  return parser
+
+
+def _check_out(out: str) -> None:
+  from matplotlib.backend_bases import FigureCanvasBase
+  formats = FigureCanvasBase.get_supported_filetypes()
+  ext = os.path.splitext(out)[1].lower().lstrip(".")
+  if ext not in formats:
+    raise PlotError(f"--out={out} has no image extension matplotlib writes; valid: a "
+                    f"file name ending in .{', .'.join(sorted(formats))}")
+  parent = os.path.dirname(os.path.abspath(out))
+  if not os.path.isdir(parent):
+    raise PlotError(f"--out={out}: directory {parent} does not exist; valid: a file in "
+                    "an existing directory")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  """The command line (`argv`: the arguments after the program name; default
+  sys.argv[1:]). Returns the exit status: 0, or 2 after a one-line error."""
+  parser = _parser()
+  try:
+    args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
+  except SystemExit as e:
+    return int(e.code or 0)
+  try:
+    if args.dpi < 10 or args.dpi > 1200:
+      raise PlotError(f"invalid --dpi={args.dpi}; valid: 10..1200")
+    _check_out(args.out)
+    runs, seen = [], set()
+    for run_dir in args.run_dirs:
+      key = os.path.realpath(run_dir)
+      if key in seen:
+        continue
+      seen.add(key)
+      runs.append(load_run(run_dir))
+    available = sorted({c for run in runs for c in run.columns if c != "round"})
+    if args.metric not in available:
+      raise PlotError(f"--metric={args.metric} is not a column of these runs' metrics; "
+                      f"valid: {', '.join(available)}")
+    if not any(row.get(args.metric) is not None for run in runs for row in run.rows):
+      empty = [run.path for run in runs if not run.rows]
+      what = (f"{', '.join(empty)} {'has' if len(empty) == 1 else 'have'} no rows yet"
+              if empty else "no round has a value")
+      raise PlotError(f"nothing to plot for --metric={args.metric}: {what}; valid: "
+                      "runs that have recorded it")
+    plot_runs(runs, args.out, metric=args.metric, title=args.title,
+              separate_seeds=args.separate_seeds, dpi=args.dpi)
+  except PlotError as e:
+    print(f"{PROG}: error: {e}", file=sys.stderr)
+    return 2
+  except OSError as e:
+    print(f"{PROG}: error: cannot write --out={args.out} ({e.strerror or e}); valid: a "
+          "writable file path", file=sys.stderr)
+    return 2
+  groups = group_runs(runs, args.separate_seeds)
+  print(f"wrote {args.out}: {len(runs)} run{'s' if len(runs) > 1 else ''} in "
+        f"{len(groups)} curve{'s' if len(groups) > 1 else ''}", file=sys.stderr)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
