@@ -68,6 +68,9 @@ def test_process_equals_the_training_loop(data):
     def write_round(self, row):
       rows.append(row)
 
+    def write_groups(self, round_num, client_ids, groups):
+      pass
+
     def write_summary(self, summary):
       pass
 

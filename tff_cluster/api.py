@@ -20,8 +20,9 @@
   process is accepted by `next`; a state from another process, or an object
   of another type, is refused with a `TypeError`.
 * `next(state, clients)` takes client ids (or indices into the data's
-  clients); unknown or repeated clients are refused with a `ValueError` naming
-  them and what is valid. The algorithm picks each client's key/group itself.
+  clients); unknown or repeated clients, and test-only clients (no training
+  data), are refused with a `ValueError` naming them and what is valid. The
+  algorithm picks each client's key/group itself.
   `next` may be given an older state: the process returns to it first.
 * The model is a Keras `model_fn` (a fresh, built model per call) and a loss:
   a Keras loss object or name for sparse categorical cross-entropy on logits
@@ -197,8 +198,12 @@ class Process:
     if self._driver is not None:
       raise RuntimeError("this process is already initialized; build a new process "
                          "for other data (states of one process cannot mix with another's)")
+    if data.num_training_clients == 0:
+      raise ValueError("initialize(): no client has training data; valid: data with at "
+                       "least one client holding training samples")
     config = experiment.TrainingConfig(
-        rounds=self._rounds, clients_per_round=data.num_clients, **self._train_settings)
+        rounds=self._rounds, clients_per_round=data.num_training_clients,
+        **self._train_settings)
     driver = self._task_driver(data, config)
     if self._initial_weights is not None:
       driver.w0 = [np.array(w) for w in self._initial_weights]
@@ -239,19 +244,28 @@ class Process:
       raise ValueError("a client appears twice in one round; valid: distinct clients")
     if not out:
       raise ValueError("next() needs at least one client")
-    if self._all_clients and len(out) != len(ids):
+    test_only = self._data.test_only()
+    bad = [ids[k] for k in out if test_only[k]]
+    if bad:
+      raise ValueError(f"client {bad[0]!r} is test-only (it has no training data) and is "
+                       "never trained; valid: clients with training data")
+    training = self._data.num_training_clients
+    if self._all_clients and len(out) != training:
       raise ValueError(f"{self.algo} trains every client every round; valid: all "
-                       f"{len(ids)} clients")
+                       f"{training} clients with training data")
     return np.sort(np.asarray(out, np.int64))
 
   def next(self, state: ProcessState, clients: Optional[Sequence[Union[str, int]]] = None
            ) -> ProcessOutput:
-    """One round on `clients` (ids or indices; default every client)."""
+    """One round on `clients` (ids or indices; default every client with
+    training data; test-only clients are refused)."""
     self._check_state(state)
     driver = self._driver
     if state is not self._latest:
       driver.restore(driver.snapshot_numpy(state.snapshot))
-    sampled = self._client_indices(self._data.client_ids if clients is None else clients)
+    if clients is None:  # every client with training data
+      clients = self._data.training_clients().tolist()
+    sampled = self._client_indices(clients)
     round_num = state.round_num + 1
     metrics = dict(driver.run_round(round_num, sampled))
     weights, client_model = driver.eval_models()

@@ -12,8 +12,16 @@ class predicted but absent from y_true, or present but never predicted,
 scores F1 0). Predicted class: argmax of the logits; for one sigmoid output
 ('binary_probs') class 1 iff p >= 0.5. A client without test samples has no
 accuracy or F1: it is left out and the weights are renormalised over the
-others (so a perfect model scores 1). If those clients hold no training data
-at all, their test sizes are the weights instead.
+others (so a perfect model scores 1). If any client with test data holds no
+training data (a test-only client, e.g. the rotated tasks' test clients),
+every client with test data is weighted by its test samples instead,
+w_i = n_i^test / sum_j n_j^test, so that no tested client is silently
+weighted 0.
+
+Test-only clients have no assignment of their own: whatever `client_model`
+an algorithm gives, each of them is tested with the model of lowest mean loss
+on its own test data (IFCA's protocol for its test clients), chosen among all
+the models the algorithm returns.
 """
 
 from __future__ import annotations
@@ -98,11 +106,13 @@ class EvalResult:
 
 def client_weights(train_counts, test_counts) -> np.ndarray:
   """w_i = n_i^train / sum of n_j^train over clients with test data; 0 for a
-  client without test data (test sizes if those clients have no training data)."""
+  client without test data. If any client with test data has no training data
+  (a test-only client), every client with test data is weighted by its test
+  samples instead."""
   train = np.asarray(train_counts, np.float64)
   tested = np.asarray(test_counts) > 0
   base = np.where(tested, train, 0.0)
-  if base.sum() <= 0:
+  if (tested & (train <= 0)).any():
     base = np.where(tested, np.asarray(test_counts, np.float64), 0.0)
   total = base.sum()
   return base / total if total > 0 else base
@@ -178,7 +188,10 @@ class Evaluator:
     """Client k is tested with `weights[client_model[k]]`; with
     `client_model=CHOOSE_BY_TEST_LOSS` each client takes the model of lowest
     mean loss on its own test data (ties: the lowest index), as IFCA's test
-    clients do. `result.client_model` is the choice either way."""
+    clients do. Test-only clients (no training data) take their
+    lowest-test-loss model whatever `client_model` says for them (an array's
+    entry for them is ignored, e.g. -1). `result.client_model` is the choice
+    either way."""
     if isinstance(client_model, str) and client_model in (ENSEMBLE_LOGITS, ENSEMBLE_PROBS):
       return self._evaluate_ensemble(weights, "logits" if client_model == ENSEMBLE_LOGITS
                                      else "probs")
@@ -186,7 +199,8 @@ class Evaluator:
       if client_model != CHOOSE_BY_TEST_LOSS:
         raise ValueError(f"client_model must be indices, {CHOOSE_BY_TEST_LOSS!r}, "
                          f"{ENSEMBLE_LOGITS!r} or {ENSEMBLE_PROBS!r}")
-      every = [self.evaluate(weights, np.full(len(self._y), j)) for j in range(len(weights))]
+      every = [self._evaluate_indices(weights, np.full(len(self._y), j))
+               for j in range(len(weights))]
       mean_loss = np.stack([np.where(r.per_client_count > 0,
                                      r.per_client_loss_sum / np.maximum(r.per_client_count, 1),
                                      0.0) for r in every])
@@ -199,8 +213,12 @@ class Evaluator:
                         per_client_f1=pick("per_client_f1"),
                         client_weight=self._weight.copy())
     client_model = np.asarray(client_model)
-    if self._test_only.any() and len(weights) > 1:
+    if self._test_only.any():
       client_model = self._choose_for_test_only(weights, client_model)
+    return self._evaluate_indices(weights, client_model)
+
+  def _evaluate_indices(self, weights, client_model: np.ndarray) -> EvalResult:
+    """Client k tested with `weights[client_model[k]]`, as given."""
     n = len(self._y)
     correct = np.zeros(n)
     loss_sum = np.zeros(n)
@@ -229,6 +247,10 @@ class Evaluator:
     members = np.flatnonzero(self._test_only & (self._counts > 0))
     if not len(members):
       return client_model
+    out = np.array(client_model, copy=True)
+    if len(weights) == 1:
+      out[members] = 0
+      return out
     x = np.concatenate([self._x[k] for k in members])
     y = np.concatenate([self._y[k] for k in members])
     bounds = np.cumsum(self._counts[members])[:-1]
@@ -237,7 +259,6 @@ class Evaluator:
       local_training.set_weights(self._model, w)
       _, losses, _ = self._stats(x, y)
       mean_loss.append([s.mean() for s in np.split(losses, bounds)])
-    out = np.array(client_model, copy=True)
     out[members] = np.argmin(np.asarray(mean_loss), axis=0)
     return out
 

@@ -372,8 +372,10 @@ def run_training(task: TaskSpec, data: FederatedData, config: TrainingConfig,
         bar.update(1)
     if models_dir is not None:
       weights, client_model = driver.eval_models()
-      if isinstance(client_model, str):  # chosen at evaluation (the last round's)
-        client_model = last_choice
+      if isinstance(client_model, str) or data.test_only().any():
+        # Chosen at evaluation (test-only clients always are): the last round's.
+        client_model = (last_choice if last_choice is not None else
+                        evaluator.evaluate(weights, client_model).client_model)
       save_models(task, os.path.join(models_dir, "final"), weights, client_model,
                   data.client_ids, config.rounds)
       if best is not None:
@@ -425,6 +427,7 @@ def save_models(task: TaskSpec, directory: str, weights, client_model,
   results.write_json(os.path.join(directory, "clients.json"), {
       "round": int(round_num), "num_models": len(weights),
       "client_model": {c: int(j) for c, j in zip(client_ids, client_model)}})
+
 
 def client_groups(client_model, chosen, assignment, num_clients: int) -> Optional[np.ndarray]:
   """Each client's group/model index this round, for groups.csv; -1: none.

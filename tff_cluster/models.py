@@ -158,6 +158,27 @@ def cifar_cnn_cflmgd(input_shape: Tuple[int, ...] = (24, 24, 3),
   return tf.keras.Model(inputs, logits, name=name)
 
 
+def cifar_cnn_small(input_shape: Tuple[int, ...] = (32, 32, 3),
+                    name: str = "cifar_cnn_small") -> tf.keras.Model:
+  """A small CIFAR-10 CNN (the layout of TensorFlow's Keras CNN tutorial),
+  logits out, 'valid' padding throughout:
+
+  conv 3x3 32 ReLU, maxpool 2; conv 3x3 64 ReLU, maxpool 2; conv 3x3 64 ReLU;
+  flatten; dense 64 ReLU; dense 10. 122,570 parameters on 32 x 32 x 3, 73,418
+  on the 24 x 24 x 3 crops of `rotated_cifar10` (its `--model=cifar_cnn_small`).
+  """
+  inputs = tf.keras.Input(shape=input_shape, dtype=tf.float32)
+  h = tf.keras.layers.Conv2D(32, 3, activation="relu")(inputs)
+  h = tf.keras.layers.MaxPool2D(2)(h)
+  h = tf.keras.layers.Conv2D(64, 3, activation="relu")(h)
+  h = tf.keras.layers.MaxPool2D(2)(h)
+  h = tf.keras.layers.Conv2D(64, 3, activation="relu")(h)
+  h = tf.keras.layers.Flatten()(h)
+  h = tf.keras.layers.Dense(64, activation="relu")(h)
+  logits = tf.keras.layers.Dense(10, name="logits")(h)
+  return tf.keras.Model(inputs, logits, name=name)
+
+
 def lenet5(input_shape: Tuple[int, ...] = (784,), num_classes: int = 10,
            name: str = "lenet5") -> tf.keras.Model:
   """LeNet-5 (LeCun et al. 1998) on 28 x 28 x 1 images, logits out.

@@ -86,7 +86,7 @@ class CFLDriver(wecfl.ClusterModelsDriver):
         for w, c in zip(trained, current)])
     weights = self.data_weight[sampled] if self.weighting == "data" else None
     new = current.copy()
-    occupied = set(int(c) for c in self.assignment)
+    occupied = set(int(c) for c in self.assignment if c >= 0)
     max_mean = 0.0
     for c in sorted(set(int(c) for c in current)):
       pos = np.flatnonzero(current == c)
@@ -113,7 +113,8 @@ class CFLDriver(wecfl.ClusterModelsDriver):
     return new
 
   def round_extras(self):
-    return {"num_clusters": int(len(np.unique(self.assignment))), "cfl_splits": self.splits,
+    return {"num_clusters": int(len(np.unique(self.assignment[self.assignment >= 0]))),
+            "cfl_splits": self.splits,
             "cfl_refused": self.refused, **self._norms}
 
 

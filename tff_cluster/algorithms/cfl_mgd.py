@@ -25,7 +25,8 @@ option I, gradient averaging (`--cfl_mgd_option=gradient`, eqs. (3), (5), (9)):
   u_i <- beta u_i + g_i   (the current gradient, as the proof's eq. (32);
       Algorithm 1 line 9 prints the previous round's)
   server: chi_p <- chi_p - (eta / N) sum_{i in M_t} r_{i,p} u_i, N = the total
-      number of clients (the paper's m; `--grad_avg_norm=total`) or the
+      number of clients with training data (the paper's m; test-only
+      clients are not counted; `--grad_avg_norm=total`) or the
       cluster's members this round (`members`, a cluster mean);
       u_p = mean of its members' u_i, and every member sets u_i <- u_p
       (Algorithm 1 line 15).
@@ -207,7 +208,7 @@ class CFLMGDDriver(IFCADriver):
                ifca_loss_batches: int = 0, cfl_mgd_grad_batches: int = 1):
     self._definition_options = dict(
         option=cfl_mgd_option, beta=cfl_mgd_beta, buffer=cfl_mgd_buffer, norm=grad_avg_norm,
-        num_clients=data.num_clients, loss_batches=ifca_loss_batches,
+        num_clients=data.num_training_clients, loss_batches=ifca_loss_batches,
         grad_batches=cfl_mgd_grad_batches)
     super().__init__(task, data, config, num_groups=num_groups,
                      ifca_loss_batches=ifca_loss_batches)

@@ -408,9 +408,10 @@ class FedGroupDriver(experiment.Driver):
       raise ValueError(f"invalid --measure={measure}; valid: {', '.join(MEASURES)}")
     if cold_start not in COLD_STARTS:
       raise ValueError(f"invalid --cold_start={cold_start}; valid: {', '.join(COLD_STARTS)}")
-    if not 1 <= num_groups <= data.num_clients:
-      raise ValueError(f"invalid --num_groups={num_groups}; valid: 1..{data.num_clients} "
-                       "(at most the number of clients)")
+    if not 1 <= num_groups <= data.num_training_clients:
+      raise ValueError(f"invalid --num_groups={num_groups}; valid: "
+                       f"1..{data.num_training_clients} (at most the number of clients "
+                       "with training data)")
     if not 0 <= newcomer_fraction < 1:
       raise ValueError(f"invalid --newcomer_fraction={newcomer_fraction}; valid: [0, 1)")
     self.pretrain_work = pretrain_work(config.batch_size, pretrain_iters, pretrain_epochs)
@@ -425,10 +426,13 @@ class FedGroupDriver(experiment.Driver):
     self.cold_start = cold_start
     self._rng = np.random.default_rng(np.random.SeedSequence([config.seed, 11]))
     n = data.num_clients
+    # Test-only clients are never trained: not newcomers, never pre-trained,
+    # never assigned (the evaluator tests them with their lowest-test-loss model).
+    training = data.training_clients()
     self.newcomers = np.zeros(n, bool)
-    num_newcomers = int(round(newcomer_fraction * n))
-    if num_newcomers:
-      self.newcomers[self._rng.choice(n, num_newcomers, replace=False)] = True
+    num_newcomers = int(round(newcomer_fraction * len(training)))
+    if num_newcomers:  # (all clients training: the same draw as from range(n))
+      self.newcomers[self._rng.choice(training, num_newcomers, replace=False)] = True
     self.newcomer_rounds = int(np.ceil(0.1 * config.rounds)) if num_newcomers else 0
     pool = np.flatnonzero(~self.newcomers & ~self.data.test_only())
     if cold_start == "rcc":
@@ -439,16 +443,17 @@ class FedGroupDriver(experiment.Driver):
       raise ValueError(
           f"invalid --newcomer_fraction={newcomer_fraction}: leaves {len(pool)} clients "
           f"to pre-train, fewer than --num_groups={num_groups}; valid: at most "
-          f"{(n - num_groups) / n:g}")
+          f"{(len(training) - num_groups) / len(training):g}")
     if self.num_pretrain < num_groups:
       raise ValueError(
           f"invalid --pretrain_scale={pretrain_scale:g}: pre-trains round({pretrain_scale:g}"
           f" x {num_groups}) = {self.num_pretrain} clients, fewer than --num_groups="
           f"{num_groups}; valid: a number >= 1")
-    if config.clients_per_round > n - num_newcomers and self.newcomer_rounds:
+    if config.clients_per_round > len(training) - num_newcomers and self.newcomer_rounds:
       raise ValueError(
-          f"invalid --newcomer_fraction={newcomer_fraction}: leaves {n - num_newcomers} "
-          f"clients for the first rounds, fewer than --clients_per_round="
+          f"invalid --newcomer_fraction={newcomer_fraction}: leaves "
+          f"{len(training) - num_newcomers} clients for the first rounds, fewer than "
+          f"--clients_per_round="
           f"{config.clients_per_round}")
     self.assignment = np.full(n, -1, np.int64)
     self.pretrained = np.zeros(n, bool)
@@ -498,7 +503,7 @@ class FedGroupDriver(experiment.Driver):
   def run_round(self, round_num, sampled):
     if round_num <= self.newcomer_rounds and self.newcomers[sampled].any():
       # Newcomers arrive after the first 10% of rounds: resample without them.
-      eligible = np.flatnonzero(~self.newcomers)
+      eligible = np.flatnonzero(~self.newcomers & ~self.data.test_only())
       sampled = np.sort(self._rng.choice(eligible, len(sampled), replace=False))
     if self.cold_start == "rac":
       # Every client not pre-trained in the group cold start draws a new group.

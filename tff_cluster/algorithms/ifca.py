@@ -211,9 +211,10 @@ class IFCADriver(experiment.Driver):
                        "integers >= 0")
     self.warm_rounds = int(ifca_warm_rounds) if ifca_init == "fedavg_warm" else 0
     self.forced_rounds = int(ifca_forced_rounds) if ifca_init == "fedavg_warm" else 0
-    if not 1 <= num_groups <= data.num_clients:
-      raise ValueError(f"invalid --num_groups={num_groups}; valid: 1..{data.num_clients} "
-                       "(at most the number of clients)")
+    training = data.num_training_clients  # test-only clients never train
+    if not 1 <= num_groups <= training:
+      raise ValueError(f"invalid --num_groups={num_groups}; valid: 1..{training} "
+                       "(at most the number of clients with training data)")
     self.k = num_groups
     self._ifca_options = dict(aggregation=ifca_agg, loss_batches=ifca_loss_batches)
     super().__init__(task, data, config, self.make_definition)
@@ -329,7 +330,7 @@ class IFCADriver(experiment.Driver):
     return self._models(), experiment.CHOOSE_BY_TEST_LOSS
 
   def round_eval_metrics(self, result):
-    chosen = result.client_model
+    chosen = self._chosen(result)
     out = {}
     for j in range(self.k):
       out[f"group_{j}_accuracy"] = result.group_accuracy(chosen, j)
@@ -337,12 +338,22 @@ class IFCADriver(experiment.Driver):
     out.update(self._cluster_scores(chosen))
     return out
 
+  def _chosen(self, result) -> np.ndarray:
+    """Each client's model now: its lowest-test-loss choice where it has test
+    data; a client without test data (e.g. the rotated tasks' training
+    clients), whose choice would be meaningless, counts with the cluster it
+    last trained (-1: never sampled, no model)."""
+    has_test = self.data.num_test_samples() > 0
+    return np.where(has_test, np.asarray(result.client_model), self.assignment)
+
   def _cluster_scores(self, chosen):
+    """ARI and purity against the true clusters over the clients with a model."""
     truth = self.data.true_clusters
-    if truth is None:
+    known = chosen >= 0
+    if truth is None or not known.any():
       return {}
-    return {"ari": clustering.adjusted_rand_index(truth, chosen),
-            "purity": clustering.purity(truth, chosen)}
+    return {"ari": clustering.adjusted_rand_index(truth[known], chosen[known]),
+            "purity": clustering.purity(truth[known], chosen[known])}
 
   def summary(self):
     out = dict(self._summary)

@@ -230,19 +230,22 @@ class ClusterModelsDriver(experiment.Driver):
   def __init__(self, task, data, config: experiment.TrainingConfig, *, num_groups: int,
                mu: float = 0.0, min_round_clients: Optional[int] = None):
     self.mu = float(mu)
-    if not 1 <= num_groups <= data.num_clients:
-      raise ValueError(f"invalid --num_groups={num_groups}; valid: 1..{data.num_clients} "
-                       "(at most the number of clients)")
+    training = data.num_training_clients  # test-only clients are never clustered
+    if not 1 <= num_groups <= training:
+      raise ValueError(f"invalid --num_groups={num_groups}; valid: 1..{training} "
+                       "(at most the number of clients with training data)")
     need = num_groups if min_round_clients is None else min_round_clients
     if config.clients_per_round < need:
       raise ValueError(f"invalid --clients_per_round={config.clients_per_round}: the "
                        f"round's clients are clustered into --num_groups={num_groups}; "
-                       f"valid: {need}..{data.num_clients}")
+                       f"valid: {need}..{training}")
     super().__init__(task, data, config,
                      lambda specs, num_trainable, **solver: ClusterModelsDefinition(
                          specs, num_trainable, num_groups, mu=self.mu, **solver))
     self.k = num_groups
-    self.assignment = np.zeros(data.num_clients, np.int64)
+    # Every client starts in cluster 0, except test-only clients: -1, never
+    # assigned (the evaluator tests them with their lowest-test-loss model).
+    self.assignment = np.where(data.test_only(), -1, 0).astype(np.int64)
     sizes = np.asarray(data.num_train_samples(), np.float64)
     self.data_weight = sizes / sizes.sum()
     self._summary: Dict[str, object] = {}
@@ -310,14 +313,18 @@ class ClusterModelsDriver(experiment.Driver):
     return self._models(), self.assignment.copy()
 
   def round_eval_metrics(self, result):
+    # Group accuracy: the clients tested with model j (test-only clients by
+    # their own choice); sizes and the scores against the true clusters: the
+    # clients with an assignment (test-only clients have none).
     out = {}
     for j in range(self.k):
-      out[f"group_{j}_accuracy"] = result.group_accuracy(self.assignment, j)
+      out[f"group_{j}_accuracy"] = result.group_accuracy(result.client_model, j)
       out[f"group_{j}_size"] = int((self.assignment == j).sum())
     truth = self.data.true_clusters
-    if truth is not None:
-      out["ari"] = clustering.adjusted_rand_index(truth, self.assignment)
-      out["purity"] = clustering.purity(truth, self.assignment)
+    assigned = self.assignment >= 0
+    if truth is not None and assigned.any():
+      out["ari"] = clustering.adjusted_rand_index(truth[assigned], self.assignment[assigned])
+      out["purity"] = clustering.purity(truth[assigned], self.assignment[assigned])
     return out
 
   def summary(self):

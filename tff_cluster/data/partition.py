@@ -626,11 +626,14 @@ def rotation_clusters(num_samples: int, num_clients: int, num_clusters: int = 4,
                    {"rotations": list(ROTATIONS[:num_clusters])})
 
 
-def rotate_images(x: np.ndarray, degrees: int) -> np.ndarray:
+def rotate_images(x: np.ndarray, degrees: int, index=None) -> np.ndarray:
   """Rotates a batch of images counter-clockwise by a multiple of 90 degrees.
 
   `x` is [N, H, W], [N, H, W, C], or [N, D] with D a square (784 -> 28 x 28,
-  a single channel), the last returned flat again.
+  a single channel), the last returned flat again. With `index` (integer
+  indices into `x`) the result is `rotate_images(x[index], degrees)`, made in
+  one copy (no intermediate gathered array). The result never shares memory
+  with `x`.
   """
   if int(degrees) != degrees or degrees % 90:
     raise DataError(
@@ -643,12 +646,20 @@ def rotate_images(x: np.ndarray, degrees: int) -> np.ndarray:
       raise DataError(
           f"flat images must have a square size (e.g. 784 = 28 x 28), got "
           f"{x.shape[1]}; pass images shaped [N, H, W] or [N, H, W, C]")
-    return np.rot90(x.reshape(-1, side, side), k, axes=(1, 2)).reshape(
-        x.shape).copy()
-  if x.ndim in (3, 4):
-    return np.rot90(x, k, axes=(1, 2)).copy()
-  raise DataError(
-      f"images must be [N, D], [N, H, W] or [N, H, W, C], got shape {x.shape}")
+    images = x.reshape(-1, side, side)
+  elif x.ndim in (3, 4):
+    images = x
+  else:
+    raise DataError(
+        f"images must be [N, D], [N, H, W] or [N, H, W, C], got shape {x.shape}")
+  turned = np.rot90(images, k, axes=(1, 2))  # a view
+  rows = len(turned) if index is None else len(index)
+  out = np.empty((rows,) + turned.shape[1:], turned.dtype)  # C-contiguous
+  if index is None:
+    np.copyto(out, turned)
+  else:
+    np.take(turned, np.asarray(index, np.intp), axis=0, out=out)
+  return out.reshape((rows,) + (x.shape[1:] if x.ndim == 2 else turned.shape[1:]))
 
 
 def rotation_transform(partition: Partition) -> Callable:

@@ -6,7 +6,10 @@ the *whole* official training set is cut into `clients_per_cluster` clients
 of `samples_per_client` images (by default all of it: MNIST and
 Fashion-MNIST 600 x 100, CIFAR-10 100 x 500), rotated by the cluster's angle.
 Every cluster therefore holds a full rotated copy of the training set: 2,400
-clients x 100 images for MNIST with P = 4.
+clients x 100 images for MNIST with P = 4. The clusters' permutations are
+independent, as in IFCA's code (`--task_arg=permutation=per_cluster`, the
+default); `permutation=shared` cuts one permutation for all clusters, so that
+client j of cluster p holds cluster 0's client j's images turned by p's angle.
 
 Test clients are test-only (no training data): for each cluster, the official
 test set *in file order* is cut into `test_clients_per_cluster` clients of
@@ -15,7 +18,8 @@ alike. They are never trained. Each picks the model of lowest loss on its own
 test data, IFCA's protocol. `true_clusters` is the rotation cluster of every
 client, training and test alike.
 
-Rotations: P = 4 turns by p x 90 degrees (`--task_arg=num_clusters`, 1..4);
+Rotations: P = 4 turns by p x 90 degrees (`--task_arg=num_clusters`, 1..4;
+P = 2 is 0 and 180 degrees, as in IFCA's code, P = 3 is 0, 90 and 180);
 rotated_cifar10 has P = 2, at 0 and 180 degrees (the CFL-MGD paper's setting).
 
 Models and defaults (IFCA's configuration for the MNIST setting, which the
@@ -31,7 +35,9 @@ steps, lr 0.1, 300 rounds):
                    and standardised per image. IFCA's code also augments the
                    training batches (random crops, flips, brightness and
                    contrast); that augmentation and the CNN's L2 weight decay
-                   (0.004) are left out here.
+                   (0.004) are left out here. `--model=cifar_cnn_small` is a
+                   smaller CNN (`models.cifar_cnn_small`: three 3x3 convs
+                   32-64-64, dense 64; 73,418 parameters on the crops).
 """
 
 from __future__ import annotations
@@ -52,6 +58,9 @@ SOURCE = ("CFL-MGD (its Table 2 setting) and IFCA (Ghosh et al.): rotated cluste
           "defaults from IFCA's configuration for the same setting")
 
 
+PERMUTATIONS = ("per_cluster", "shared")
+
+
 def _args(clusters: int, per_cluster: int, samples: int, test_per_cluster: int):
   return (
       HParam("num_clusters", int, clusters, "rotation clusters P", low=1, high=clusters),
@@ -59,15 +68,25 @@ def _args(clusters: int, per_cluster: int, samples: int, test_per_cluster: int):
              low=1, high=per_cluster),
       HParam("samples_per_client", int, samples, "images per client", low=1),
       HParam("test_clients_per_cluster", int, test_per_cluster, "test-only clients per "
-             "cluster", low=0, high=test_per_cluster))
+             "cluster", low=0, high=test_per_cluster),
+      HParam("permutation", str, "per_cluster", "per_cluster: each cluster cuts its own "
+             "seeded permutation of the training set (IFCA's code); shared: one "
+             "permutation for all, so client j of every cluster holds the same images",
+             choices=PERMUTATIONS))
 
 
 def rotated_clients(train: Tuple[np.ndarray, np.ndarray], test: Tuple[np.ndarray, np.ndarray],
                     angles: Sequence[int], clients_per_cluster: int, samples_per_client: int,
                     test_clients_per_cluster: int, seed: int, num_classes: int,
-                    description: str, prepare: Callable = lambda x: x) -> FederatedData:
+                    description: str, prepare: Callable = lambda x: x,
+                    permutation: str = "per_cluster") -> FederatedData:
   """The rotated-cluster clients (see the module docstring). `prepare` maps
-  rotated images to model inputs (e.g. crop and standardise)."""
+  rotated images to model inputs (e.g. crop and standardise).
+
+  Cluster p's permutation is seeded by (seed, 4040, p), or by (seed, 4040, 0)
+  for every cluster with `permutation='shared'` (cluster 0 is the same under
+  both). Each cluster's images are gathered and rotated in one copy; the
+  clients' arrays are views into it."""
   (x_train, y_train), (x_test, y_test) = train, test
   n = samples_per_client
   if clients_per_cluster * n > len(y_train):
@@ -82,12 +101,16 @@ def rotated_clients(train: Tuple[np.ndarray, np.ndarray], test: Tuple[np.ndarray
   ids, train_split, test_split, clusters = [], {}, {}, []
   empty_x = prepare(rotate_images(x_train[:0], 0))
   empty_y = y_train[:0].astype(np.int64)
+  if permutation not in PERMUTATIONS:
+    raise DataError(f"invalid --task_arg=permutation={permutation}; valid: "
+                    f"{', '.join(PERMUTATIONS)}")
   for p, angle in enumerate(angles):
-    order = np.random.default_rng(np.random.SeedSequence([seed, 4040, p])).permutation(
+    stream = p if permutation == "per_cluster" else 0
+    order = np.random.default_rng(np.random.SeedSequence([seed, 4040, stream])).permutation(
         len(y_train))
-    rows = order[:clients_per_cluster * n].reshape(clients_per_cluster, n)
-    images = prepare(rotate_images(x_train[rows.reshape(-1)], angle))
-    labels = y_train[rows.reshape(-1)].astype(np.int64)
+    rows = order[:clients_per_cluster * n]
+    images = prepare(rotate_images(x_train, angle, index=rows))
+    labels = y_train[rows].astype(np.int64)
     for j in range(clients_per_cluster):
       cid = f"r{angle:03d}_train_{j:04d}"
       ids.append(cid)
@@ -109,7 +132,7 @@ def rotated_clients(train: Tuple[np.ndarray, np.ndarray], test: Tuple[np.ndarray
 def _load(name: str, label: str, full_angles: Sequence[int]):
   def load(options: DataOptions) -> FederatedData:
     args = ARGS[name]
-    p, per_cluster, n, test_per_cluster = (task_arg(options, a) for a in args)
+    p, per_cluster, n, test_per_cluster, permutation = (task_arg(options, a) for a in args)
     if name == "rotated_cifar10":
       train, test = cifar10_split(options.data_dir)
       prepare = crop_and_standardise
@@ -117,15 +140,25 @@ def _load(name: str, label: str, full_angles: Sequence[int]):
       train, test = fmnist.official_split(
           "mnist" if name == "rotated_mnist" else "fashion_mnist", options.data_dir)
       prepare = lambda images: images  # noqa: E731 (pixels in [0, 1], flat 784)
-    angles = list(full_angles[:p])
+    angles = rotation_angles(full_angles, p)
     where = options.data_dir or "Keras cache"
+    split = ("a fresh permutation of the whole training set each" if
+             permutation == "per_cluster" else "one permutation shared by the clusters")
     return rotated_clients(
         train, test, angles, per_cluster, n, test_per_cluster, options.seed, 10,
         f"{label} ({where}) in {p} rotation clusters {angles} deg: {per_cluster} training "
-        f"clients x {n} images per cluster (a fresh permutation of the whole training set "
-        f"each), {test_per_cluster} test-only clients per cluster (the test set in "
-        f"order); seed {options.seed}", prepare)
+        f"clients x {n} images per cluster ({split}), {test_per_cluster} test-only "
+        f"clients per cluster (the test set in order); seed {options.seed}", prepare,
+        permutation)
   return load
+
+
+def rotation_angles(full_angles: Sequence[int], p: int) -> list:
+  """The angles of P clusters: the first P of `full_angles`, except that P = 2
+  of the four quarter turns is 0 and 180 degrees (IFCA's code)."""
+  if p == 2 and len(full_angles) == 4:
+    return [full_angles[0], full_angles[2]]
+  return list(full_angles[:p])
 
 
 def cifar10_split(data_dir):
@@ -180,6 +213,7 @@ TASKS = [
                          "x 500 images, 40 test-only clients, CNN 64-64-384-192 on 24x24 crops",
              load_data=_load("rotated_cifar10", "CIFAR-10", (0, 180)),
              model_fn=lambda: models.cifar_cnn_cflmgd(), model_name="cifar_cnn_cflmgd",
+             other_models={"cifar_cnn_small": lambda: models.cifar_cnn_small((24, 24, 3))},
              loss=models.SPARSE_CE_LOGITS, defaults=CIFAR_DEFAULTS,
              task_args=ARGS["rotated_cifar10"], source=SOURCE),
 ]
