@@ -64,6 +64,32 @@ def test_a_round_averages_each_cluster_over_the_clients_that_chose_it(aggregatio
       np.testing.assert_allclose(x, y, atol=1e-5)
 
 
+def test_one_full_batch_is_the_loss_on_every_pass_of_the_schedule():
+  """Clients whose batch holds their whole training set (the rotated tasks:
+  batch 100 = 100 images) and 3 passes: the loss on 1 batch
+  (--ifca_loss_batches=1) equals the loss on the whole schedule (0), which
+  repeats the same data 3 times, and the loss on the data once."""
+  data = _data(3)
+  biggest = max(len(data.train[c][1]) for c in data.client_ids)
+  rng = np.random.default_rng(1)
+  w0 = local_training.get_weights(_mclr())
+  starts = [[w + rng.normal(0, s, w.shape).astype(np.float32) for w in w0] for s in (2.0, 0.5)]
+  clients = [0, 1, 2]
+  datasets = [local_training.client_dataset(*data.train[data.client_ids[k]], biggest, 3, k)
+              for k in clients]
+  spec = datasets[0].element_spec
+  losses = {}
+  for batches in (0, 1):
+    definition, comps = ifca.build_ifca(_mclr, models.SPARSE_CE_LOGITS, spec, 2,
+                                        loss_batches=batches)
+    _, _, results = comps["assign"](definition.initial_state(starts), round_params(LR),
+                                    datasets)
+    losses[batches] = np.array([np.asarray(r["losses"]) for r in results])
+  np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)
+  once = [[_mean_loss(m, datasets[i].take(1)) for m in starts] for i in clients]
+  np.testing.assert_allclose(losses[1], once, rtol=1e-5)
+
+
 def test_test_clients_take_their_lowest_test_loss_model():
   data = _data(5)
   evaluator = Evaluator(_mclr, models.SPARSE_CE_LOGITS, data)

@@ -150,6 +150,7 @@ def test_small_settings_and_bad_ones():
   assert task.model_fn().count_params() == 159010
   assert task.defaults["clients_per_round"] == 2400 and task.defaults["local_steps"] == 10
   assert task.defaults["batch_size"] == 100 and task.defaults["num_groups"] == 4
+  assert task.defaults["ifca_loss_batches"] == 1  # one batch = the whole 100 images
   with pytest.raises(DataError, match="clients_per_cluster"):
     task.load_data(DataOptions(data_dir=str(FASHION), extra={"samples_per_client": 1000}))
   with pytest.raises(HParamError, match="permutation=random; valid: per_cluster, shared"):

@@ -113,8 +113,10 @@ IFCA_HPARAMS = _group(
            "processed this round, their FEMNIST code) or samples (training samples, "
            "FedBase).", choices=("uniform", "num_examples", "samples")),
     HParam("ifca_loss_batches", int, 0, "Batches of the round's local schedule the "
-           "cluster estimate's loss is taken on (0 = all: the whole training set; "
-           "FedBase: 3).", low=0),
+           "cluster estimate's loss is taken on (0 = every batch of the schedule: E "
+           "passes over the training set with --local_epochs, the steps' batches with "
+           "--local_steps; FedBase: 3; the rotated tasks: 1, their whole 100-image "
+           "training set in one batch).", low=0),
     HParam("ifca_good_init_threshold", float, None, "good_init: the smallest share of "
            "the sample every cluster must get (default 0.35 for K = 2, 0.1 for K = 4, "
            "0.4/K otherwise).", low=0, high=1),

@@ -187,8 +187,12 @@ def crop_and_standardise(x: np.ndarray) -> np.ndarray:
 ARGS = {"rotated_mnist": _args(4, 600, 100, 100),
         "rotated_fmnist": _args(4, 600, 100, 100),
         "rotated_cifar10": _args(2, 100, 500, 20)}
+# ifca_loss_batches=1: a client's batch of 100 is its whole training set, so
+# the cluster estimate's loss on one batch is its loss on all its data (0,
+# every batch of the 10-step schedule, gives the same mean 10 times over).
 MNIST_DEFAULTS = dict(rounds=300, clients_per_round=2400, local_steps=10, batch_size=100,
-                      client_lr=0.1, mu=0.01, num_clients=None, num_groups=4)
+                      client_lr=0.1, mu=0.01, num_clients=None, num_groups=4,
+                      ifca_loss_batches=1)
 CIFAR_DEFAULTS = dict(rounds=300, clients_per_round=20, local_epochs=5, batch_size=50,
                       client_lr=0.01, mu=0.01, num_clients=None, num_groups=2)
 
