@@ -36,7 +36,7 @@ from typing import List, Sequence
 
 import numpy as np
 
-from fedgroup_table3 import run_one
+from fedgroup_table3 import mean_std, run_one, save_markdown
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data")
@@ -73,13 +73,6 @@ def final_accuracy(directory: str):
   return summary.get("final_test_accuracy"), summary.get("mean_round_seconds")
 
 
-def fmt(values: Sequence[float]) -> str:
-  a = 100 * np.asarray(values)
-  if len(a) == 1:
-    return f"{a[0]:.2f}"
-  return f"{a.mean():.2f} ± {a.std(ddof=1):.2f}"
-
-
 def write_table(args) -> str:
   rows = ["| method | seeds | ours (round 300) | paper | s/round |", "|---|---|---|---|---|"]
   for method in METHODS:
@@ -94,12 +87,10 @@ def write_table(args) -> str:
     seeds = sorted(got)
     paper = PAPER[method]
     rows.append(f"| {method} | {','.join(map(str, seeds))} | "
-                f"{fmt([got[s][0] for s in seeds])} | {paper[0]:.2f} ± {paper[1]:.2f} | "
+                f"{mean_std([got[s][0] for s in seeds])} | {paper[0]:.2f} ± {paper[1]:.2f} | "
                 f"{np.median([got[s][1] for s in seeds]):.1f} |")
   text = "\n".join(rows)
-  os.makedirs(os.path.dirname(args.table), exist_ok=True)
-  with open(args.table + ".md", "w") as f:
-    f.write(text + "\n")
+  save_markdown(args.table, text)
   return text
 
 

@@ -191,6 +191,26 @@ def fmt(values: Sequence[float]) -> str:
   return f"{a.mean():.1f} ± {a.std(ddof=1) if len(a) > 1 else 0.0:.1f}"
 
 
+def mean_std(values: Sequence[Optional[float]]) -> str:
+  """Fractions as a percentage cell: "m ± s" over seeds (sample std), one
+  value alone without ±, "–" when there is none (None values are skipped).
+  The other tables' format; this one's is `fmt`."""
+  values = [v for v in values if v is not None]
+  if not values:
+    return "–"
+  a = 100 * np.asarray(values)
+  if len(a) == 1:
+    return f"{a[0]:.2f}"
+  return f"{a.mean():.2f} ± {a.std(ddof=1):.2f}"
+
+
+def save_markdown(stem: str, text: str) -> None:
+  """Writes `text` to `stem`.md, creating its folder."""
+  os.makedirs(os.path.dirname(stem) or ".", exist_ok=True)
+  with open(stem + ".md", "w") as f:
+    f.write(text + "\n")
+
+
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--tasks", default="synthetic,mnist")

@@ -38,7 +38,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from fedgroup_table3 import run_one
+from fedgroup_table3 import mean_std, run_one, save_markdown
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data")
@@ -114,16 +114,6 @@ def score(directory: str, method: str) -> Optional[Dict[str, float]]:
           "seconds": seconds}
 
 
-def fmt(values: Sequence[float]) -> str:
-  values = [v for v in values if v is not None]
-  if not values:
-    return "–"
-  a = 100 * np.asarray(values)
-  if len(a) == 1:
-    return f"{a[0]:.2f}"
-  return f"{a.mean():.2f} ± {a.std(ddof=1):.2f}"
-
-
 def write_table(args) -> str:
   lines = []
   for setting in SETTINGS:
@@ -143,17 +133,15 @@ def write_table(args) -> str:
       paper_text = "–" if paper is None or col is None else f"{paper[col]:.2f}"
       secs = np.median([got[s]["seconds"] for s in seeds])
       rows.append(f"| {method} | {','.join(map(str, seeds))} | "
-                  f"{fmt([got[s]['global'] for s in seeds])} | "
-                  f"{fmt([got[s]['personal'] for s in seeds])} | {paper_text} | "
+                  f"{mean_std([got[s]['global'] for s in seeds])} | "
+                  f"{mean_std([got[s]['personal'] for s in seeds])} | {paper_text} | "
                   f"{secs:.2f} |")
     if rows:
       lines += [f"**{TITLES[setting]}**", "",
                 "| method | seeds | global x_+ (pooled test) | personalised x_i+ (own "
                 "test) | paper | s/round (median) |", "|---|---|---|---|---|---|", *rows, ""]
   text = "\n".join(lines)
-  os.makedirs(os.path.dirname(args.table), exist_ok=True)
-  with open(args.table + ".md", "w") as f:
-    f.write(text + "\n")
+  save_markdown(args.table, text)
   return text
 
 

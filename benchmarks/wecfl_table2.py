@@ -51,7 +51,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from fedgroup_table3 import run_one  # one way to run (or reuse) an experiment
+from fedgroup_table3 import mean_std, run_one, save_markdown  # run_one: run or reuse a run
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data")
@@ -146,15 +146,6 @@ def seconds_per_round(directory: str) -> float:
   except (OSError, ValueError, KeyError):
     return float("nan")
   return float(np.median(times)) if times else float("nan")
-
-
-def fmt(values: Sequence[float]) -> str:
-  if not values:
-    return "–"
-  a = 100 * np.asarray(values)
-  if len(a) == 1:
-    return f"{a[0]:.2f}"
-  return f"{a.mean():.2f} ± {a.std(ddof=1):.2f}"
 
 
 def main(argv=None):
@@ -256,16 +247,14 @@ def write_table(args):
     if method == "IFCA" and paper is not None:
       pa, pf = f"({pa})", f"({pf})"
     lines.append(f"| {SETTING[setting]} | {k} | {method} | {','.join(map(str, s))} | "
-                 f"{fmt(acc)} | {fmt(f1)} | {pa} | {pf} | "
+                 f"{mean_std(acc)} | {mean_std(f1)} | {pa} | {pf} | "
                  f"{np.nanmean(secs[(setting, k, method)]):.1f} |")
     for seed in s:
       csv_rows.append(dict(setting=SETTING[setting], K=k, method=method, seed=seed,
                            accuracy=runs[seed][0], macro_f1=runs[seed][1],
                            paper_accuracy=None if paper is None else paper[0] / 100,
                            paper_macro_f1=None if paper is None else paper[1] / 100))
-  os.makedirs(os.path.dirname(args.table), exist_ok=True)
-  with open(args.table + ".md", "w") as f:
-    f.write("\n".join(lines) + "\n")
+  save_markdown(args.table, "\n".join(lines))
   with open(args.table + ".csv", "w", newline="") as f:
     writer = csv.DictWriter(f, ["setting", "K", "method", "seed", "accuracy", "macro_f1",
                                 "paper_accuracy", "paper_macro_f1"], lineterminator="\n")
