@@ -43,6 +43,20 @@ def test_every_algorithm_runs_through_the_process(algo, data):
   for r in out.client_results.values():
     assert -1 <= r["model"] < max(len(weights), 1)
   assert p.evaluate(out.state)["test_accuracy"] == pytest.approx(out.metrics["test_accuracy"])
+  # Misuse, refused with the same clear messages by every algorithm's process.
+  with pytest.raises(ValueError, match="invalid client index 12; valid: 0..11"):
+    p.next(out.state, [0, 12])
+  with pytest.raises(ValueError, match="unknown client 'x'"):
+    p.next(out.state, ["x"])
+  with pytest.raises(ValueError, match="twice"):
+    p.next(out.state, [1, 1])
+  with pytest.raises(TypeError, match="ProcessState"):
+    p.next({"model": []})
+  with pytest.raises(RuntimeError, match="already initialized"):
+    p.initialize(data)
+  with pytest.raises(ValueError, match=f"unknown setting 'no_such_setting' for {algo}"):
+    api.build(algo, model_fn, SCE, client_lr=0.02, local_epochs=1, batch_size=10,
+              no_such_setting=1)
 
 
 def test_process_equals_the_training_loop(data):
