@@ -429,6 +429,15 @@ def save_models(task: TaskSpec, directory: str, weights, client_model,
       "client_model": {c: int(j) for c, j in zip(client_ids, client_model)}})
 
 
+def check_num_groups(num_groups: int, data: FederatedData) -> None:
+  """Refuses a `--num_groups` outside 1..(clients with training data): test-only
+  clients are never trained or clustered."""
+  training = data.num_training_clients
+  if not 1 <= num_groups <= training:
+    raise ValueError(f"invalid --num_groups={num_groups}; valid: 1..{training} "
+                     "(at most the number of clients with training data)")
+
+
 def client_groups(client_model, chosen, assignment, num_clients: int) -> Optional[np.ndarray]:
   """Each client's group/model index this round, for groups.csv; -1: none.
 

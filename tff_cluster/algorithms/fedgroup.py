@@ -408,10 +408,7 @@ class FedGroupDriver(experiment.Driver):
       raise ValueError(f"invalid --measure={measure}; valid: {', '.join(MEASURES)}")
     if cold_start not in COLD_STARTS:
       raise ValueError(f"invalid --cold_start={cold_start}; valid: {', '.join(COLD_STARTS)}")
-    if not 1 <= num_groups <= data.num_training_clients:
-      raise ValueError(f"invalid --num_groups={num_groups}; valid: "
-                       f"1..{data.num_training_clients} (at most the number of clients "
-                       "with training data)")
+    experiment.check_num_groups(num_groups, data)
     if not 0 <= newcomer_fraction < 1:
       raise ValueError(f"invalid --newcomer_fraction={newcomer_fraction}; valid: [0, 1)")
     self.pretrain_work = pretrain_work(config.batch_size, pretrain_iters, pretrain_epochs)

@@ -211,10 +211,7 @@ class IFCADriver(experiment.Driver):
                        "integers >= 0")
     self.warm_rounds = int(ifca_warm_rounds) if ifca_init == "fedavg_warm" else 0
     self.forced_rounds = int(ifca_forced_rounds) if ifca_init == "fedavg_warm" else 0
-    training = data.num_training_clients  # test-only clients never train
-    if not 1 <= num_groups <= training:
-      raise ValueError(f"invalid --num_groups={num_groups}; valid: 1..{training} "
-                       "(at most the number of clients with training data)")
+    experiment.check_num_groups(num_groups, data)
     self.k = num_groups
     self._ifca_options = dict(aggregation=ifca_agg, loss_batches=ifca_loss_batches)
     super().__init__(task, data, config, self.make_definition)

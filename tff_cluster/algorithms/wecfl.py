@@ -230,10 +230,8 @@ class ClusterModelsDriver(experiment.Driver):
   def __init__(self, task, data, config: experiment.TrainingConfig, *, num_groups: int,
                mu: float = 0.0, min_round_clients: Optional[int] = None):
     self.mu = float(mu)
-    training = data.num_training_clients  # test-only clients are never clustered
-    if not 1 <= num_groups <= training:
-      raise ValueError(f"invalid --num_groups={num_groups}; valid: 1..{training} "
-                       "(at most the number of clients with training data)")
+    experiment.check_num_groups(num_groups, data)
+    training = data.num_training_clients
     need = num_groups if min_round_clients is None else min_round_clients
     if config.clients_per_round < need:
       raise ValueError(f"invalid --clients_per_round={config.clients_per_round}: the "
