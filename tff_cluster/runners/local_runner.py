@@ -204,7 +204,12 @@ class LocalRunner:
       state = self.put_state(state)
       stacked_states = None
       if client_states is not None:
-        stacked_states = tf.nest.map_structure(lambda *xs: tf.stack(xs), *client_states)
+        # One numpy stack, then one conversion: `tf.stack` of many numpy
+        # arrays converts each through a slow generic path (23 s of a
+        # 2,400-client round with 160k-parameter buffers, against 0.5 s).
+        stacked_states = tf.nest.map_structure(
+            lambda *xs: tf.convert_to_tensor(np.stack([np.asarray(x) for x in xs])),
+            *client_states)
       broadcast_fn, database_fn, server_fn = self._server_fns(mode)
       received = broadcast_fn(state, round_params(lr))
       database = database_fn(state) if d.num_keys(mode) else None
