@@ -417,3 +417,30 @@ def test_definitions_and_local_runner_import_no_tff(tmp_path):
       print("TFF" if "tensorflow_federated" in sys.modules else "no TFF")
       """)
   assert out.strip().splitlines()[-1] == "no TFF"
+
+
+def test_stacked_client_states_equal_numpy_stack_with_shared_and_strided_memory():
+  base = np.arange(12, dtype=np.float32).reshape(3, 4)
+  # base[:, 0] and base[0, :3] start at the same address with other strides;
+  # base[0] is shared by two clients; one leaf is a tensor, one a copy.
+  vectors = [base[:, 0], base[0, :3], base[:, 0], tf.constant([7., 8., 9.]),
+             base[0, :3].copy() + 1]
+  scalars = [np.float32(k) for k in range(5)]
+  rows = [base[0], base[0], base[2], base[2].copy(), base[1]]
+  states = [{"v": [v, s], "row": r} for v, s, r in zip(vectors, scalars, rows)]
+  out = local_runner.stack_client_states(states)
+  np.testing.assert_array_equal(out["v"][0].numpy(), np.stack([np.asarray(v) for v in vectors]))
+  np.testing.assert_array_equal(out["v"][1].numpy(), np.arange(5, dtype=np.float32))
+  np.testing.assert_array_equal(out["row"].numpy(), np.stack(rows))
+
+
+def test_new_clients_share_one_set_of_initial_state_arrays(cluster_data):
+  task, data = cluster_data
+  config = experiment.TrainingConfig(rounds=1, clients_per_round=2, local_epochs=1,
+                                     batch_size=10, client_lr=0.02, seed=0, runner="local",
+                                     client_momentum=0.5, client_state="persist")
+  driver = fedavg.make_driver(task, data, config)
+  a, b = driver.fresh_client_state("train", 0), driver.fresh_client_state("train", 1)
+  assert a is not b
+  leaves = list(zip(tf.nest.flatten(a), tf.nest.flatten(b)))
+  assert leaves and all(x is y and not np.any(x) for x, y in leaves)

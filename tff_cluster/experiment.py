@@ -129,6 +129,7 @@ class Driver:
     self.runner = runners.make_runner(config.runner, definition, task.model_fn,
                                       task.loss, data, config.seed, config.jit)
     self.client_states: Dict[int, Any] = {}
+    self._fresh_client_states: Dict[str, Any] = {}
 
   def describe(self) -> Dict[str, Any]:
     """Runner facts for `config.json` (runner, device, jit)."""
@@ -165,7 +166,12 @@ class Driver:
     """Client `client`'s state before it has one of its own: the definition's
     initial client state, with the client's number of training samples as
     `weight` where the definition's client state has one."""
-    state = self.definition.initial_client_state(mode)
+    # One set of initial arrays per mode, shared by every new client (states
+    # are never changed in place), so a runner stacks them once.
+    fresh = self._fresh_client_states
+    if mode not in fresh:
+      fresh[mode] = self.definition.initial_client_state(mode)
+    state = tf.nest.map_structure(lambda a: a, fresh[mode])
     if isinstance(state, dict) and "weight" in state:
       state = collections.OrderedDict(state)
       state["weight"] = np.float32(self.data.num_train_samples()[client])

@@ -57,6 +57,32 @@ def resolve_jit(setting: str, family: str, exact_batches: bool, device: str) -> 
   return device.startswith("/GPU") or family == "dense"
 
 
+
+def stack_client_states(client_states: Sequence[Any]):
+  """The clients' states stacked leaf by leaf ([num_clients, ...] tensors).
+
+  Leaves that are the same memory (e.g. CFL-MGD I's client buffers, which
+  are views of their cluster's buffer) are converted once and gathered:
+  converting 2,400 numpy buffers of 159,010 floats one by one took most of
+  a rotated-MNIST round. States are never changed in place, so equal
+  memory means equal values.
+  """
+  leaves_per_client = [tf.nest.flatten(s) for s in client_states]
+  stacked = []
+  for leaves in zip(*leaves_per_client):
+    held, unique, index, seen = [], [], [], {}
+    for leaf in leaves:
+      a = np.asarray(leaf)
+      held.append(a)  # alive until the stack: no address is reused meanwhile
+      key = (a.__array_interface__["data"][0], a.shape, a.strides, a.dtype.str)
+      if key not in seen:
+        seen[key] = len(unique)
+        unique.append(a)
+      index.append(seen[key])
+    table = tf.convert_to_tensor(np.stack(unique))
+    stacked.append(table if len(unique) == len(leaves) else tf.gather(table, index))
+  return tf.nest.pack_sequence_as(client_states[0], stacked)
+
 class LocalRunner:
   """Runs a `Definition` in-process (see the module docstring).
 
@@ -204,12 +230,7 @@ class LocalRunner:
       state = self.put_state(state)
       stacked_states = None
       if client_states is not None:
-        # One numpy stack, then one conversion: `tf.stack` of many numpy
-        # arrays converts each through a slow generic path (23 s of a
-        # 2,400-client round with 160k-parameter buffers, against 0.5 s).
-        stacked_states = tf.nest.map_structure(
-            lambda *xs: tf.convert_to_tensor(np.stack([np.asarray(x) for x in xs])),
-            *client_states)
+        stacked_states = stack_client_states(client_states)
       broadcast_fn, database_fn, server_fn = self._server_fns(mode)
       received = broadcast_fn(state, round_params(lr))
       database = database_fn(state) if d.num_keys(mode) else None
