@@ -36,7 +36,7 @@ from typing import List, Sequence
 
 import numpy as np
 
-from fedgroup_table3 import mean_std, run_one, save_markdown
+from fedgroup_table3 import load_recorded, mean_std, run_one, save_markdown, save_recorded
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data")
@@ -73,22 +73,42 @@ def final_accuracy(directory: str):
   return summary.get("final_test_accuracy"), summary.get("mean_round_seconds")
 
 
+RECORD_KEY = ("method", "seed")
+RECORD_FIELDS = RECORD_KEY + ("final_accuracy", "seconds_per_round", "recorded", "note")
+
+
 def write_table(args) -> str:
-  rows = ["| method | seeds | ours (round 300) | paper | s/round |", "|---|---|---|---|---|"]
+  """The table of the finished runs under `--out` and those recorded in
+  `benchmarks/recorded/cflmgd_table2.csv` (a run on disk takes precedence);
+  `--record` adds the runs on disk to that file."""
+  got = {}
+  for r in load_recorded("cflmgd_table2"):
+    got.setdefault(r["method"], {})[int(r["seed"])] = (float(r["final_accuracy"]),
+                                                       float(r["seconds_per_round"]))
+  on_disk = []
   for method in METHODS:
     base = os.path.dirname(run_dir(args.out, method, 0))
     if not os.path.isdir(base):
       continue
-    got = {int(n[4:]): final_accuracy(os.path.join(base, n))
-           for n in sorted(os.listdir(base)) if n.startswith("seed")}
-    got = {k: v for k, v in got.items() if v is not None}
-    if not got:
+    for name in sorted(os.listdir(base)):
+      result = final_accuracy(os.path.join(base, name)) if name.startswith("seed") else None
+      if result is not None:
+        got.setdefault(method, {})[int(name[4:])] = result
+        on_disk.append(dict(method=method, seed=int(name[4:]), final_accuracy=f"{result[0]:.6f}",
+                            seconds_per_round=f"{result[1]:.2f}",
+                            recorded=time.strftime("%Y-%m-%d"), note=""))
+  if getattr(args, "record", False) and on_disk:
+    save_recorded("cflmgd_table2", on_disk, RECORD_KEY, RECORD_FIELDS)
+  rows = ["| method | seeds | ours (round 300) | paper | s/round |", "|---|---|---|---|---|"]
+  for method in METHODS:
+    runs = got.get(method)
+    if not runs:
       continue
-    seeds = sorted(got)
+    seeds = sorted(runs)
     paper = PAPER[method]
     rows.append(f"| {method} | {','.join(map(str, seeds))} | "
-                f"{mean_std([got[s][0] for s in seeds])} | {paper[0]:.2f} ± {paper[1]:.2f} | "
-                f"{np.median([got[s][1] for s in seeds]):.1f} |")
+                f"{mean_std([runs[s][0] for s in seeds])} | {paper[0]:.2f} ± {paper[1]:.2f} | "
+                f"{np.median([runs[s][1] for s in seeds]):.1f} |")
   text = "\n".join(rows)
   save_markdown(args.table, text)
   return text
@@ -104,6 +124,9 @@ def main(argv=None):
                                                  "cflmgd_table2"))
   p.add_argument("--project", action="store_true")
   p.add_argument("--table_only", action="store_true")
+  p.add_argument("--record", action="store_true",
+                 help="add the finished runs under --out to benchmarks/recorded/"
+                      "cflmgd_table2.csv, which the table always includes")
   args = p.parse_args(argv)
   seeds = [int(s) for s in args.seeds.split(",")]
   wanted = args.methods.split(",")

@@ -211,6 +211,35 @@ def save_markdown(stem: str, text: str) -> None:
     f.write(text + "\n")
 
 
+RECORDED = os.path.join(REPO_ROOT, "benchmarks", "recorded")
+
+
+def load_recorded(name: str) -> List[Dict[str, str]]:
+  """The rows of `benchmarks/recorded/<name>.csv`: scores of finished runs
+  kept in the repository, so a table can combine seeds run on different
+  machines or days (run directories under `results/` are not kept)."""
+  path = os.path.join(RECORDED, name + ".csv")
+  if not os.path.exists(path):
+    return []
+  with open(path, newline="") as f:
+    return list(csv.DictReader(f))
+
+
+def save_recorded(name: str, rows: Sequence[Dict[str, object]], key: Sequence[str],
+                  fields: Sequence[str]) -> None:
+  """Merges `rows` into `benchmarks/recorded/<name>.csv` (a row with the same
+  `key` fields is replaced), sorted by key, written atomically."""
+  merged = {tuple(str(r[k]) for k in key): dict(r) for r in load_recorded(name)}
+  merged.update({tuple(str(r[k]) for k in key): dict(r) for r in rows})
+  os.makedirs(RECORDED, exist_ok=True)
+  path = os.path.join(RECORDED, name + ".csv")
+  with open(path + ".tmp", "w", newline="") as f:
+    writer = csv.DictWriter(f, list(fields), lineterminator="\n", extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(merged[k] for k in sorted(merged))
+  os.replace(path + ".tmp", path)
+
+
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--tasks", default="synthetic,mnist")

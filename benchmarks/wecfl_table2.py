@@ -35,6 +35,7 @@ Runner: local, jit auto (off for this BatchNorm CNN; the runner speed
 benchmark: the local runner's CNN round is as fast as the tff runner's).
 
   python benchmarks/wecfl_table2.py --phases=1 --seeds=0,1,2
+  python benchmarks/wecfl_table2.py --phases=1 --seeds=1,2 --methods=FeSEM,IFCA
   python benchmarks/wecfl_table2.py --project      # time one round of each method
   python benchmarks/wecfl_table2.py --table_only   # the table from finished runs
 """
@@ -51,7 +52,8 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from fedgroup_table3 import mean_std, run_one, save_markdown  # run_one: run or reuse a run
+from fedgroup_table3 import (load_recorded, mean_std, run_one,  # run_one: run or reuse a run
+                             save_markdown, save_recorded)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data")
@@ -152,6 +154,8 @@ def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--phases", default="1,2,3,4")
   p.add_argument("--seeds", default="0,1,2")
+  p.add_argument("--methods", default=",".join(METHODS),
+                 help="only these methods of the phases (comma-separated)")
   p.add_argument("--rounds", type=int, default=None,
                  help="override the 100 rounds (the score then needs rounds 98-100)")
   p.add_argument("--data_dir", default=os.path.join(SHARED, "fashion_mnist"))
@@ -162,6 +166,9 @@ def main(argv=None):
                  help="time 2 rounds of each method instead and project the total")
   p.add_argument("--table_only", action="store_true",
                  help="write the table from the finished runs under --out")
+  p.add_argument("--record", action="store_true",
+                 help="add the finished runs under --out to benchmarks/recorded/"
+                      "wecfl_table2.csv, which the table always includes")
   args = p.parse_args(argv)
   seeds = [int(s) for s in args.seeds.split(",")]
   plan = phases(seeds)
@@ -169,10 +176,17 @@ def main(argv=None):
   bad = [x for x in wanted if x not in plan]
   if bad:
     raise SystemExit(f"wecfl_table2.py: error: unknown phase {bad[0]}; valid: 1, 2, 3, 4")
+  methods = args.methods.split(",")
+  unknown = [m for m in methods if m not in METHODS]
+  if unknown:
+    raise SystemExit(f"wecfl_table2.py: error: unknown method {unknown[0]!r}; valid: "
+                     f"{', '.join(METHODS)}")
   available = registered_algorithms()
   jobs = []
   for phase in wanted:
     for setting, k, method, seed in plan[phase]:
+      if method not in methods:
+        continue
       algo = METHODS[method][0].split("=", 1)[1]
       if algo not in available:
         print(f"({method}: --algo={algo} is not registered; left out)")
@@ -210,10 +224,21 @@ def project(jobs, args):
   print(f"projected total: {total / 3600:.2f} h for {len(jobs)} runs")
 
 
+RECORD_KEY = ("setting", "K", "method", "seed")
+RECORD_FIELDS = RECORD_KEY + ("accuracy", "macro_f1", "seconds_per_round", "recorded", "note")
+
+
 def write_table(args):
-  """The table of every finished run under `--out`."""
+  """The table of every finished run under `--out`, plus the runs recorded in
+  `benchmarks/recorded/wecfl_table2.csv` (a run on disk takes precedence);
+  `--record` adds the runs on disk to that file."""
   found: Dict[tuple, Dict[int, tuple]] = {}
-  secs: Dict[tuple, List[float]] = {}
+  secs: Dict[tuple, Dict[int, float]] = {}
+  for r in load_recorded("wecfl_table2"):
+    key, seed = (r["setting"], int(r["K"]), r["method"]), int(r["seed"])
+    found.setdefault(key, {})[seed] = (float(r["accuracy"]), float(r["macro_f1"]))
+    secs.setdefault(key, {})[seed] = float(r["seconds_per_round"])
+  on_disk = []
   for setting in TASKS:
     for k in (1, 5, 10):
       for method in METHODS:
@@ -224,8 +249,15 @@ def write_table(args):
           d = os.path.join(base, name)
           got = score(d, method)
           if got is not None and name.startswith("seed"):
-            found.setdefault((setting, k, method), {})[int(name[4:])] = got
-            secs.setdefault((setting, k, method), []).append(seconds_per_round(d))
+            seed = int(name[4:])
+            found.setdefault((setting, k, method), {})[seed] = got
+            secs.setdefault((setting, k, method), {})[seed] = seconds_per_round(d)
+            on_disk.append(dict(setting=setting, K=k, method=method, seed=seed,
+                                accuracy=f"{got[0]:.6f}", macro_f1=f"{got[1]:.6f}",
+                                seconds_per_round=f"{secs[(setting, k, method)][seed]:.2f}",
+                                recorded=time.strftime("%Y-%m-%d"), note=""))
+  if getattr(args, "record", False) and on_disk:
+    save_recorded("wecfl_table2", on_disk, RECORD_KEY, RECORD_FIELDS)
   lines = ["The WeCFL paper's Table 2 (FMNIST, cluster-wise non-IID): accuracy / macro-F1 "
            "(%), mean of rounds 98-100 (FedAvg+/FedProx+: the final round); ours: "
            "mean ± std over the seeds listed, local runner, 100 rounds, the tasks' "
@@ -248,7 +280,7 @@ def write_table(args):
       pa, pf = f"({pa})", f"({pf})"
     lines.append(f"| {SETTING[setting]} | {k} | {method} | {','.join(map(str, s))} | "
                  f"{mean_std(acc)} | {mean_std(f1)} | {pa} | {pf} | "
-                 f"{np.nanmean(secs[(setting, k, method)]):.1f} |")
+                 f"{np.nanmedian(list(secs[(setting, k, method)].values())):.1f} |")
     for seed in s:
       csv_rows.append(dict(setting=SETTING[setting], K=k, method=method, seed=seed,
                            accuracy=runs[seed][0], macro_f1=runs[seed][1],
