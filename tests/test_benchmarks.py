@@ -1,0 +1,65 @@
+"""The benchmark tables' bookkeeping: recorded scores merge with runs on disk."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import sys
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+
+sys.path.insert(0, os.path.join(REPO_ROOT, "benchmarks"))
+import cflmgd_table2  # noqa: E402
+import fedgroup_table3  # noqa: E402
+import wecfl_table2  # noqa: E402
+
+
+@pytest.fixture
+def recorded(tmp_path, monkeypatch):
+  monkeypatch.setattr(fedgroup_table3, "RECORDED", str(tmp_path / "recorded"))
+  return tmp_path
+
+
+def test_recorded_files_name_known_methods_and_fractions():
+  for row in fedgroup_table3.load_recorded("wecfl_table2"):
+    assert row["setting"] in wecfl_table2.TASKS and row["method"] in wecfl_table2.METHODS
+    assert 0 < float(row["accuracy"]) <= 1 and 0 < float(row["macro_f1"]) <= 1
+  for row in fedgroup_table3.load_recorded("cflmgd_table2"):
+    assert row["method"] in cflmgd_table2.METHODS and 0 < float(row["final_accuracy"]) <= 1
+
+
+def test_save_recorded_replaces_rows_with_the_same_key(recorded):
+  fields = ("method", "seed", "value")
+  fedgroup_table3.save_recorded("t", [dict(method="A", seed=0, value=1),
+                                      dict(method="A", seed=1, value=2)], ("method", "seed"),
+                                fields)
+  fedgroup_table3.save_recorded("t", [dict(method="A", seed=1, value=3)], ("method", "seed"),
+                                fields)
+  rows = fedgroup_table3.load_recorded("t")
+  assert [(r["seed"], r["value"]) for r in rows] == [("0", "1"), ("1", "3")]
+  assert not os.path.exists(os.path.join(fedgroup_table3.RECORDED, "t.csv.tmp"))
+
+
+def _finished_run(directory, accuracy, seconds):
+  os.makedirs(directory)
+  with open(os.path.join(directory, "summary.json"), "w") as f:
+    json.dump({"completed": True, "final_test_accuracy": accuracy,
+               "mean_round_seconds": seconds}, f)
+
+
+def test_cflmgd_table_merges_recorded_seeds_with_runs_on_disk(recorded, monkeypatch):
+  out = recorded / "runs"
+  fedgroup_table3.save_recorded(
+      "cflmgd_table2", [dict(method="IFCA", seed=0, final_accuracy=0.90, seconds_per_round=10),
+                        dict(method="IFCA", seed=1, final_accuracy=0.10, seconds_per_round=99)],
+      cflmgd_table2.RECORD_KEY, cflmgd_table2.RECORD_FIELDS)
+  _finished_run(cflmgd_table2.run_dir(str(out), "IFCA", 1), 0.94, 12.0)  # replaces seed 1
+  args = type("Args", (), dict(out=str(out), table=str(recorded / "table"), record=True))
+  text = cflmgd_table2.write_table(args)
+  assert "| IFCA | 0,1 | 92.00 ± 2.83 | 92.60 ± 0.27 | 11.0 |" in text
+  with open(os.path.join(fedgroup_table3.RECORDED, "cflmgd_table2.csv"), newline="") as f:
+    rows = {r["seed"]: r for r in csv.DictReader(f)}
+  assert float(rows["1"]["final_accuracy"]) == 0.94 and float(rows["0"]["final_accuracy"]) == 0.9
