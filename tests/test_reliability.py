@@ -487,6 +487,39 @@ def test_a_signal_closes_a_local_run_with_one_line_and_a_summary(sig, tmp_path):
   _assert_whole_rows(out / "metrics.csv")
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_whose_exception_is_swallowed_still_stops_the_run_after_that_round(
+    small_clusters, tmp_path, sig):
+  """Code a handler's exception interrupts (TFF's asyncio execution, say) may
+  swallow it: the run still stops at the end of that round, as interrupted."""
+  task, data = small_clusters
+  config = _config(4, "local")
+  driver = algorithms.get_algorithm("fedavg").make_driver(task, data, config)
+  real = driver.run_round
+
+  def run_round(round_num, sampled):
+    if round_num == 2:
+      experiment.note_stop_signal(sig)  # the handler ran; its exception was lost
+    return real(round_num, sampled)
+
+  driver.run_round = run_round
+  writer = ResultsWriter(str(tmp_path), [*experiment.BASE_COLUMNS, *driver.extra_columns],
+                         tensorboard=False)
+  expected = KeyboardInterrupt if sig == signal.SIGINT else SystemExit
+  try:
+    with pytest.raises(expected) as raised:
+      experiment.run_training(task, data, config, driver, writer, progress=False)
+  finally:
+    experiment.note_stop_signal(None)
+    writer.close()
+  if sig != signal.SIGINT:
+    assert raised.value.code == 128 + sig
+  summary = json.loads((tmp_path / "summary.json").read_text())
+  assert summary["completed"] is False and summary["reason"] == "interrupted"
+  assert summary["rounds_completed"] == 2
+  assert [r["round"] for r in read_metrics_csv(tmp_path / "metrics.csv")] == [1.0, 2.0]
+
+
 def test_a_signal_whose_exception_surfaces_transformed_still_closes_as_interrupted(
     small_clusters, tmp_path):
   """A handler's SystemExit raised inside TensorFlow's Python code can come out

@@ -11,6 +11,7 @@ import collections
 import copy
 import dataclasses
 import os
+import signal
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -262,6 +263,18 @@ def note_stop_signal(signum: Optional[int]) -> None:
   _STOP_SIGNAL["signum"] = signum
 
 
+def _stop_if_signalled() -> None:
+  """Raises what a recorded stop signal's handler raised (KeyboardInterrupt for
+  SIGINT, SystemExit(128 + signum) otherwise), in case code it interrupted (for
+  instance TFF's asyncio execution) swallowed that exception and carried on."""
+  signum = _STOP_SIGNAL["signum"]
+  if signum is None:
+    return
+  if signum == signal.SIGINT:
+    raise KeyboardInterrupt
+  raise SystemExit(128 + signum)
+
+
 def run_training(task: TaskSpec, data: FederatedData, config: TrainingConfig,
                  driver: Driver, writer: Optional[ResultsWriter] = None,
                  progress: bool = True, checkpoint_dir: Optional[str] = None,
@@ -376,6 +389,7 @@ def run_training(task: TaskSpec, data: FederatedData, config: TrainingConfig,
           postfix["acc"] = f"{last[-1]['test_accuracy']:.4f}"
         bar.set_postfix(postfix)
         bar.update(1)
+      _stop_if_signalled()
     if models_dir is not None:
       weights, client_model = driver.eval_models()
       if isinstance(client_model, str) or data.test_only().any():
