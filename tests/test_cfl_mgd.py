@@ -147,6 +147,59 @@ def test_two_option_two_steps_are_heavy_ball_from_the_cluster_buffer(runner):
   np.testing.assert_allclose(cur, w, rtol=1e-5)
 
 
+def _quadratic_task(center):
+  """A 1-D quadratic through the real local trainer: one input x = 1, a
+  bias-free Dense(1) whose kernel is the scalar w, then p = exp(-(w - c)^2)
+  under the binary cross-entropy with label 1, so the loss is -log p = (w - c)^2
+  (Keras's 1e-7 guard is negligible while p stays far from 0 and 1)."""
+  from tff_cluster.data.federated import FederatedData
+  from tff_cluster.task import TaskSpec
+  from tff_cluster import models
+
+  def model_fn():
+    inputs = tf.keras.Input(shape=(1,))
+    w = tf.keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")(inputs)
+    p = tf.keras.layers.Lambda(lambda z: tf.exp(-tf.square(z - center)))(w)
+    return tf.keras.Model(inputs, p)
+
+  def load(options):
+    x = np.ones((1, 1), np.float32)
+    return FederatedData(["a"], {"a": (x, np.ones(1, np.int32))},
+                         {"a": (x, np.ones(1, np.int32))}, 2, description="one point")
+
+  return TaskSpec(name="quadratic", description="", load_data=load, model_fn=model_fn,
+                  loss=models.BINARY_PROBS, defaults={})
+
+
+@pytest.mark.parametrize("runner", ["local", "tff"])
+def test_two_option_two_steps_on_a_quadratic_equal_the_heavy_ball_closed_form(runner):
+  """f(w) = (w - c)^2: heavy ball u <- beta u + f'(w), w <- w - eta u is linear
+  in (w - c, u), so two steps are the matrix M^2 with M = [[1 - 2 eta, -eta beta],
+  [2, beta]], started from the cluster's server buffer u_0."""
+  center, eta, beta, u0 = 1.0, 0.1, 0.9, 0.5
+  task = _quadratic_task(center)
+  data = task.load_data(None)
+  config = experiment.TrainingConfig(rounds=1, clients_per_round=1, local_steps=2,
+                                     local_epochs=None, batch_size=1, client_lr=eta, seed=0,
+                                     runner=runner)
+  driver = algorithms.get_algorithm("cfl_mgd").make_driver(task, data, config, num_groups=1,
+                                                           cfl_mgd_beta=beta)
+  driver.setup()
+  state = driver.runner.numpy_state(driver.state)
+  state["momenta"] = [np.full((1, 1, 1), u0, np.float32)]
+  driver.state = driver.runner.put_state(state)
+  driver.run_round(1, np.array([0]))
+  m = np.array([[1 - 2 * eta, -eta * beta], [2.0, beta]])
+  e2, u2 = np.linalg.matrix_power(m, 2) @ np.array([0.0 - center, u0])
+  got = driver.runner.numpy_state(driver.state)
+  np.testing.assert_allclose(float(got["models"][0].reshape(-1)[0]), center + e2, rtol=1e-5)
+  np.testing.assert_allclose(float(got["momenta"][0].reshape(-1)[0]), u2, rtol=1e-5)
+  # And not what plain SGD or a zero starting buffer would give.
+  assert abs((center + e2) - (center + (1 - 2 * eta) ** 2 * (0.0 - center))) > 1e-2
+  e2_zero, _ = np.linalg.matrix_power(m, 2) @ np.array([0.0 - center, 0.0])
+  assert abs(e2 - e2_zero) > 1e-2
+
+
 @pytest.fixture(scope="module")
 def small():
   task = tasks.get_task("synthetic_clusters")
