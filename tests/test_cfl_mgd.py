@@ -93,8 +93,6 @@ def test_argmin_ties_go_to_the_lowest_cluster():
 def _softmax_linear_task():
   """One input feature x = 1, two classes, a Dense(2) without bias: the logits
   are the kernel's row, so the cross-entropy gradient is p - onehot(y)."""
-  from tff_cluster.data.federated import FederatedData
-  from tff_cluster.task import TaskSpec
   from tff_cluster import models
 
   def model_fn():
@@ -102,13 +100,21 @@ def _softmax_linear_task():
     logits = tf.keras.layers.Dense(2, use_bias=False, kernel_initializer="zeros")(inputs)
     return tf.keras.Model(inputs, logits)
 
-  def load(options):
-    x = np.ones((1, 1), np.float32)
-    return FederatedData(["a"], {"a": (x, np.zeros(1, np.int32))},
-                         {"a": (x, np.zeros(1, np.int32))}, 2, description="one point")
+  return _one_point_task("tiny", model_fn, models.SPARSE_CE_LOGITS, label=0)
 
-  return TaskSpec(name="tiny", description="", load_data=load, model_fn=model_fn,
-                  loss=models.SPARSE_CE_LOGITS, defaults={})
+
+def _one_point_task(name, model_fn, loss, label):
+  """A task of one client holding the single example (x = 1, `label`)."""
+  from tff_cluster.data.federated import FederatedData
+  from tff_cluster.task import TaskSpec
+
+  def load(options):
+    del options
+    x, y = np.ones((1, 1), np.float32), np.full(1, label, np.int32)
+    return FederatedData(["a"], {"a": (x, y)}, {"a": (x, y)}, 2, description="one point")
+
+  return TaskSpec(name=name, description="", load_data=load, model_fn=model_fn, loss=loss,
+                  defaults={})
 
 
 @pytest.mark.parametrize("runner", ["local", "tff"])
@@ -152,8 +158,6 @@ def _quadratic_task(center):
   bias-free Dense(1) whose kernel is the scalar w, then p = exp(-(w - c)^2)
   under the binary cross-entropy with label 1, so the loss is -log p = (w - c)^2
   (Keras's 1e-7 guard is negligible while p stays far from 0 and 1)."""
-  from tff_cluster.data.federated import FederatedData
-  from tff_cluster.task import TaskSpec
   from tff_cluster import models
 
   def model_fn():
@@ -162,13 +166,7 @@ def _quadratic_task(center):
     p = tf.keras.layers.Lambda(lambda z: tf.exp(-tf.square(z - center)))(w)
     return tf.keras.Model(inputs, p)
 
-  def load(options):
-    x = np.ones((1, 1), np.float32)
-    return FederatedData(["a"], {"a": (x, np.ones(1, np.int32))},
-                         {"a": (x, np.ones(1, np.int32))}, 2, description="one point")
-
-  return TaskSpec(name="quadratic", description="", load_data=load, model_fn=model_fn,
-                  loss=models.BINARY_PROBS, defaults={})
+  return _one_point_task("quadratic", model_fn, models.BINARY_PROBS, label=1)
 
 
 @pytest.mark.parametrize("runner", ["local", "tff"])
