@@ -117,21 +117,26 @@ def _one_point_task(name, model_fn, loss, label):
                   defaults={})
 
 
-@pytest.mark.parametrize("runner", ["local", "tff"])
-def test_two_option_two_steps_are_heavy_ball_from_the_cluster_buffer(runner):
-  task = _softmax_linear_task()
-  data = task.load_data(None)
+def _two_option_two_steps(task, runner, lr, beta, momenta):
+  """One CFL-MGD option-II round (P = 1, its one client, 2 local steps of batch
+  1) started from the server buffer `momenta`; returns the state in numpy."""
   config = experiment.TrainingConfig(rounds=1, clients_per_round=1, local_steps=2,
-                                     local_epochs=None, batch_size=1, client_lr=0.5, seed=0,
+                                     local_epochs=None, batch_size=1, client_lr=lr, seed=0,
                                      runner=runner)
-  driver = algorithms.get_algorithm("cfl_mgd").make_driver(task, data, config, num_groups=1,
-                                                           cfl_mgd_beta=0.9)
+  driver = algorithms.get_algorithm("cfl_mgd").make_driver(
+      task, task.load_data(None), config, num_groups=1, cfl_mgd_beta=beta)
   driver.setup()
-  u0 = np.array([[0.2, -0.1]], np.float32)
   state = driver.runner.numpy_state(driver.state)
-  state["momenta"] = [u0[None]]
+  state["momenta"] = [momenta]
   driver.state = driver.runner.put_state(state)
   driver.run_round(1, np.array([0]))
+  return driver.runner.numpy_state(driver.state)
+
+
+@pytest.mark.parametrize("runner", ["local", "tff"])
+def test_two_option_two_steps_are_heavy_ball_from_the_cluster_buffer(runner):
+  u0 = np.array([[0.2, -0.1]], np.float32)
+  got = _two_option_two_steps(_softmax_linear_task(), runner, 0.5, 0.9, u0[None])
   # By hand: w = logits (the kernel's row), grad = softmax(w) - e_0; two steps
   # of u <- beta u + grad, w <- w - eta u, from (w, u) = (0, u_0).
   w, u = np.zeros(2), u0[0].astype(np.float64)
@@ -141,7 +146,6 @@ def test_two_option_two_steps_are_heavy_ball_from_the_cluster_buffer(runner):
     u = 0.9 * u + (p - np.array([1.0, 0.0]))
     w = w - 0.5 * u
     trajectory.append(w.copy())
-  got = driver.runner.numpy_state(driver.state)
   np.testing.assert_allclose(got["models"][0][0, 0], w, rtol=1e-5)
   np.testing.assert_allclose(got["momenta"][0][0, 0], u, rtol=1e-5)
   # The single-variable form (eq. 7): chi^(s) = chi^(s-1) - eta grad + beta (chi^(s-1) - chi^(s-2)),
@@ -175,21 +179,10 @@ def test_two_option_two_steps_on_a_quadratic_equal_the_heavy_ball_closed_form(ru
   in (w - c, u), so two steps are the matrix M^2 with M = [[1 - 2 eta, -eta beta],
   [2, beta]], started from the cluster's server buffer u_0."""
   center, eta, beta, u0 = 1.0, 0.1, 0.9, 0.5
-  task = _quadratic_task(center)
-  data = task.load_data(None)
-  config = experiment.TrainingConfig(rounds=1, clients_per_round=1, local_steps=2,
-                                     local_epochs=None, batch_size=1, client_lr=eta, seed=0,
-                                     runner=runner)
-  driver = algorithms.get_algorithm("cfl_mgd").make_driver(task, data, config, num_groups=1,
-                                                           cfl_mgd_beta=beta)
-  driver.setup()
-  state = driver.runner.numpy_state(driver.state)
-  state["momenta"] = [np.full((1, 1, 1), u0, np.float32)]
-  driver.state = driver.runner.put_state(state)
-  driver.run_round(1, np.array([0]))
+  got = _two_option_two_steps(_quadratic_task(center), runner, eta, beta,
+                              np.full((1, 1, 1), u0, np.float32))
   m = np.array([[1 - 2 * eta, -eta * beta], [2.0, beta]])
   e2, u2 = np.linalg.matrix_power(m, 2) @ np.array([0.0 - center, u0])
-  got = driver.runner.numpy_state(driver.state)
   np.testing.assert_allclose(float(got["models"][0].reshape(-1)[0]), center + e2, rtol=1e-5)
   np.testing.assert_allclose(float(got["momenta"][0].reshape(-1)[0]), u2, rtol=1e-5)
   # And not what plain SGD or a zero starting buffer would give.
