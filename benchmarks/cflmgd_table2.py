@@ -36,7 +36,8 @@ from typing import List, Sequence
 
 import numpy as np
 
-from fedgroup_table3 import load_recorded, mean_std, run_one, save_markdown, save_recorded
+from fedgroup_table3 import (load_recorded, mean_std, run_one, save_markdown, save_recorded,
+                             truncated)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data")
@@ -95,7 +96,7 @@ def write_table(args) -> str:
       if result is not None:
         got.setdefault(method, {})[int(name[4:])] = result
         on_disk.append(dict(method=method, seed=int(name[4:]), final_accuracy=f"{result[0]:.6f}",
-                            seconds_per_round=f"{result[1]:.2f}",
+                            seconds_per_round=truncated(result[1], 2),
                             recorded=time.strftime("%Y-%m-%d"), note=""))
   if getattr(args, "record", False) and on_disk:
     save_recorded("cflmgd_table2", on_disk, RECORD_KEY, RECORD_FIELDS)
@@ -108,7 +109,7 @@ def write_table(args) -> str:
     paper = PAPER[method]
     rows.append(f"| {method} | {','.join(map(str, seeds))} | "
                 f"{mean_std([runs[s][0] for s in seeds])} | {paper[0]:.2f} ± {paper[1]:.2f} | "
-                f"{np.median([runs[s][1] for s in seeds]):.1f} |")
+                f"{truncated(np.median([runs[s][1] for s in seeds]), 1)} |")
   text = "\n".join(rows)
   save_markdown(args.table, text)
   return text

@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import os
 import subprocess
 import sys
@@ -184,11 +185,24 @@ def source_images(directory: str) -> Optional[int]:
   return int(found.group(1).replace(",", "")) if found else None
 
 
+def truncated(x: float, digits: int) -> str:
+  """`x` with `digits` decimals, cut rather than rounded (reported numbers are
+  never rounded up): 88.6575 -> "88.65". A float a hair below the decimal it
+  stands for (100 * 0.9457 = 94.57000000000001 or 94.56999999999999) keeps it;
+  NaN (no measurement) is "–"."""
+  if not math.isfinite(x):
+    return "–"
+  scale = 10 ** digits
+  cut = math.trunc(round(x * scale, 6)) / scale
+  return f"{cut:.{digits}f}"
+
+
 def fmt(values: Sequence[float]) -> str:
   if not values:
     return "–"
   a = 100 * np.asarray(values)
-  return f"{a.mean():.1f} ± {a.std(ddof=1) if len(a) > 1 else 0.0:.1f}"
+  return (f"{truncated(a.mean(), 1)} ± "
+          f"{truncated(a.std(ddof=1) if len(a) > 1 else 0.0, 1)}")
 
 
 def mean_std(values: Sequence[Optional[float]]) -> str:
@@ -200,8 +214,8 @@ def mean_std(values: Sequence[Optional[float]]) -> str:
     return "–"
   a = 100 * np.asarray(values)
   if len(a) == 1:
-    return f"{a[0]:.2f}"
-  return f"{a.mean():.2f} ± {a.std(ddof=1):.2f}"
+    return truncated(a[0], 2)
+  return f"{truncated(a.mean(), 2)} ± {truncated(a.std(ddof=1), 2)}"
 
 
 def save_markdown(stem: str, text: str) -> None:

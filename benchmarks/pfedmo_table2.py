@@ -38,7 +38,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from fedgroup_table3 import mean_std, run_one, save_markdown
+from fedgroup_table3 import mean_std, run_one, save_markdown, truncated
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data")
@@ -135,7 +135,7 @@ def write_table(args) -> str:
       rows.append(f"| {method} | {','.join(map(str, seeds))} | "
                   f"{mean_std([got[s]['global'] for s in seeds])} | "
                   f"{mean_std([got[s]['personal'] for s in seeds])} | {paper_text} | "
-                  f"{secs:.2f} |")
+                  f"{truncated(secs, 2)} |")
     if rows:
       lines += [f"**{TITLES[setting]}**", "",
                 "| method | seeds | global x_+ (pooled test) | personalised x_i+ (own "

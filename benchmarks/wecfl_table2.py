@@ -53,7 +53,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from fedgroup_table3 import (load_recorded, mean_std, run_one,  # run_one: run or reuse a run
-                             save_markdown, save_recorded)
+                             save_markdown, save_recorded, truncated)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data")
@@ -254,7 +254,7 @@ def write_table(args):
             secs.setdefault((setting, k, method), {})[seed] = seconds_per_round(d)
             on_disk.append(dict(setting=setting, K=k, method=method, seed=seed,
                                 accuracy=f"{got[0]:.6f}", macro_f1=f"{got[1]:.6f}",
-                                seconds_per_round=f"{secs[(setting, k, method)][seed]:.2f}",
+                                seconds_per_round=truncated(secs[(setting, k, method)][seed], 2),
                                 recorded=time.strftime("%Y-%m-%d"), note=""))
   if getattr(args, "record", False) and on_disk:
     save_recorded("wecfl_table2", on_disk, RECORD_KEY, RECORD_FIELDS)
@@ -280,7 +280,7 @@ def write_table(args):
       pa, pf = f"({pa})", f"({pf})"
     lines.append(f"| {SETTING[setting]} | {k} | {method} | {','.join(map(str, s))} | "
                  f"{mean_std(acc)} | {mean_std(f1)} | {pa} | {pf} | "
-                 f"{np.nanmedian(list(secs[(setting, k, method)].values())):.1f} |")
+                 f"{truncated(np.nanmedian(list(secs[(setting, k, method)].values())), 1)} |")
     for seed in s:
       csv_rows.append(dict(setting=SETTING[setting], K=k, method=method, seed=seed,
                            accuracy=runs[seed][0], macro_f1=runs[seed][1],

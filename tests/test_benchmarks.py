@@ -59,7 +59,18 @@ def test_cflmgd_table_merges_recorded_seeds_with_runs_on_disk(recorded, monkeypa
   _finished_run(cflmgd_table2.run_dir(str(out), "IFCA", 1), 0.94, 12.0)  # replaces seed 1
   args = type("Args", (), dict(out=str(out), table=str(recorded / "table"), record=True))
   text = cflmgd_table2.write_table(args)
-  assert "| IFCA | 0,1 | 92.00 ± 2.83 | 92.60 ± 0.27 | 11.0 |" in text
+  assert "| IFCA | 0,1 | 92.00 ± 2.82 | 92.60 ± 0.27 | 11.0 |" in text  # std 2.828..., cut
   with open(os.path.join(fedgroup_table3.RECORDED, "cflmgd_table2.csv"), newline="") as f:
     rows = {r["seed"]: r for r in csv.DictReader(f)}
   assert float(rows["1"]["final_accuracy"]) == 0.94 and float(rows["0"]["final_accuracy"]) == 0.9
+
+
+def test_table_cells_are_cut_never_rounded_up():
+  assert fedgroup_table3.truncated(88.6575, 2) == "88.65"
+  assert fedgroup_table3.truncated(100 * 0.9457, 2) == "94.57"  # float just below: kept
+  assert fedgroup_table3.truncated(100 * 0.935970, 1) == "93.5"
+  assert fedgroup_table3.truncated(float("nan"), 1) == "–"
+  assert fedgroup_table3.mean_std([0.886575]) == "88.65"
+  assert fedgroup_table3.mean_std([0.9, 0.94]) == "92.00 ± 2.82"  # sample std 2.828...
+  assert fedgroup_table3.fmt([0.9, 0.94]) == "92.0 ± 2.8"
+  assert fedgroup_table3.mean_std([None]) == "–"
