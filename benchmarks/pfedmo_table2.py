@@ -24,7 +24,7 @@ models x_{i+}, each on its own worker's test data. Ours: mean ± std over the
 seeds run; local runner.
 
   python benchmarks/pfedmo_table2.py --seeds=0,1,2
-  python benchmarks/pfedmo_table2.py --table_only
+  python benchmarks/pfedmo_table2.py --table_only --record
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from fedgroup_table3 import mean_std, run_one, save_markdown, truncated
+from fedgroup_table3 import (load_recorded, mean_std, run_one, save_markdown, save_recorded,
+                             truncated)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data")
@@ -114,17 +115,51 @@ def score(directory: str, method: str) -> Optional[Dict[str, float]]:
           "seconds": seconds}
 
 
-def write_table(args) -> str:
-  lines = []
+RECORD_KEY = ("setting", "method", "seed")
+RECORD_FIELDS = RECORD_KEY + ("global_accuracy", "personal_accuracy", "seconds_per_round",
+                              "recorded", "note")
+
+
+def collect(args) -> Dict[tuple, Dict[int, Dict[str, Optional[float]]]]:
+  """(setting, method) -> {seed: score} over the runs recorded in
+  `benchmarks/recorded/pfedmo_table2.csv` and the finished runs under `--out`
+  (a run on disk takes precedence); `--record` adds the runs on disk to that
+  file."""
+  got: Dict[tuple, Dict[int, Dict[str, Optional[float]]]] = {}
+  for r in load_recorded("pfedmo_table2"):
+    got.setdefault((r["setting"], r["method"]), {})[int(r["seed"])] = {
+        "global": float(r["global_accuracy"]),
+        "personal": float(r["personal_accuracy"]) if r["personal_accuracy"] else None,
+        "seconds": float(r["seconds_per_round"])}
+  on_disk = []
   for setting in SETTINGS:
-    rows = []
     for method in METHODS:
       base = os.path.dirname(run_dir(args.out, setting, method, 0))
       if not os.path.isdir(base):
         continue
-      got = {int(n[4:]): score(os.path.join(base, n), method)
-             for n in sorted(os.listdir(base)) if n.startswith("seed")}
-      got = {k: v for k, v in got.items() if v is not None}
+      for name in sorted(os.listdir(base)):
+        result = score(os.path.join(base, name), method) if name.startswith("seed") else None
+        if result is None:
+          continue
+        got.setdefault((setting, method), {})[int(name[4:])] = result
+        on_disk.append(dict(
+            setting=setting, method=method, seed=int(name[4:]),
+            global_accuracy=f"{result['global']:.6f}",
+            personal_accuracy="" if result["personal"] is None else f"{result['personal']:.6f}",
+            seconds_per_round=truncated(result["seconds"], 3),
+            recorded=time.strftime("%Y-%m-%d"), note=""))
+  if getattr(args, "record", False) and on_disk:
+    save_recorded("pfedmo_table2", on_disk, RECORD_KEY, RECORD_FIELDS)
+  return got
+
+
+def write_table(args) -> str:
+  found = collect(args)
+  lines = []
+  for setting in SETTINGS:
+    rows = []
+    for method in METHODS:
+      got = found.get((setting, method))
       if not got:
         continue
       seeds = sorted(got)
@@ -155,6 +190,8 @@ def main(argv=None):
                                                  "pfedmo_table2"))
   p.add_argument("--methods", default=None, help="comma-separated subset of the methods")
   p.add_argument("--table_only", action="store_true")
+  p.add_argument("--record", action="store_true",
+                 help="add the finished runs under --out to benchmarks/recorded/")
   args = p.parse_args(argv)
   settings = args.settings.split(",")
   bad = [s for s in settings if s not in SETTINGS]

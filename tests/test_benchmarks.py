@@ -14,6 +14,7 @@ from tests.conftest import REPO_ROOT
 sys.path.insert(0, os.path.join(REPO_ROOT, "benchmarks"))
 import cflmgd_table2  # noqa: E402
 import fedgroup_table3  # noqa: E402
+import pfedmo_table2  # noqa: E402
 import wecfl_table2  # noqa: E402
 
 
@@ -29,6 +30,9 @@ def test_recorded_files_name_known_methods_and_fractions():
     assert 0 < float(row["accuracy"]) <= 1 and 0 < float(row["macro_f1"]) <= 1
   for row in fedgroup_table3.load_recorded("cflmgd_table2"):
     assert row["method"] in cflmgd_table2.METHODS and 0 < float(row["final_accuracy"]) <= 1
+  for row in fedgroup_table3.load_recorded("pfedmo_table2"):
+    assert row["setting"] in pfedmo_table2.SETTINGS and row["method"] in pfedmo_table2.METHODS
+    assert 0 < float(row["global_accuracy"]) <= 1
 
 
 def test_save_recorded_replaces_rows_with_the_same_key(recorded):
@@ -74,3 +78,30 @@ def test_table_cells_are_cut_never_rounded_up():
   assert fedgroup_table3.mean_std([0.9, 0.94]) == "92.00 ± 2.82"  # sample std 2.828...
   assert fedgroup_table3.fmt([0.9, 0.94]) == "92.0 ± 2.8"
   assert fedgroup_table3.mean_std([None]) == "–"
+
+
+def test_pfedmo_table_merges_recorded_seeds_with_runs_on_disk(recorded):
+  out = recorded / "runs"
+  fedgroup_table3.save_recorded(
+      "pfedmo_table2",
+      [dict(setting="lenet5", method="FedNAG", seed=0, global_accuracy=0.90,
+            personal_accuracy=0.80, seconds_per_round=1.0),
+       dict(setting="lenet5", method="FedAvg", seed=0, global_accuracy=0.5,
+            personal_accuracy="", seconds_per_round=2.0)],
+      pfedmo_table2.RECORD_KEY, pfedmo_table2.RECORD_FIELDS)
+  run = pfedmo_table2.run_dir(str(out), "lenet5", "FedNAG", 1)
+  os.makedirs(run)
+  with open(os.path.join(run, "summary.json"), "w") as f:
+    json.dump({"completed": True}, f)
+  with open(os.path.join(run, "metrics.jsonl"), "w") as f:
+    for r, (g, p) in enumerate([(0.5, 0.5), (0.94, 0.86)], start=1):
+      f.write(json.dumps({"round": r, "global_test_accuracy": g, "test_accuracy": p,
+                          "round_seconds": 3.0}) + "\n")
+  args = type("Args", (), dict(out=str(out), table=str(recorded / "table"), record=True))
+  text = pfedmo_table2.write_table(args)
+  # global: 0.90, 0.94 -> 92.00 ± 2.82 (std 2.828..., cut); personal: 0.80, 0.86 -> 83.00 ± 4.24
+  assert "| FedNAG | 0,1 | 92.00 ± 2.82 | 83.00 ± 4.24 | 95.04 | 2.00 |" in text
+  assert "| FedAvg | 0 | 50.00 | – | 93.31 | 2.00 |" in text
+  rows = {(r["method"], r["seed"]): r for r in fedgroup_table3.load_recorded("pfedmo_table2")}
+  assert float(rows[("FedNAG", "1")]["global_accuracy"]) == 0.94
+  assert float(rows[("FedNAG", "1")]["personal_accuracy"]) == 0.86
