@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import os
 import sys
 import tempfile
@@ -124,10 +125,15 @@ def run_dir(out: str, setting: str, k: int, method: str, seed: int) -> str:
 
 def score(directory: str, method: str) -> Optional[tuple]:
   """(accuracy, macro-F1) of a finished run: the mean of rounds 98-100 (the
-  last round for an ensemble), or None if those rounds are missing."""
+  last round for an ensemble), or None if the run has not completed (a run
+  in progress has no last round yet) or those rounds are missing."""
   path = os.path.join(directory, "metrics.csv")
-  if not os.path.exists(path):
+  summary = os.path.join(directory, "summary.json")
+  if not (os.path.exists(path) and os.path.exists(summary)):
     return None
+  with open(summary) as f:
+    if not json.load(f).get("completed"):
+      return None
   with open(path, newline="") as f:
     rows = {int(r["round"]): r for r in csv.DictReader(f)}
   if not rows:

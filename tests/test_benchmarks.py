@@ -105,3 +105,22 @@ def test_pfedmo_table_merges_recorded_seeds_with_runs_on_disk(recorded):
   rows = {(r["method"], r["seed"]): r for r in fedgroup_table3.load_recorded("pfedmo_table2")}
   assert float(rows[("FedNAG", "1")]["global_accuracy"]) == 0.94
   assert float(rows[("FedNAG", "1")]["personal_accuracy"]) == 0.86
+
+
+@pytest.mark.parametrize("method", ["FedAvg+", "WeCFL"])
+def test_wecfl_table_scores_only_completed_runs(tmp_path, method):
+  """A run in progress has rows but no final round: an ensemble's "last row"
+  must not be scored until the run has completed."""
+  run = tmp_path / "run"
+  os.makedirs(run)
+  with open(run / "metrics.csv", "w") as f:
+    f.write("round,test_accuracy_clientavg,test_macro_f1\n")
+    for r in range(1, 101):
+      f.write(f"{r},{r / 200},{r / 400}\n")
+  with open(run / "summary.json", "w") as f:
+    json.dump({"completed": False, "rounds_completed": 100}, f)
+  assert wecfl_table2.score(str(run), method) is None
+  with open(run / "summary.json", "w") as f:
+    json.dump({"completed": True}, f)
+  expected = (0.5, 0.25) if method == "FedAvg+" else (0.495, 0.2475)  # round 100 / rounds 98-100
+  assert wecfl_table2.score(str(run), method) == pytest.approx(expected)
