@@ -137,13 +137,25 @@ def run_one(flags: List[str], directory: str, seed: int, runner: str,
       summary = json.load(f)
     if summary.get("completed"):
       return summary
-    if summary.get("checkpoint_round", 0) > 0:
-      # An interrupted run continues from its latest checkpoint.
-      return _resume(directory, rounds)
+  if checkpoint_rounds(directory):
+    # An unfinished run continues from its latest checkpoint (its summary may
+    # predate the `checkpoint_round` field an interrupted run now records).
+    return _resume(directory, rounds)
   cmd = [sys.executable, os.path.join(REPO_ROOT, "run_experiment.py"), *flags,
          f"--seed={seed}", f"--runner={runner}", "--progress=false", "--overwrite",
          f"--output_dir={directory}"]
   return _run(cmd, directory, rounds, f"{' '.join(flags)} seed {seed}")
+
+
+def checkpoint_rounds(directory: str) -> List[int]:
+  """The rounds of the checkpoints a run directory holds (`checkpoints/round-NNNNNN.pkl`)."""
+  try:
+    names = os.listdir(os.path.join(directory, "checkpoints"))
+  except OSError:
+    return []
+  return sorted(int(n[6:12]) for n in names
+                if len(n) == 16 and n.startswith("round-") and n.endswith(".pkl")
+                and n[6:12].isdigit())
 
 
 def _resume(directory: str, rounds: Optional[int]) -> dict:

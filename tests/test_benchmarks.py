@@ -124,3 +124,26 @@ def test_wecfl_table_scores_only_completed_runs(tmp_path, method):
     json.dump({"completed": True}, f)
   expected = (0.5, 0.25) if method == "FedAvg+" else (0.495, 0.2475)  # round 100 / rounds 98-100
   assert wecfl_table2.score(str(run), method) == pytest.approx(expected)
+
+
+def test_run_one_resumes_a_run_with_checkpoints_and_restarts_one_without(tmp_path, monkeypatch):
+  """An interrupted run whose summary has no `checkpoint_round` (written before
+  the field was recorded) still continues from its checkpoints, not from scratch."""
+  calls = []
+  monkeypatch.setattr(fedgroup_table3, "_resume", lambda d, r: calls.append(("resume", d)) or {})
+  monkeypatch.setattr(fedgroup_table3, "_run", lambda cmd, d, r, what: calls.append(("run", d)) or {})
+  run = tmp_path / "run"
+  os.makedirs(run / "checkpoints")
+  with open(run / "summary.json", "w") as f:
+    json.dump({"completed": False, "reason": "interrupted", "rounds_completed": 28}, f)
+  fedgroup_table3.run_one([], str(run), 0, "local", None)
+  assert calls == [("run", str(run))]  # no checkpoint file: a fresh run
+  (run / "checkpoints" / "round-000020.pkl").write_bytes(b"x")
+  (run / "checkpoints" / "round-000020.pkl.tmp").write_bytes(b"x")
+  assert fedgroup_table3.checkpoint_rounds(str(run)) == [20]
+  fedgroup_table3.run_one([], str(run), 0, "local", None)
+  assert calls[-1] == ("resume", str(run))
+  with open(run / "summary.json", "w") as f:
+    json.dump({"completed": True}, f)
+  assert fedgroup_table3.run_one([], str(run), 0, "local", None) == {"completed": True}
+  assert len(calls) == 2
