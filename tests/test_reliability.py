@@ -491,14 +491,15 @@ def test_a_signal_closes_a_local_run_with_one_line_and_a_summary(sig, tmp_path):
 def test_a_signal_whose_exception_is_swallowed_still_stops_the_run_after_that_round(
     small_clusters, tmp_path, sig):
   """Code a handler's exception interrupts (TFF's asyncio execution, say) may
-  swallow it: the run still stops at the end of that round, as interrupted."""
+  swallow it: the run still stops at the end of that round, as interrupted,
+  and its closing summary names the checkpoint a resume continues from."""
   task, data = small_clusters
-  config = _config(4, "local")
+  config = _config(6, "local")
   driver = algorithms.get_algorithm("fedavg").make_driver(task, data, config)
   real = driver.run_round
 
   def run_round(round_num, sampled):
-    if round_num == 2:
+    if round_num == 3:
       experiment.note_stop_signal(sig)  # the handler ran; its exception was lost
     return real(round_num, sampled)
 
@@ -508,7 +509,8 @@ def test_a_signal_whose_exception_is_swallowed_still_stops_the_run_after_that_ro
   expected = KeyboardInterrupt if sig == signal.SIGINT else SystemExit
   try:
     with pytest.raises(expected) as raised:
-      experiment.run_training(task, data, config, driver, writer, progress=False)
+      experiment.run_training(task, data, config, driver, writer, progress=False,
+                              checkpoint_dir=str(tmp_path), checkpoint_every=2)
   finally:
     experiment.note_stop_signal(None)
     writer.close()
@@ -516,36 +518,9 @@ def test_a_signal_whose_exception_is_swallowed_still_stops_the_run_after_that_ro
     assert raised.value.code == 128 + sig
   summary = json.loads((tmp_path / "summary.json").read_text())
   assert summary["completed"] is False and summary["reason"] == "interrupted"
-  assert summary["rounds_completed"] == 2
-  assert [r["round"] for r in read_metrics_csv(tmp_path / "metrics.csv")] == [1.0, 2.0]
-
-
-def test_an_interrupted_run_summary_names_its_latest_checkpoint(small_clusters, tmp_path):
-  """The closing summary of an unfinished run keeps `checkpoint_round`, so a
-  resume knows where the run continues from."""
-  task, data = small_clusters
-  config = _config(6, "local")
-  driver = algorithms.get_algorithm("fedavg").make_driver(task, data, config)
-  real = driver.run_round
-
-  def run_round(round_num, sampled):
-    if round_num == 3:
-      experiment.note_stop_signal(signal.SIGTERM)
-    return real(round_num, sampled)
-
-  driver.run_round = run_round
-  writer = ResultsWriter(str(tmp_path), [*experiment.BASE_COLUMNS, *driver.extra_columns],
-                         tensorboard=False)
-  try:
-    with pytest.raises(SystemExit):
-      experiment.run_training(task, data, config, driver, writer, progress=False,
-                              checkpoint_dir=str(tmp_path), checkpoint_every=2)
-  finally:
-    experiment.note_stop_signal(None)
-    writer.close()
-  summary = json.loads((tmp_path / "summary.json").read_text())
-  assert summary["reason"] == "interrupted" and summary["rounds_completed"] == 3
+  assert summary["rounds_completed"] == 3
   assert summary["checkpoint_round"] == 2 == checkpoint.load_latest(str(tmp_path))[0]
+  assert [r["round"] for r in read_metrics_csv(tmp_path / "metrics.csv")] == [1.0, 2.0, 3.0]
 
 
 def test_a_signal_whose_exception_surfaces_transformed_still_closes_as_interrupted(
