@@ -27,7 +27,6 @@ given first, then CFL-MGD I and FedAvg with the first seed.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -36,8 +35,8 @@ from typing import List, Sequence
 
 import numpy as np
 
-from fedgroup_table3 import (load_recorded, mean_std, run_one, save_markdown, save_recorded,
-                             truncated)
+from fedgroup_table3 import (completed_summary, load_recorded, mean_std, run_one,
+                             save_markdown, save_recorded, truncated)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data")
@@ -64,12 +63,8 @@ def run_dir(out: str, method: str, seed: int) -> str:
 
 
 def final_accuracy(directory: str):
-  path = os.path.join(directory, "summary.json")
-  if not os.path.exists(path):
-    return None
-  with open(path) as f:
-    summary = json.load(f)
-  if not summary.get("completed"):
+  summary = completed_summary(directory)
+  if summary is None:
     return None
   return summary.get("final_test_accuracy"), summary.get("mean_round_seconds")
 

@@ -131,13 +131,12 @@ def run_dir(out: str, row: str, column: str, seed: int) -> str:
 def run_one(flags: List[str], directory: str, seed: int, runner: str,
             rounds: Optional[int]) -> dict:
   """Runs (or reuses) one experiment; returns its summary.json."""
-  summary_path = os.path.join(directory, "summary.json")
-  if os.path.exists(summary_path):
-    with open(summary_path) as f:
-      summary = json.load(f)
-    if summary.get("completed"):
-      return summary
-  if checkpoint_rounds(directory):
+  summary = completed_summary(directory)
+  if summary is not None:
+    return summary
+  sys.path.insert(0, REPO_ROOT)
+  from tff_cluster import checkpoint  # TF-free
+  if checkpoint.rounds(directory):
     # An unfinished run continues from its latest checkpoint (its summary may
     # predate the `checkpoint_round` field an interrupted run now records).
     return _resume(directory, rounds)
@@ -147,15 +146,15 @@ def run_one(flags: List[str], directory: str, seed: int, runner: str,
   return _run(cmd, directory, rounds, f"{' '.join(flags)} seed {seed}")
 
 
-def checkpoint_rounds(directory: str) -> List[int]:
-  """The rounds of the checkpoints a run directory holds (`checkpoints/round-NNNNNN.pkl`)."""
-  try:
-    names = os.listdir(os.path.join(directory, "checkpoints"))
-  except OSError:
-    return []
-  return sorted(int(n[6:12]) for n in names
-                if len(n) == 16 and n.startswith("round-") and n.endswith(".pkl")
-                and n[6:12].isdigit())
+def completed_summary(directory: str) -> Optional[dict]:
+  """The run's summary.json if the run has completed, else None (no summary,
+  or a run in progress, interrupted, diverged or failed)."""
+  path = os.path.join(directory, "summary.json")
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    summary = json.load(f)
+  return summary if summary.get("completed") else None
 
 
 def _resume(directory: str, rounds: Optional[int]) -> dict:

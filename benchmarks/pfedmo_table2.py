@@ -38,8 +38,8 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from fedgroup_table3 import (load_recorded, mean_std, run_one, save_markdown, save_recorded,
-                             truncated)
+from fedgroup_table3 import (completed_summary, load_recorded, mean_std, run_one,
+                             save_markdown, save_recorded, truncated)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data")
@@ -97,12 +97,8 @@ def run_dir(out: str, setting: str, method: str, seed: int) -> str:
 
 
 def score(directory: str, method: str) -> Optional[Dict[str, float]]:
-  path = os.path.join(directory, "summary.json")
-  if not os.path.exists(path):
+  if completed_summary(directory) is None:
     return None
-  with open(path) as f:
-    if not json.load(f).get("completed"):
-      return None
   with open(os.path.join(directory, "metrics.jsonl")) as f:
     rows = [json.loads(line) for line in f if line.strip()]
   last = rows[-1]

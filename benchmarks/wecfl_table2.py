@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import os
 import sys
 import tempfile
@@ -53,7 +52,8 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from fedgroup_table3 import (load_recorded, mean_std, run_one,  # run_one: run or reuse a run
+from fedgroup_table3 import (completed_summary, load_recorded, mean_std,
+                             run_one,  # run_one: run or reuse a run
                              save_markdown, save_recorded, truncated)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -128,12 +128,8 @@ def score(directory: str, method: str) -> Optional[tuple]:
   last round for an ensemble), or None if the run has not completed (a run
   in progress has no last round yet) or those rounds are missing."""
   path = os.path.join(directory, "metrics.csv")
-  summary = os.path.join(directory, "summary.json")
-  if not (os.path.exists(path) and os.path.exists(summary)):
+  if completed_summary(directory) is None or not os.path.exists(path):
     return None
-  with open(summary) as f:
-    if not json.load(f).get("completed"):
-      return None
   with open(path, newline="") as f:
     rows = {int(r["round"]): r for r in csv.DictReader(f)}
   if not rows:

@@ -16,6 +16,7 @@ import cflmgd_table2  # noqa: E402
 import fedgroup_table3  # noqa: E402
 import pfedmo_table2  # noqa: E402
 import wecfl_table2  # noqa: E402
+from tff_cluster import checkpoint  # noqa: E402
 
 
 @pytest.fixture
@@ -140,7 +141,7 @@ def test_run_one_resumes_a_run_with_checkpoints_and_restarts_one_without(tmp_pat
   assert calls == [("run", str(run))]  # no checkpoint file: a fresh run
   (run / "checkpoints" / "round-000020.pkl").write_bytes(b"x")
   (run / "checkpoints" / "round-000020.pkl.tmp").write_bytes(b"x")
-  assert fedgroup_table3.checkpoint_rounds(str(run)) == [20]
+  assert checkpoint.rounds(str(run)) == [20]  # the .tmp file is not a checkpoint
   fedgroup_table3.run_one([], str(run), 0, "local", None)
   assert calls[-1] == ("resume", str(run))
   with open(run / "summary.json", "w") as f:
