@@ -132,7 +132,8 @@ def test_run_one_resumes_a_run_with_checkpoints_and_restarts_one_without(tmp_pat
   the field was recorded) still continues from its checkpoints, not from scratch."""
   calls = []
   monkeypatch.setattr(fedgroup_table3, "_resume", lambda d, r: calls.append(("resume", d)) or {})
-  monkeypatch.setattr(fedgroup_table3, "_run", lambda cmd, d, r, what: calls.append(("run", d)) or {})
+  monkeypatch.setattr(fedgroup_table3, "_run",
+                      lambda cmd, d, r, what: calls.append(("run", d)) or {})
   run = tmp_path / "run"
   os.makedirs(run / "checkpoints")
   with open(run / "summary.json", "w") as f:

@@ -314,9 +314,6 @@ def run_training(task: TaskSpec, data: FederatedData, config: TrainingConfig,
   setup_seconds = 0.0
   last_choice = None
   status: Dict[str, Any] = {"completed": False, "reason": "interrupted"}
-  # The newest checkpoint on disk: an unfinished run's summary names it, so a
-  # resume (by hand or by a benchmark script) knows it can continue.
-  saved: Dict[str, Optional[int]] = {"round": None if resume is None else resume["round"]}
 
   def save_checkpoint(round_num, snapshot, sampling_rng):
     if checkpoint_dir is None:
@@ -324,7 +321,6 @@ def run_training(task: TaskSpec, data: FederatedData, config: TrainingConfig,
     checkpoint.save(checkpoint_dir, round_num, {
         "driver": driver.snapshot_numpy(snapshot), "sampling_rng": sampling_rng,
         "rows": rows, "extras": extras, "best": best, "setup_seconds": setup_seconds})
-    saved["round"] = round_num
     if writer is not None:  # a killed run's summary says so
       writer.write_summary(dict(summarize(rows, config.rounds), completed=False,
                                 reason="running", checkpoint_round=round_num))
@@ -424,8 +420,10 @@ def run_training(task: TaskSpec, data: FederatedData, config: TrainingConfig,
       bar.close()
     summary = summarize(rows, config.rounds)
     summary.update(status)
-    if not status["completed"] and saved["round"] is not None:
-      summary["checkpoint_round"] = saved["round"]
+    saved = ([] if checkpoint_dir is None or status["completed"]
+             else checkpoint.rounds(checkpoint_dir))
+    if saved:  # an unfinished run names the checkpoint a resume continues from
+      summary["checkpoint_round"] = saved[-1]
     summary["total_seconds"] = time.perf_counter() - start
     summary["setup_seconds"] = setup_seconds
     summary["bytes_down"] = int(sum(r.get("bytes_down", 0) for r in rows))
