@@ -89,8 +89,9 @@ flags.DEFINE_integer("checkpoint_every", 10, "Checkpoint the run state every thi
                      "rounds (also after the set-up and at the end); --resume continues "
                      "from the latest.")
 flags.DEFINE_boolean("resume", False, "Continue the run in --output_dir from its latest "
-                     "checkpoint; flags not given take the run's values, and only a "
-                     "larger --rounds may differ.")
+                     "checkpoint (written on any stack and runner); flags not given take "
+                     "the run's values; only a larger --rounds, --runner and --jit may "
+                     "differ.")
 flags.DEFINE_boolean("eval_only", False, "Evaluate the saved models of the run in "
                      "--output_dir (models/final and models/best) on --task's test data "
                      "(default: the run's task); writes eval_<task>.json there.")
@@ -127,8 +128,10 @@ _GENERAL = ("algo", "task", "model", "num_clients", "data_dir", "synthetic_alpha
             "synthetic_beta", "glove_path", "task_arg", "output_dir", "overwrite",
             "progress", "checkpoint_every", "resume", "eval_only")
 # Settings a resumed run may change (the rest must equal the run's config.json).
+# The runner and its XLA setting compute the same rounds (parity tests), so a
+# run started on `tff` (or on another stack) may go on with `local`.
 _RESUME_MAY_CHANGE = ("rounds", "output_dir", "overwrite", "progress", "checkpoint_every",
-                      "resume", "eval_only")
+                      "resume", "eval_only", "runner", "jit")
 
 
 class UsageError(Exception):
@@ -200,6 +203,13 @@ def resolve_settings(values) -> dict:
                    if name not in own and values.get(name) is not None)
   if ignored:
     print(f"warning: {', '.join(ignored)} ignored by --algo={algo.name}", file=sys.stderr)
+  from tff_cluster import stack
+  if stack.keras_problem() is not None:
+    raise UsageError(stack.keras_problem())
+  if settings["runner"] == "tff":
+    problem = stack.tff_problem()
+    if problem is not None:
+      raise UsageError(f"--runner=tff: {problem} (--runner=local, the default)")
   if settings["runner"] != "local" and values.get("jit") is not None:
     print(f"warning: --jit ignored by --runner={settings['runner']}", file=sys.stderr)
   settings["algo_options"] = {name: settings[name] for name in own}
@@ -298,8 +308,8 @@ def run_dir_settings() -> dict:
     new = results_jsonable(settings[key])
     if new != old:
       raise UsageError(f"--resume: {key}={new} differs from the run's {key}={old} "
-                       f"({run_dir}/config.json); valid: the run's settings, or a "
-                       "larger --rounds")
+                       f"({run_dir}/config.json); valid: the run's settings, a "
+                       "larger --rounds, another --runner or --jit")
   if settings["rounds"] < config["rounds"]:
     raise UsageError(f"--resume: --rounds={settings['rounds']} is fewer than the run's "
                      f"{config['rounds']}; valid: --rounds >= {config['rounds']}")
@@ -418,7 +428,8 @@ def run(settings: dict) -> dict:
   """Loads data, builds the driver, trains, writes results. Returns the summary."""
   import contextlib
 
-  import tensorflow as tf
+  from tff_cluster import stack
+  tf = stack.import_tensorflow()
 
   from tff_cluster import checkpoint, experiment, results
 
@@ -429,10 +440,15 @@ def run(settings: dict) -> dict:
   resume = None
   if settings["resume"]:
     found = checkpoint.load_latest(out_dir)
+    if found is None and checkpoint.legacy_rounds(out_dir):
+      raise UsageError(f"--resume: {checkpoint.directory(out_dir)} holds only pickled "
+                       "checkpoints (round-*.pkl, tff-cluster 0.1), which are not read "
+                       "any more; valid: a run checkpointed as round-*.npz (run it again)")
     if found is None:
       raise UsageError(f"--resume: no readable checkpoint in {checkpoint.directory(out_dir)}"
                        "; valid: the directory of a run that saved one")
     resume = found[1]
+  previous = _run_config(out_dir) if settings["resume"] else {}
   created = _prepare_output_dir(out_dir, settings["overwrite"], settings["resume"])
   try:
     load_start = time.perf_counter()
@@ -474,7 +490,11 @@ def run(settings: dict) -> dict:
       "task_args_applied": task_args_applied,
       **results.provenance(),  # git_commit, git_dirty, versions
       "command": " ".join(sys.argv),
-      **({"resumed_from_round": resume["round"]} if resume else {}),
+      **({"resumed_from_round": resume["round"],
+          # where the rounds before came from (they may be another runner's,
+          # or another stack's)
+          "resumed_from": {key: previous.get(key) for key in ("runner", "jit", "versions")}}
+         if resume else {}),
   })
   print(f"{algo.name} on {task.name} ({task.model_name}, runner {config.runner}): "
         f"{data.description}; {data.num_clients} clients, {int(n_train.sum())} train "
@@ -497,9 +517,10 @@ def run(settings: dict) -> dict:
 
 def evaluate_saved(settings: dict) -> dict:
   """--eval_only: the run's saved models on `settings['task']`'s test data."""
-  import tensorflow as tf
+  from tff_cluster import stack
+  tf = stack.import_tensorflow()
 
-  from tff_cluster import local_training, results
+  from tff_cluster import experiment, results
   from tff_cluster.evaluation import Evaluator
 
   tf.get_logger().setLevel("ERROR")
@@ -513,10 +534,14 @@ def evaluate_saved(settings: dict) -> dict:
     try:
       with open(os.path.join(directory, "clients.json")) as f:
         info = json.load(f)
-      weights = [local_training.get_weights(tf.keras.models.load_model(
-          os.path.join(directory, f"model_{j}.keras"), compile=False))
+      weights = [experiment.load_model_weights(task, directory, j)
                  for j in range(info["num_models"])]
-    except (OSError, ValueError) as e:
+    except experiment.WeightsMismatch as e:
+      raise UsageError(f"--eval_only: {e}") from None
+    except ValueError as e:
+      raise UsageError(f"--eval_only: cannot load {directory} ({e.__class__.__name__}); "
+                       "valid: the directory of a run that finished") from None
+    except (OSError, TypeError, KeyError) as e:
       raise UsageError(f"--eval_only: cannot load {directory} ({e.__class__.__name__}); "
                        "valid: the directory of a run that finished") from None
     per_model = [evaluator.evaluate([w], np.zeros(data.num_clients, np.int64)).accuracy

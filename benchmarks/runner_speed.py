@@ -89,11 +89,12 @@ float32, 2 n^3 FLOPs, median of 10 runs after warm-up) on the same machine.
 
 How to run
 ----------
-From the repository root, with the project's virtualenv::
+From the repository root, in the TFF stack's environment (the `tff` runner
+and TFF's own FedAvg need it; see the README's "Install")::
 
-    cd /work/main && .venv/bin/python benchmarks/runner_speed.py
+    .venv-tff/bin/python benchmarks/runner_speed.py
     # parts only, e.g.:
-    .venv/bin/python benchmarks/runner_speed.py --tasks=synthetic \
+    .venv-tff/bin/python benchmarks/runner_speed.py --tasks=synthetic \
         --algorithms=fedavg --runners=tff,local_on --baselines=
 
 It prints a markdown table of the medians and a ratio table, and writes every

@@ -182,6 +182,7 @@ def test_loss_kinds():
     api.loss_kind(tf.keras.losses.BinaryCrossentropy(from_logits=True))
 
 
+@pytest.mark.tff
 def test_tff_runner_process_equals_the_local_one(data):
   from tff_cluster import runtime
   out = {}
@@ -199,6 +200,7 @@ def test_tff_runner_process_equals_the_local_one(data):
 
 
 
+@pytest.mark.tff
 def test_build_fedavg_takes_a_keras_loss_and_seeds_its_initial_weights():
   """The TFF LearningProcess: a Keras loss object, no initial weights (seeded)."""
   from tff_cluster import local_training, runtime

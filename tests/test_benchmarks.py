@@ -140,8 +140,8 @@ def test_run_one_resumes_a_run_with_checkpoints_and_restarts_one_without(tmp_pat
     json.dump({"completed": False, "reason": "interrupted", "rounds_completed": 28}, f)
   fedgroup_table3.run_one([], str(run), 0, "local", None)
   assert calls == [("run", str(run))]  # no checkpoint file: a fresh run
-  (run / "checkpoints" / "round-000020.pkl").write_bytes(b"x")
-  (run / "checkpoints" / "round-000020.pkl.tmp").write_bytes(b"x")
+  (run / "checkpoints" / "round-000020.npz").write_bytes(b"x")
+  (run / "checkpoints" / "round-000020.npz.tmp").write_bytes(b"x")
   assert checkpoint.rounds(str(run)) == [20]  # the .tmp file is not a checkpoint
   fedgroup_table3.run_one([], str(run), 0, "local", None)
   assert calls[-1] == ("resume", str(run))

@@ -146,27 +146,46 @@ def test_help_lists_every_algorithm_and_task(capsys):
 # A passing run, as a shell pipeline `python run_experiment.py ... | cat`.
 
 
-@pytest.fixture(scope="module")
-def cli_run(tmp_path_factory):
-  """One 3-round FedAvg run in a subprocess; its output dir, result, workers."""
-  out_dir = tmp_path_factory.mktemp("cli") / "run"
+def _watched_run(out_dir, *extra):
+  """A 3-round FedAvg run in a subprocess, piped through `cat`: its output dir,
+  result and the TFF workers it started."""
   cmd = " ".join(shlex.quote(a) for a in [
       sys.executable, SCRIPT, *SMALL_ARGS, "--rounds=3", "--seed=3",
-      f"--output_dir={out_dir}"])
-  # If the worker kept the pipe to `cat` open, communicate() would time out.
+      f"--output_dir={out_dir}", *extra])
+  # If a worker kept the pipe to `cat` open, communicate() would time out.
   code, out, err, seen = run_watching_workers(
       ["bash", "-c", f"set -o pipefail; {cmd} | cat"], cwd=str(REPO_ROOT),
       timeout=180)
   return out_dir, code, out, err, seen
 
 
-def test_passing_run_exits_0_and_leaves_no_worker(cli_run):
-  _, code, out, err, seen = cli_run
+@pytest.fixture(scope="module")
+def cli_run(tmp_path_factory):
+  """One 3-round FedAvg run on the default runner (local)."""
+  return _watched_run(tmp_path_factory.mktemp("cli") / "run")
+
+
+def _assert_passing_run(code, out, err):
   assert code == 0, err
   assert "Traceback" not in err
   assert out == ""  # everything human-readable goes to stderr
-  summary_line = json.loads(err.strip().splitlines()[-1])
+  lines = err.strip().splitlines()
+  assert len(lines) == 2, err  # what runs where, then the summary: no TF start-up notes
+  summary_line = json.loads(lines[-1])
   assert 0.0 <= summary_line["final_test_accuracy"] <= 1.0
+
+
+def test_passing_run_exits_0_and_starts_no_worker(cli_run):
+  _, code, out, err, seen = cli_run
+  _assert_passing_run(code, out, err)
+  assert "runner local" in err
+  assert not seen, "the local runner (the default) starts no TFF worker"
+
+
+@pytest.mark.tff
+def test_passing_tff_run_exits_0_and_leaves_no_worker(tmp_path):
+  _, code, out, err, seen = _watched_run(tmp_path / "run", "--runner=tff")
+  _assert_passing_run(code, out, err)
   assert seen, "the run should have started a TFF worker"
   assert_workers_gone(seen)
 
@@ -180,11 +199,11 @@ def test_results_files(cli_run):
               "seed": 3, "eval_every": 1, "output_dir": str(out_dir),
               # task defaults, resolved
               "batch_size": 10, "client_lr": 0.01, "num_clients_loaded": 20,
-              "runner": "tff", "model": "mclr", "local_steps": None, "lr_decay": 1.0}
+              "runner": "local", "model": "mclr", "local_steps": None, "lr_decay": 1.0}
   for key, value in expected.items():
     assert config[key] == value, key
   assert "mu" not in config  # FedAvg has no proximal term
-  assert config["runner_info"]["runner"] == "tff"
+  assert config["runner_info"]["runner"] == "local"
 
   rows = read_metrics_csv(out_dir / "metrics.csv")
   with open(out_dir / "metrics.jsonl") as f:

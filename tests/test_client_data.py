@@ -18,6 +18,7 @@ def data():
       DataOptions(seed=0, num_clients=5, extra={"num_clusters": 2}))
 
 
+@pytest.mark.tff
 def test_round_trip_keeps_every_client_and_array(data):
   back = from_client_data(data.train_client_data(), data.test_client_data(),
                           num_classes=data.num_classes)
@@ -28,6 +29,7 @@ def test_round_trip_keeps_every_client_and_array(data):
       np.testing.assert_array_equal(ours[1], theirs[1])
 
 
+@pytest.mark.tff
 def test_client_data_elements_and_ids(data):
   cd = data.train_client_data()
   assert sorted(cd.client_ids) == sorted(data.client_ids)
@@ -38,6 +40,7 @@ def test_client_data_elements_and_ids(data):
   assert set(cd.element_type_structure) == {"x", "y"}
 
 
+@pytest.mark.tff
 def test_serializable_dataset_fn_runs_inside_tf_function_and_tff(data):
   cd = data.train_client_data()
   c = data.client_ids[2]
@@ -61,6 +64,7 @@ def test_serializable_dataset_fn_runs_inside_tf_function_and_tff(data):
     assert int(total_label(c)) == int(data.train[c][1].sum())
 
 
+@pytest.mark.tff
 def test_from_tff_style_client_data_with_other_keys():
   import tensorflow_federated as tff
   rng = np.random.default_rng(0)
@@ -77,6 +81,7 @@ def test_from_tff_style_client_data_with_other_keys():
     from_client_data(cd, x_key="image", y_key="label")
 
 
+@pytest.mark.tff
 def test_bad_ids_are_refused(data):
   with pytest.raises(DataError, match="at least one client"):
     to_client_data([], data.train)

@@ -470,6 +470,7 @@ def test_cifar10_pickles(tmp_path):
 # TFF EMNIST.
 
 
+@pytest.mark.tff
 def test_emnist_from_preplaced_cache(tmp_path):
   write_emnist_sqlite(tmp_path / emnist.EMNIST_DB_FILE, {
       "digits_only_train": {"w1": [1, 2, 3], "w2": [4]},
@@ -487,6 +488,7 @@ def test_emnist_from_preplaced_cache(tmp_path):
   assert emnist.load_emnist(cache_dir=str(tmp_path), num_clients=1).num_clients == 1
 
 
+@pytest.mark.tff
 def test_emnist_conversion_from_client_data():
   import tensorflow_federated as tff  # deferred: heavy import.
 
@@ -504,6 +506,7 @@ def test_emnist_conversion_from_client_data():
     emnist.client_data_to_federated(train, test, 2)
 
 
+@pytest.mark.tff
 def test_emnist_download_failure_is_one_line(tmp_path, monkeypatch):
   def offline(*args, **kwargs):
     raise urllib.error.URLError("[Errno -2] Name or service not known")

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import tensorflow as tf
-import tensorflow_federated as tff
 
-from tff_cluster import experiment, local_training, models
-from tff_cluster.algorithms.fedavg import build_fedavg
-from tff_cluster.algorithms.fedprox import build_fedprox
-from tff_cluster.data.synthetic import NUM_CLASSES, NUM_FEATURES, generate_synthetic
+pytestmark = pytest.mark.tff
+tff = pytest.importorskip("tensorflow_federated", reason="needs the TFF stack")
+
+import tensorflow as tf  # noqa: E402
+
+from tff_cluster import experiment, local_training, models  # noqa: E402
+from tff_cluster.algorithms.fedavg import build_fedavg  # noqa: E402
+from tff_cluster.algorithms.fedprox import build_fedprox  # noqa: E402
+from tff_cluster.data.synthetic import NUM_CLASSES, NUM_FEATURES, generate_synthetic  # noqa: E402
 
 BATCH = 10
 EPOCHS = 2

@@ -119,6 +119,7 @@ def test_direction_choice_matches_numpy_rule():
     assert int(got) == target == clustering.assign_by_direction(update, directions)
 
 
+@pytest.mark.tff
 def test_round_is_groupwise_fedavg():
   """Each group's new model = FedAvg of its own members only (unequal sizes)."""
   data = _data(6)
@@ -230,7 +231,7 @@ def test_newcomer_trains_from_its_chosen_group_and_lands_there(rule, runner):
 
 
 def test_rac_redraws_every_round_rac_once_keeps_the_first_draw():
-  _, _, rac = _driver_case("tff", "paper", cold_start="rac")
+  _, _, rac = _driver_case("local", "paper", cold_start="rac")
   pretrained = np.flatnonzero(rac.pretrained)
   kept = rac.assignment[pretrained].copy()
   others = np.flatnonzero(~rac.pretrained)[:2]
@@ -249,7 +250,7 @@ def test_rac_redraws_every_round_rac_once_keeps_the_first_draw():
   _, client_model = rac.eval_models()
   np.testing.assert_array_equal(client_model[others], history[-1])
 
-  _, _, once = _driver_case("tff", "paper", cold_start="rac_once")
+  _, _, once = _driver_case("local", "paper", cold_start="rac_once")
   first = None
   for t in range(1, 5):
     once.run_round(t, others)

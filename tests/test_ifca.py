@@ -29,6 +29,7 @@ def _mean_loss(weights, dataset):
   return total / count
 
 
+@pytest.mark.tff
 @pytest.mark.parametrize("aggregation", ["uniform", "num_examples"])
 def test_a_round_averages_each_cluster_over_the_clients_that_chose_it(aggregation):
   data = _data(4)
@@ -64,6 +65,7 @@ def test_a_round_averages_each_cluster_over_the_clients_that_chose_it(aggregatio
       np.testing.assert_allclose(x, y, atol=1e-5)
 
 
+@pytest.mark.tff
 def test_one_full_batch_is_the_loss_on_every_pass_of_the_schedule():
   """Clients whose batch holds their whole training set (the rotated tasks:
   batch 100 = 100 images) and 3 passes: the loss on 1 batch

@@ -74,6 +74,7 @@ def test_sent140_lstm_frozen_embedding():
   assert loss.shape == (4,)
 
 
+@pytest.mark.tff
 def test_sent140_lstm_built_in_graph_keeps_matrix():
   # TFF builds models inside graphs: the matrix must come with the initializer.
   matrix = np.arange(10 * 300, dtype=np.float32).reshape(10, 300)

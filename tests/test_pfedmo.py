@@ -144,7 +144,7 @@ def test_nag_local_steps_equal_keras_nesterov_sgd():
                             reference.trainable_variables))
   for a, b in zip(ours, local_training.get_weights(reference)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-  velocities = [opt.variables[1 + i].numpy() for i in range(len(ours))]
+  velocities = [v.numpy() for v in opt.momentums]  # tf_keras and Keras 3 alike
   for y_ours, w, v in zip(out.velocity, ours, velocities):
     np.testing.assert_allclose(y_ours, w - 0.7 * v, rtol=1e-5, atol=1e-6)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import math
 import os
-import pickle
 import shutil
 import signal
 import subprocess
@@ -104,11 +104,75 @@ def test_checkpoints_are_atomic_and_fall_back_when_damaged(tmp_path):
     checkpoint.save(str(tmp_path), r, {"rows": [r]})
   assert checkpoint.rounds(str(tmp_path)) == [5, 10]
   assert not [n for n in os.listdir(checkpoint.directory(str(tmp_path))) if ".tmp" in n]
-  newest = os.path.join(checkpoint.directory(str(tmp_path)), "round-000010.pkl")
+  newest = os.path.join(checkpoint.directory(str(tmp_path)), "round-000010.npz")
   with open(newest, "r+b") as f:
     f.truncate(10)
-  assert checkpoint.load_latest(str(tmp_path)) == (5, pickle.loads(pickle.dumps(
-      {"format": checkpoint.FORMAT, "round": 5, "rows": [5]})))
+  assert checkpoint.load_latest(str(tmp_path)) == (
+      5, {"format": checkpoint.FORMAT, "round": 5, "rows": [5]})
+
+
+def test_checkpoint_values_round_trip_without_pickle(tmp_path):
+  """Every kind of value a run state holds comes back equal and of its type,
+  from an archive numpy reads with allow_pickle=False."""
+  import collections
+  import zipfile
+  gen = np.random.default_rng(np.random.SeedSequence([3, 7]))
+  gen.random(5)  # mid-stream
+  legacy = np.random.RandomState(4)
+  legacy.rand(3)
+  state = {
+      "state": collections.OrderedDict([("w", [np.arange(6, dtype=np.float32).reshape(2, 3),
+                                               np.zeros((0,), np.float32)]),
+                                        ("round", np.int64(3)), ("b", np.array(True))]),
+      "client_states": {0: (np.float32(2.5), np.ones(2)), 17: None},
+      "host": {"assignment": np.array([0, -1, 2]), "_rng": gen, "_legacy": legacy,
+               "splits": [(1, 2)], "refused": {3, 1}, "name": "x", "__odd": 1},
+      "rows": [{"round": 1, "train_loss": float("nan"), "test_loss": float("inf"),
+                "x": -float("inf"), "big": 2**70, "ok": True, "none": None}],
+  }
+  path = checkpoint.save(str(tmp_path), 1, state)
+  assert path.endswith("round-000001.npz")
+  with zipfile.ZipFile(path) as archive:
+    assert all(name.endswith(".npy") for name in archive.namelist())
+  with np.load(path, allow_pickle=False) as archive:  # every entry reads without pickle
+    assert all(archive[name].dtype != object for name in archive.files)
+  round_num, back = checkpoint.load_latest(str(tmp_path))
+  assert round_num == 1 and back["format"] == checkpoint.FORMAT
+  s = back["state"]
+  assert type(s) is collections.OrderedDict and list(s) == ["w", "round", "b"]
+  np.testing.assert_array_equal(s["w"][0], state["state"]["w"][0])
+  assert s["w"][0].dtype == np.float32 and s["w"][1].shape == (0,)
+  assert type(s["round"]) is np.int64 and s["round"] == 3
+  assert s["b"].shape == () and bool(s["b"])
+  assert set(back["client_states"]) == {0, 17} and back["client_states"][17] is None
+  scalar, ones = back["client_states"][0]
+  assert type(scalar) is np.float32 and scalar == 2.5 and ones.dtype == np.float64
+  host = back["host"]
+  assert host["splits"] == [(1, 2)] and host["refused"] == {1, 3} and host["__odd"] == 1
+  np.testing.assert_array_equal(host["assignment"], [0, -1, 2])
+  np.testing.assert_array_equal(host["_rng"].random(4), gen.random(4))  # the same stream
+  np.testing.assert_array_equal(host["_legacy"].rand(4), legacy.rand(4))
+  row = back["rows"][0]
+  assert math.isnan(row["train_loss"]) and row["test_loss"] == math.inf
+  assert row["x"] == -math.inf and row["big"] == 2**70 and row["ok"] is True
+  assert row["none"] is None
+
+
+def test_a_checkpoint_refuses_what_it_cannot_hold_and_pickled_archives(tmp_path):
+  class Opaque:
+    pass
+
+  with pytest.raises(checkpoint.CheckpointError, match="Opaque"):
+    checkpoint.save(str(tmp_path), 1, {"host": Opaque()})
+  with pytest.raises(checkpoint.CheckpointError, match="object array"):
+    checkpoint.save(str(tmp_path), 1, {"host": np.array([{"a": 1}], dtype=object)})
+  assert checkpoint.rounds(str(tmp_path)) == []  # nothing half-written
+  # An archive with a pickled (object) entry is never unpickled: not a checkpoint.
+  checkpoint.save(str(tmp_path), 1, {"rows": [1]})
+  path = checkpoint.path_of(str(tmp_path), 2)
+  np.savez(path, __tree__=np.frombuffer(b'{"__array__": "a0"}', np.uint8),
+           a0=np.array([{"pickled": 1}], dtype=object))
+  assert checkpoint.load_latest(str(tmp_path))[0] == 1
 
 
 def test_resumed_writer_drops_rows_after_the_checkpoint_and_torn_lines(tmp_path):
@@ -254,6 +318,26 @@ def test_saved_models_load_and_eval_only_reproduces_the_run(tmp_path, capsys):
   assert report["final"]["test_accuracy"] == summary["final_test_accuracy"]
   assert report["best"]["test_accuracy"] == summary["max_test_accuracy"]
   assert report["best"]["round"] == summary["max_round"]
+  # The .npz weights (what --eval_only reads, on any stack) are the .keras ones;
+  # without the .keras files the report is the same.
+  from tff_cluster import local_training
+  final = out / "models" / "final"
+  with np.load(final / "model_0.npz", allow_pickle=False) as archive:
+    saved = [archive[f"w{i}"] for i in range(len(archive.files))]
+  for a, b in zip(saved, local_training.get_weights(model)):
+    np.testing.assert_array_equal(a, b)
+  for which in ("final", "best"):
+    for path in (out / "models" / which).glob("*.keras"):
+      path.unlink()
+  os.remove(out / "eval_synthetic.json")
+  code, _, err = _main(["--eval_only", f"--output_dir={out}"], capsys)
+  assert code == 0, err
+  assert json.loads((out / "eval_synthetic.json").read_text()) == report
+  # Weights that do not fit the task's model: one line naming both.
+  np.savez(final / "model_1.npz", w0=np.zeros((3, 3), np.float32))
+  code, _, err = _main(["--eval_only", f"--output_dir={out}"], capsys)
+  assert_one_line_error(code, err, tmp_path / "none", "model_1", "do not fit --task=synthetic",
+                        "valid: the run's model")
 
 
 # ---------------------------------------------------------------------------

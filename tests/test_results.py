@@ -111,12 +111,12 @@ def test_tensorboard_tags_are_grouped():
 def _events(run_dir):
   """(tag -> {step: value}, hparams of the session start) of a run's events."""
   import tensorflow as tf
-  from tensorboard.plugins.hparams import plugin_data_pb2
   scalars, hparams = {}, None
   for path in glob.glob(os.path.join(str(run_dir), "tensorboard", "events.out.tfevents.*")):
     for event in tf.compat.v1.train.summary_iterator(path):
       for value in event.summary.value:
         if value.metadata.plugin_data.plugin_name == "hparams":
+          from tensorboard.plugins.hparams import plugin_data_pb2
           data = plugin_data_pb2.HParamsPluginData.FromString(
               value.metadata.plugin_data.content)
           if data.HasField("session_start_info"):
@@ -154,6 +154,23 @@ def test_tensorboard_events_hold_grouped_tags_and_hparams(tmp_path):
                      "seed": 3, "client_lr": 0.01, "rounds": 2, "batch_size": 10,
                      "local_epochs": 1, "runner": "local", "num_groups": 2,
                      "ifca_init": "random", "task_arg.num_clusters": 2}
+
+
+def test_without_the_tensorboard_package_the_rest_is_written(tmp_path, monkeypatch):
+  """tf.summary needs the tensorboard package (TensorFlow 2.21 does not bring
+  it; tff-cluster declares it): an install without it writes everything but
+  tensorboard/."""
+  import importlib.util
+  real = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, "find_spec",
+                      lambda name, *a: None if name == "tensorboard" else real(name, *a))
+  writer = ResultsWriter(str(tmp_path), COLUMNS)
+  writer.write_config({"algo": "fedavg", "task": "synthetic"})
+  writer.write_round({"round": 1, "train_loss": 0.5, "test_accuracy": 0.25})
+  writer.close()
+  assert not (tmp_path / "tensorboard").exists()
+  assert [r["test_accuracy"] for r in read_metrics_csv(tmp_path / "metrics.csv")] == [0.25]
+  assert json.loads((tmp_path / "config.json").read_text())["algo"] == "fedavg"
 
 
 # ---------------------------------------------------------------------------
@@ -251,7 +268,7 @@ def test_groups_csv_after_resume_equals_the_uninterrupted_run(fedgroup_run, tmp_
   shutil.copytree(fedgroup_run, run)
   whole = (run / "groups.csv").read_bytes()
   # As if killed after round 3: no checkpoint of round 4, a torn line at the end.
-  os.remove(os.path.join(checkpoint.directory(str(run)), "round-000004.pkl"))
+  os.remove(os.path.join(checkpoint.directory(str(run)), "round-000004.npz"))
   with open(run / "groups.csv", "ab") as f:
     f.write(b"5,0,1")
   import run_experiment
@@ -271,10 +288,18 @@ def test_config_records_commit_versions_and_applied_task_args(ifca_run, fedgroup
   assert config["git_commit"] is None or re.fullmatch(r"[0-9a-f]{40}", config["git_commit"])
   assert config["git_dirty"] in (None, True, False)
   assert (config["git_commit"] is None) == (config["git_dirty"] is None)
+  def installed(name):
+    try:
+      return metadata.version(name)
+    except metadata.PackageNotFoundError:
+      return None
+
   assert config["versions"] == {
       "python": sys.version.split()[0], "numpy": np.__version__,
-      "tensorflow": metadata.version("tensorflow"),
-      "tensorflow_federated": metadata.version("tensorflow-federated")}
+      "tensorflow": metadata.version("tensorflow"), "keras": installed("keras"),
+      "tf_keras": installed("tf-keras"),
+      "tf_use_legacy_keras": os.environ.get("TF_USE_LEGACY_KERAS") == "1",
+      "tensorflow_federated": installed("tensorflow-federated")}
   assert config["task_args"] == {"num_clusters": 2}
   assert config["task_args_applied"] == {"num_clusters": 2}
   from tff_cluster import tasks

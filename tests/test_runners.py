@@ -143,6 +143,7 @@ def _assert_same_rows(rows_a, rows_b):
 @pytest.mark.parametrize("solver", sorted(SOLVER_CASES))
 @pytest.mark.parametrize("algo,case", [(a, i) for a, cases in sorted(PARITY_CASES.items())
                                        for i in range(len(cases))])
+@pytest.mark.tff
 def test_runners_give_the_same_numbers(algo, case, solver, cluster_data, tmp_path):
   task, data = cluster_data
   options = PARITY_CASES[algo][case]
@@ -178,6 +179,7 @@ def _bn_task():
                   loss=models.SPARSE_CE_LOGITS, defaults={})
 
 
+@pytest.mark.tff
 def test_batchnorm_model_parity_with_partial_batches(tmp_path):
   """BatchNorm's batch statistics see only a batch's real examples on both runners."""
   task = _bn_task()
@@ -195,6 +197,7 @@ def test_batchnorm_model_parity_with_partial_batches(tmp_path):
     np.testing.assert_allclose(a, b, rtol=RTOL, atol=1e-5)
 
 
+@pytest.mark.tff
 def test_fedavg_learning_process_equals_the_tff_runner():
   """`build_fedavg` (LearningProcess) and the tff runner share the client work."""
   data = tasks.get_task("synthetic").load_data(DataOptions(seed=0, num_clients=6))
@@ -327,16 +330,16 @@ def test_learning_rate_decays_per_round():
   assert [config.lr_at(t) for t in (0, 1, 2, 3)] == [0.1, 0.1, 0.05, 0.025]
 
 
-def test_runners_reject_out_of_range_keys(cluster_data):
+@pytest.mark.parametrize("runner", ["tff", "local"])
+def test_runners_reject_out_of_range_keys(runner, cluster_data):
   task, data = cluster_data
-  for runner in ("tff", "local"):
-    config = experiment.TrainingConfig(rounds=1, clients_per_round=2, local_epochs=1,
-                                       batch_size=10, client_lr=0.01, runner=runner)
-    driver = algorithms.get_algorithm("fedgroup").make_driver(task, data, config,
-                                                              num_groups=2)
-    state = driver.definition.initial_state(experiment.initial_weights(task, 0))
-    with pytest.raises(ValueError, match=r"invalid client keys \[2\]; valid: 0..1"):
-      driver.runner.run("warm", state, [0, 1], 1, config.local_work, 0.01, keys=[0, 2])
+  config = experiment.TrainingConfig(rounds=1, clients_per_round=2, local_epochs=1,
+                                     batch_size=10, client_lr=0.01, runner=runner)
+  driver = algorithms.get_algorithm("fedgroup").make_driver(task, data, config,
+                                                            num_groups=2)
+  state = driver.definition.initial_state(experiment.initial_weights(task, 0))
+  with pytest.raises(ValueError, match=r"invalid client keys \[2\]; valid: 0..1"):
+    driver.runner.run("warm", state, [0, 1], 1, config.local_work, 0.01, keys=[0, 2])
 
 
 # ---------------------------------------------------------------------------

@@ -15,13 +15,16 @@ import textwrap
 
 import numpy as np
 import pytest
-import tensorflow as tf
-import tensorflow_federated as tff
 
-from tests.conftest import REPO_ROOT
-from tests.helpers import (SMALL_ARGS, assert_workers_gone, metrics_rows_written,
+pytestmark = pytest.mark.tff
+tff = pytest.importorskip("tensorflow_federated", reason="needs the TFF stack")
+
+import tensorflow as tf  # noqa: E402
+
+from tests.conftest import REPO_ROOT  # noqa: E402
+from tests.helpers import (SMALL_ARGS, assert_workers_gone, metrics_rows_written,  # noqa: E402
                            read_metrics_csv, run_watching_workers, worker_pids)
-from tff_cluster import runtime
+from tff_cluster import runtime  # noqa: E402
 
 SCRIPT = str(REPO_ROOT / "run_experiment.py")
 
@@ -64,7 +67,7 @@ def test_context_manager_stops_worker_on_exception_and_restarts_lazily():
 
 
 def _cli(out_dir, rounds):
-  return [sys.executable, SCRIPT, *SMALL_ARGS, f"--rounds={rounds}",
+  return [sys.executable, SCRIPT, *SMALL_ARGS, "--runner=tff", f"--rounds={rounds}",
           f"--output_dir={out_dir}"]
 
 

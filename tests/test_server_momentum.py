@@ -104,6 +104,7 @@ def test_slowmo_equals_fedavgm_at_a_constant_lr_but_not_under_decay(small):
   assert not np.allclose(a[0], b[0], rtol=1e-3)
 
 
+@pytest.mark.tff
 def test_mime_lite_tff_runner_matches_tffs_build_weighted_mime_lite(small):
   """Three rounds of our MimeLite on the tff runner and of TFF's own
   `build_weighted_mime_lite` (SGDM base optimizer, server SGD at 1.0) on the

@@ -6,4 +6,4 @@ tff_runner`), the `build_*` functions and `tff_cluster.runtime` do, and
 install the TFF context owned by `tff_cluster.runtime` when first used.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

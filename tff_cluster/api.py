@@ -102,11 +102,17 @@ def loss_kind(loss) -> str:
 
 
 def _check_model_fn(model_fn):
+  from tff_cluster import stack
+  if stack.keras_problem() is not None:
+    raise ImportError(stack.keras_problem())
   import tensorflow as tf
   if not callable(model_fn):
     raise TypeError(f"model_fn must be a function returning a fresh Keras model, got "
                     f"{type(model_fn).__name__}")
   model = model_fn()
+  other = _other_keras(model, tf.keras.Model)
+  if other:
+    raise TypeError(other)
   if not isinstance(model, tf.keras.Model):
     raise TypeError(f"model_fn returned a {type(model).__name__}; valid: a built "
                     "tf.keras.Model (tff.learning.models functional models are not "
@@ -115,6 +121,31 @@ def _check_model_fn(model_fn):
     raise ValueError("model_fn returned a Keras model without weights; build it "
                      "(e.g. give its Input shape) before returning it")
   return model
+
+
+def _keras_package(cls) -> str:
+  """'keras' (Keras 3) or 'tf_keras' (Keras 2): the package a Keras class comes from."""
+  for klass in cls.__mro__:
+    root = klass.__module__.split(".")[0]
+    if root in ("keras", "tf_keras"):
+      return root
+    if klass.__module__.startswith("tensorflow.python.keras"):
+      return "tf_keras"
+  return ""
+
+
+def _other_keras(model, tf_keras_model) -> Optional[str]:
+  """One line when `model` is a model of the other Keras than `tf.keras` (whose
+  choice TF_USE_LEGACY_KERAS makes), else None."""
+  mine, theirs = _keras_package(tf_keras_model), _keras_package(type(model))
+  if not mine or not theirs or mine == theirs:
+    return None
+  name = {"keras": "Keras 3 (`keras`)", "tf_keras": "Keras 2 (`tf_keras`)"}
+  fix = ("set TF_USE_LEGACY_KERAS=1 before TensorFlow is imported (and install the "
+         "legacy-keras extra)" if theirs == "tf_keras" else
+         "unset TF_USE_LEGACY_KERAS (it must not be 1 when TensorFlow is imported)")
+  return (f"model_fn returned a {name[theirs]} model, but tf.keras is {name[mine]} in "
+          f"this process; build the model with tf.keras, or {fix}")
 
 
 class Process:
@@ -127,6 +158,7 @@ class Process:
                client_state: str = "persist", jit: str = "auto", evaluate: bool = True,
                rounds: int = 100, **hparams):
     from tff_cluster import hparams as hp
+    from tff_cluster import local_training
     from tff_cluster.task import TaskSpec
     spec = algorithms.get_algorithm(algo)  # KeyError names the valid algorithms
     declared = {d.name: d for d in spec.hparams}
@@ -147,12 +179,15 @@ class Process:
       raise ValueError("give exactly one of local_epochs and local_steps")
     if runner not in hp.RUNNERS:
       raise ValueError(f"invalid runner={runner!r}; valid: {', '.join(hp.RUNNERS)}")
+    if runner == "tff":
+      from tff_cluster import stack
+      stack.require_tff()
     model = _check_model_fn(model_fn)
     self.algo = algo
     self.loss = loss_kind(loss)
     self._task = TaskSpec(name="custom", description="", load_data=None,
                           model_fn=model_fn, loss=self.loss, defaults={})
-    self._layout = [v.shape for v in model.weights]
+    self._layout = [v.shape for v in local_training.model_variables(model)]
     self._num_trainable = len(model.trainable_variables)
     self._train_settings = dict(
         client_lr=float(client_lr), batch_size=int(batch_size), local_epochs=local_epochs,

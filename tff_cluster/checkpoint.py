@@ -1,13 +1,17 @@
-"""Run checkpoints: the whole state of a run, written atomically.
+"""Run checkpoints: the whole state of a run, written atomically, readable on any stack.
 
-A checkpoint is `<run dir>/checkpoints/round-<NNNNNN>.pkl`: a pickle of plain
-Python and numpy values (the driver's server state, per-client state, host
-state such as group assignments and random generators, the sampling
-generator, the metric rows so far and the best-round models). It is written
-to a temporary file, fsynced and renamed, so a kill at any moment leaves
-either the previous checkpoint or the new one; the last `keep` are kept.
+A checkpoint is `<run dir>/checkpoints/round-<NNNNNN>.npz`: one numpy archive
+holding every array of the run state (the driver's server state, per-client
+state, the best-round models) as its own entry, and `__tree__`, the UTF-8 JSON
+of everything else with each array replaced by its entry's name: the metric
+rows so far, host state such as group assignments, and random generators as
+their `bit_generator.state`. It holds no pickle (it is read with
+`allow_pickle=False`), so a checkpoint written under TensorFlow 2.14 / numpy 1
+resumes under TensorFlow 2.21 / numpy 2 and back, and loading one runs no code.
 
-Pickle runs code when loaded: load checkpoints of your own runs only.
+It is written to a temporary file, fsynced and renamed, so a kill at any
+moment leaves either the previous checkpoint or the new one; the last `keep`
+are kept.
 
 Size: the server state (e.g. m + 1 models for FedGroup) plus whatever
 per-client state the algorithm keeps (e.g. one momentum buffer per client that
@@ -17,14 +21,27 @@ N x model size), plus the best-round models.
 
 from __future__ import annotations
 
+import collections
+import io
+import json
+import math
 import os
-import pickle
 import re
+import zipfile
 from typing import Any, Dict, List, Optional, Tuple
 
+import numpy as np
+
 DIRNAME = "checkpoints"
-FORMAT = 1
-_PATTERN = re.compile(r"^round-(\d{6,})\.pkl$")
+FORMAT = 2
+SUFFIX = ".npz"
+_PATTERN = re.compile(r"^round-(\d{6,})\.npz$")
+_LEGACY = re.compile(r"^round-(\d{6,})\.pkl$")  # FORMAT 1: pickles (tff-cluster 0.1)
+_TREE = "__tree__"
+
+
+class CheckpointError(ValueError):
+  """A value a checkpoint cannot hold, or a file that is not a checkpoint."""
 
 
 def directory(run_dir: str) -> str:
@@ -55,6 +72,112 @@ def atomic_write_bytes(path: str, payload: bytes) -> None:
   _fsync_dir(os.path.dirname(path) or ".")
 
 
+# ---------------------------------------------------------------------------
+# Values <-> (JSON tree, arrays). Tagged JSON objects carry what JSON lacks:
+# {"__array__": name}, {"__tuple__": [...]}, {"__dict__": [[key, value], ...]}
+# (keys that are not strings), {"__odict__": [...]}, {"__set__": [...]},
+# {"__float__": "nan"|"inf"|"-inf"}, {"__generator__": state},
+# {"__random_state__": state}. A plain JSON object is a dict with string keys.
+
+
+def encode(value: Any, arrays: Dict[str, np.ndarray]) -> Any:
+  """`value` as a JSON tree; its arrays (and numpy scalars) go into `arrays`."""
+  if value is None or isinstance(value, (bool, str)):
+    return value
+  if isinstance(value, int) and not isinstance(value, np.integer):
+    return value
+  if isinstance(value, float) and not isinstance(value, np.floating):
+    return value if math.isfinite(value) else {"__float__": repr(value)}
+  if isinstance(value, (np.ndarray, np.generic)):
+    array = np.asarray(value)
+    if array.dtype.hasobject:
+      raise CheckpointError(f"cannot checkpoint an object array (dtype {array.dtype})")
+    name = f"a{len(arrays)}"
+    arrays[name] = array
+    return {"__array__" if isinstance(value, np.ndarray) else "__scalar__": name}
+  if isinstance(value, np.random.Generator):
+    return {"__generator__": encode(value.bit_generator.state, arrays)}
+  if isinstance(value, np.random.RandomState):
+    return {"__random_state__": encode(value.get_state(legacy=False), arrays)}
+  if isinstance(value, collections.OrderedDict):
+    return {"__odict__": [[encode(k, arrays), encode(v, arrays)] for k, v in value.items()]}
+  if isinstance(value, dict):
+    if all(isinstance(k, str) and not k.startswith("__") for k in value):
+      return {k: encode(v, arrays) for k, v in value.items()}
+    return {"__dict__": [[encode(k, arrays), encode(v, arrays)] for k, v in value.items()]}
+  if isinstance(value, list):
+    return [encode(v, arrays) for v in value]
+  if type(value) is tuple:  # noqa: E721 - a namedtuple would come back a tuple
+    return {"__tuple__": [encode(v, arrays) for v in value]}
+  if isinstance(value, (set, frozenset)):
+    return {"__set__": [encode(v, arrays) for v in sorted(value)]}
+  if hasattr(value, "numpy") and callable(value.numpy):  # a tensor
+    return encode(np.asarray(value.numpy()), arrays)
+  raise CheckpointError(f"cannot checkpoint a {type(value).__module__}."
+                        f"{type(value).__qualname__}")
+
+
+def decode(tree: Any, arrays) -> Any:
+  """The value `encode` turned into `tree` (arrays read from `arrays`)."""
+  if isinstance(tree, list):
+    return [decode(v, arrays) for v in tree]
+  if not isinstance(tree, dict):
+    return tree
+  if len(tree) == 1:
+    (tag, inner), = tree.items()
+    if tag == "__array__":
+      return np.asarray(arrays[inner])
+    if tag == "__scalar__":
+      return np.asarray(arrays[inner])[()]
+    if tag == "__float__":
+      return float(inner)
+    if tag == "__tuple__":
+      return tuple(decode(v, arrays) for v in inner)
+    if tag == "__set__":
+      return set(decode(v, arrays) for v in inner)
+    if tag in ("__dict__", "__odict__"):
+      pairs = [(_hashable(decode(k, arrays)), decode(v, arrays)) for k, v in inner]
+      return collections.OrderedDict(pairs) if tag == "__odict__" else dict(pairs)
+    if tag == "__generator__":
+      state = decode(inner, arrays)
+      bit_generator = getattr(np.random, state["bit_generator"])()
+      bit_generator.state = state
+      return np.random.Generator(bit_generator)
+    if tag == "__random_state__":
+      random_state = np.random.RandomState()
+      random_state.set_state(decode(inner, arrays))
+      return random_state
+  return {k: decode(v, arrays) for k, v in tree.items()}
+
+
+def _hashable(key):
+  return key.item() if isinstance(key, np.generic) else key
+
+
+def dumps(value: Any) -> bytes:
+  """`value` as the bytes of an `.npz` archive (no pickle)."""
+  arrays: Dict[str, np.ndarray] = {}
+  tree = encode(value, arrays)
+  text = json.dumps(tree, allow_nan=False, separators=(",", ":"))
+  buffer = io.BytesIO()
+  np.savez(buffer, **{_TREE: np.frombuffer(text.encode(), np.uint8)}, **arrays)
+  return buffer.getvalue()
+
+
+def loads(payload) -> Any:
+  """The value of `dumps` bytes (or a path / file object of them)."""
+  source = io.BytesIO(payload) if isinstance(payload, (bytes, bytearray)) else payload
+  with np.load(source, allow_pickle=False) as archive:
+    if _TREE not in archive.files:
+      raise CheckpointError("not a tff-cluster archive (no __tree__ entry)")
+    tree = json.loads(archive[_TREE].tobytes().decode())
+    return decode(tree, archive)
+
+
+# ---------------------------------------------------------------------------
+# Checkpoint files.
+
+
 def rounds(run_dir: str) -> List[int]:
   """The rounds of the checkpoints in `run_dir`, ascending."""
   try:
@@ -64,15 +187,28 @@ def rounds(run_dir: str) -> List[int]:
   return sorted(int(m.group(1)) for m in map(_PATTERN.match, names) if m)
 
 
+def legacy_rounds(run_dir: str) -> List[int]:
+  """Rounds of pickled checkpoints (FORMAT 1, written by tff-cluster 0.1),
+  which this version does not read."""
+  try:
+    names = os.listdir(directory(run_dir))
+  except OSError:
+    return []
+  return sorted(int(m.group(1)) for m in map(_LEGACY.match, names) if m)
+
+
+def path_of(run_dir: str, round_num: int) -> str:
+  return os.path.join(directory(run_dir), f"round-{round_num:06d}{SUFFIX}")
+
+
 def save(run_dir: str, round_num: int, payload: Dict[str, Any], keep: int = 2) -> str:
   """Writes the checkpoint of `round_num`; removes all but the last `keep`."""
   os.makedirs(directory(run_dir), exist_ok=True)
-  path = os.path.join(directory(run_dir), f"round-{round_num:06d}.pkl")
-  atomic_write_bytes(path, pickle.dumps({"format": FORMAT, "round": round_num, **payload},
-                                        protocol=pickle.HIGHEST_PROTOCOL))
+  path = path_of(run_dir, round_num)
+  atomic_write_bytes(path, dumps({"format": FORMAT, "round": round_num, **payload}))
   for old in rounds(run_dir)[:-keep]:
     try:
-      os.remove(os.path.join(directory(run_dir), f"round-{old:06d}.pkl"))
+      os.remove(path_of(run_dir, old))
     except OSError:
       pass
   return path
@@ -81,12 +217,11 @@ def save(run_dir: str, round_num: int, payload: Dict[str, Any], keep: int = 2) -
 def load_latest(run_dir: str) -> Optional[Tuple[int, Dict[str, Any]]]:
   """(round, payload) of the newest readable checkpoint, or None."""
   for round_num in reversed(rounds(run_dir)):
-    path = os.path.join(directory(run_dir), f"round-{round_num:06d}.pkl")
     try:
-      with open(path, "rb") as f:
-        payload = pickle.load(f)
-    except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ValueError):
+      payload = loads(path_of(run_dir, round_num))
+    except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile,
+            UnicodeDecodeError):
       continue  # a damaged file: fall back to the one before
-    if payload.get("format") == FORMAT:
+    if isinstance(payload, dict) and payload.get("format") == FORMAT:
       return round_num, payload
   return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import copy
 import dataclasses
+import io
 import os
 import signal
 import time
@@ -37,7 +38,7 @@ class TrainingConfig:
 
   Local work is `local_epochs` passes or `local_steps` mini-batch steps
   (exactly one of them). Round t's client learning rate is
-  client_lr * lr_decay^(t-1). `runner` is 'tff' or 'local'; `jit` applies to
+  client_lr * lr_decay^(t-1). `runner` is 'local' or 'tff'; `jit` applies to
   the local runner.
   """
   rounds: int
@@ -51,7 +52,7 @@ class TrainingConfig:
   lr_decay: float = 1.0
   client_momentum: float = 0.0
   client_state: str = "persist"
-  runner: str = "tff"
+  runner: str = "local"
   jit: str = "auto"
 
   def __post_init__(self):
@@ -438,19 +439,49 @@ def run_training(task: TaskSpec, data: FederatedData, config: TrainingConfig,
 
 def save_models(task: TaskSpec, directory: str, weights, client_model,
                 client_ids: Sequence[str], round_num: int) -> None:
-  """Each model as `model_<j>.keras` (Keras format) and `clients.json`:
+  """Each model as `model_<j>.npz` (its weights `w0, w1, ...` in the order of
+  `local_training.model_variables`: trainable, then non-trainable; read on any
+  stack) and `model_<j>.keras` (Keras' own format, readable only by the Keras
+  that wrote it), and `clients.json`:
   {"round": r, "num_models": K, "client_model": {client id: j}}."""
-  from tff_cluster import results
+  from tff_cluster import checkpoint, results
   os.makedirs(directory, exist_ok=True)
   model = task.model_fn()
   for j, w in enumerate(weights):
+    path = os.path.join(directory, f"model_{j}")
+    buffer = io.BytesIO()
+    np.savez(buffer, **{f"w{i}": np.asarray(a) for i, a in enumerate(w)})
+    checkpoint.atomic_write_bytes(path + ".npz", buffer.getvalue())
     local_training.set_weights(model, w)
-    path = os.path.join(directory, f"model_{j}.keras")
     model.save(path + ".tmp.keras")
-    os.replace(path + ".tmp.keras", path)
+    os.replace(path + ".tmp.keras", path + ".keras")
   results.write_json(os.path.join(directory, "clients.json"), {
       "round": int(round_num), "num_models": len(weights),
       "client_model": {c: int(j) for c, j in zip(client_ids, client_model)}})
+
+
+class WeightsMismatch(ValueError):
+  """Saved weights that do not fit the task's model (one line)."""
+
+
+def load_model_weights(task: TaskSpec, directory: str, j: int) -> List[np.ndarray]:
+  """Model `j` saved by `save_models` in `directory`: from `model_<j>.npz`
+  (any stack), else from `model_<j>.keras` (runs saved before the `.npz`
+  files; only the Keras that wrote it reads it). Raises `WeightsMismatch`
+  (one line) when the weights do not fit the task's model."""
+  path = os.path.join(directory, f"model_{j}")
+  expected = [tuple(s.shape) for s in local_training.weights_type_spec(task.model_fn())]
+  if os.path.isfile(path + ".npz"):
+    with np.load(path + ".npz", allow_pickle=False) as archive:
+      weights = [np.asarray(archive[f"w{i}"]) for i in range(len(archive.files))]
+  else:
+    weights = local_training.get_weights(
+        tf.keras.models.load_model(path + ".keras", compile=False))
+  shapes = [tuple(w.shape) for w in weights]
+  if shapes != expected:
+    raise WeightsMismatch(f"{path}: weights of shapes {shapes} do not fit --task={task.name} "
+                     f"--model={task.model_name} ({expected}); valid: the run's model")
+  return weights
 
 
 def check_num_groups(num_groups: int, data: FederatedData) -> None:

@@ -176,10 +176,11 @@ ENSEMBLE_SIZE = HParam("ensemble_size", int, 1, "Independent runs combined at te
 # ---------------------------------------------------------------------------
 # Runners.
 
-RUNNERS = ("tff", "local")
-RUNNER = HParam("runner", str, "tff", "Execution: tff (TFF computations on TFF's C++ "
-                "runtime, the reference) or local (the same maths in-process, "
-                "XLA-compiled where that pays, on a GPU when TensorFlow sees one).",
+RUNNERS = ("local", "tff")
+RUNNER = HParam("runner", str, "local", "Execution: local (in-process, XLA-compiled where "
+                "that pays, on a GPU when TensorFlow sees one; any stack) or tff (TFF "
+                "computations on TFF's C++ runtime, the reference the parity tests hold "
+                "local to; needs the TFF stack, the tff extra).",
                 choices=RUNNERS, group="runner")
 JIT = HParam("jit", str, "auto", "local runner: XLA-compile the client loop: auto "
              "(by model family and device, see README), on, off.",

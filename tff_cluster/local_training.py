@@ -32,8 +32,14 @@ from tff_cluster import models
 
 
 def model_variables(model: tf.keras.Model) -> List[tf.Variable]:
-  """Trainable then non-trainable variables: the order of every weight list."""
-  return list(model.trainable_variables) + list(model.non_trainable_variables)
+  """Trainable then non-trainable variables: the order of every weight list.
+
+  Non-trainable variables that are not floating point are not weights: Keras 3
+  keeps the random-generator state of its LSTM/dropout layers there (int64
+  `seed_generator_state`); tf_keras has none. BatchNorm statistics are floats.
+  """
+  return list(model.trainable_variables) + [
+      v for v in model.non_trainable_variables if tf.as_dtype(v.dtype).is_floating]
 
 
 def get_weights(model: tf.keras.Model) -> List[np.ndarray]:

@@ -228,8 +228,23 @@ def sent140_lstm(embedding_matrix: np.ndarray, seq_len: int = 25,
       vocab, dim,
       embeddings_initializer=tf.keras.initializers.Constant(embedding_matrix),
       trainable=False, name="embedding")(inputs)
-  h = tf.keras.layers.LSTM(100, return_sequences=True)(h)
-  h = tf.keras.layers.LSTM(100)(h)
+  h = tf.keras.layers.LSTM(100, return_sequences=True, **_keras3_lstm_seed(1))(h)
+  h = tf.keras.layers.LSTM(100, **_keras3_lstm_seed(2))(h)
   h = tf.keras.layers.Dense(30, activation="relu")(h)
   probs = tf.keras.layers.Dense(1, activation="sigmoid", name="probs")(h)
   return tf.keras.Model(inputs, probs, name=name)
+
+
+def _keras3_lstm_seed(seed: int) -> dict:
+  """`seed=` for a Keras 3 LSTM, {} for tf_keras (which has no such argument).
+
+  Keras 3 gives each LSTM a random generator for dropout (unused here: no
+  dropout); without a seed of its own it takes one from the global seed
+  stream, which shifts every later layer's initial weights away from what
+  tf_keras draws from the same `set_random_seed`. With it, both Keras draw the
+  same initial weights, so runs on either stack start alike.
+  """
+  import inspect
+  if "seed" in inspect.signature(tf.keras.layers.LSTM.__init__).parameters:
+    return {"seed": seed}
+  return {}

@@ -7,10 +7,13 @@
   groups.csv      one row per round: each client's group/model index (-1: none)
   summary.json    final/max test accuracy, timings, algorithm extras
   tensorboard/    TensorBoard scalars (tf.summary), one step per round, under
-                  metrics/, groups/, comm/ and time/; the run's HParams
+                  metrics/, groups/, comm/ and time/; the run's HParams (not
+                  written where the `tensorboard` package is missing)
   accuracy.png    test accuracy (per group too) and train loss curves
   checkpoints/    the run state for --resume (`tff_cluster.checkpoint`)
-  models/         final/ and best/ models (`model_<j>.keras`, `clients.json`)
+  models/         final/ and best/ models: `model_<j>.npz` (the weights, read on
+                  any stack), `model_<j>.keras` (Keras' own format, readable
+                  by the Keras that wrote it only) and `clients.json`
   eval_<task>.json  --eval_only results
 
 Non-finite numbers: a CSV cell holds `nan`, `inf` or `-inf` (an empty cell
@@ -23,6 +26,7 @@ present only when there are any.
 from __future__ import annotations
 
 import csv
+import importlib.util
 import io
 import json
 import math
@@ -210,13 +214,12 @@ def _package_version(name: str) -> Optional[str]:
     return None
 
 
-def library_versions() -> Dict[str, Optional[str]]:
-  """Python's and the installed numpy, TensorFlow and TFF versions (None: not
-  installed), read from the package metadata (nothing is imported)."""
-  return {"python": sys.version.split()[0],
-          "numpy": _package_version("numpy"),
-          "tensorflow": _package_version("tensorflow"),
-          "tensorflow_federated": _package_version("tensorflow-federated")}
+def library_versions() -> Dict[str, Any]:
+  """Python's and the installed numpy, TensorFlow, Keras, tf_keras and TFF
+  versions (None: not installed) and TF_USE_LEGACY_KERAS, read from the package
+  metadata (nothing is imported)."""
+  from tff_cluster import stack
+  return stack.versions()
 
 
 def _git(repo: str, *args: str) -> Optional[str]:
@@ -288,7 +291,9 @@ class ResultsWriter:
     self._groups_file = None
     self._groups_width = 0
     self._tb = None
-    if tensorboard:
+    # tf.summary's implementation is the tensorboard package (a dependency;
+    # absent only from installs made without dependencies): no logs without it.
+    if tensorboard and importlib.util.find_spec("tensorboard") is not None:
       import tensorflow as tf
       self._tb = tf.summary.create_file_writer(os.path.join(path, TENSORBOARD_DIR))
 

@@ -32,9 +32,13 @@ import threading
 import time
 from typing import Iterator, Optional
 
-import grpc
-import portpicker
-import tensorflow_federated as tff
+from tff_cluster import stack
+
+stack.require_tff()  # one line naming the install routes, not a ModuleNotFoundError
+
+import grpc  # noqa: E402
+import portpicker  # noqa: E402
+import tensorflow_federated as tff  # noqa: E402
 
 # Internal TFF modules: the public API offers no way to own the worker process.
 # They are stable within the pinned tensorflow-federated==0.87.0.

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-import tensorflow as tf
-import tensorflow_federated as tff
+from tff_cluster import stack
+
+stack.require_tff()  # one line naming the install routes, not a ModuleNotFoundError
+
+import tensorflow as tf  # noqa: E402
+import tensorflow_federated as tff  # noqa: E402
 
 
 def _tensor_type(spec) -> tff.TensorType:

@@ -152,6 +152,8 @@ def build_fedavg(model_fn: Callable[[], tf.keras.Model], loss,
   `{'client_work': {'loss_sum', 'num_examples'}, ...}`. The client work is
   `FedAvgDefinition`'s local update, the one both runners execute.
   """
+  from tff_cluster import stack
+  stack.require_tff()
   import tensorflow_federated as tff  # the definition itself needs no TFF
 
   from tff_cluster import runtime, tff_types

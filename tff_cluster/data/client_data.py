@@ -24,6 +24,8 @@ def to_client_data(client_ids: Sequence[str], split: Dict[str, Arrays],
                    x_key: str = "x", y_key: str = "y"):
   """A TFF `ClientData` over `split` (client id -> (x, y)); elements
   `{x_key: x_row, y_key: y_row}`, in each client's stored order."""
+  from tff_cluster import stack
+  stack.require_tff()
   import tensorflow as tf
   import tensorflow_federated as tff
 

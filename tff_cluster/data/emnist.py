@@ -64,6 +64,16 @@ def client_data_to_federated(train_cd, test_cd, num_classes: int,
   return FederatedData(ids, train, test, num_classes, description=description)
 
 
+def require_tff_reader(what: str) -> None:
+  """A `DataError` (one line) where TFF, whose reader these files need, is missing."""
+  from tff_cluster import stack
+  problem = stack.tff_problem()
+  if problem is not None:
+    raise DataError(f"reading TFF's {what} needs TensorFlow Federated, which this stack "
+                    "lacks: use the TFF stack (`uv sync --extra tff` on Python "
+                    "3.10/3.11), or give LEAF FEMNIST JSON as --data_dir")
+
+
 def load_emnist(only_digits: bool = True, cache_dir: Optional[str] = None,
                 num_clients: Optional[int] = None, seed: int = 0
                 ) -> FederatedData:
@@ -76,6 +86,7 @@ def load_emnist(only_digits: bool = True, cache_dir: Optional[str] = None,
       Converting all 3,400 writers to numpy takes minutes.
     seed: seed of that subset.
   """
+  require_tff_reader(EMNIST_DB_FILE)
   import tensorflow_federated as tff  # deferred: heavy import.
   where = os.path.expanduser(cache_dir or DEFAULT_CACHE_DIR)
   try:

@@ -52,6 +52,8 @@ def make_runner(name: str, definition, model_fn, loss: str, data, seed: int,
   the definition's modes it will run (default all; the tff runner builds
   their computations up front)."""
   if name == "tff":
+    from tff_cluster import stack
+    stack.require_tff()
     from tff_cluster.runners import tff_runner
     return tff_runner.TffRunner(definition, model_fn, loss, data, seed, modes=modes)
   if name == "local":

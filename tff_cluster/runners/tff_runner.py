@@ -24,7 +24,12 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
-import tensorflow_federated as tff
+
+from tff_cluster import stack
+
+stack.require_tff()  # one line naming the install routes, not a ModuleNotFoundError
+
+import tensorflow_federated as tff  # noqa: E402
 
 from tff_cluster import experiment, local_training, runtime, tff_types
 from tff_cluster.algorithms.definition import round_params

@@ -96,11 +96,12 @@ def pool_leaf(path: str) -> Pooled:
 def pool_sqlite(cache_dir: str) -> Pooled:
   """All a-j images of TFF's `emnist_all.sqlite` in `cache_dir` (62-class
   train then test tables; clients in TFF's order for seed 0)."""
-  import tensorflow as tf  # deferred: heavy imports.
-  import tensorflow_federated as tff
   db = os.path.join(cache_dir, emnist.EMNIST_DB_FILE)
   if not os.path.isfile(db):  # TFF would download it: never do that here.
     raise DataError(f"{db} not found: expected {_SOURCES_TEXT}")
+  emnist.require_tff_reader(db)
+  import tensorflow as tf  # deferred: heavy imports.
+  import tensorflow_federated as tff
   xs, ys = [], []
   try:
     splits = tff.simulation.datasets.emnist.load_data(only_digits=False,

@@ -1,0 +1,189 @@
+#!/usr/bin/env bash
+# The test suite on every stack this machine's interpreters allow, one phase each:
+#
+#   tff     the whole suite on the TFF stack (Python 3.11, else 3.10):
+#           TF 2.14.1 + TFF 0.87, the `tff` runner and the runner parity tests
+#   today   the suite less the TFF-only tests on today's stack with Keras 3
+#           (Python 3.12, else 3.13, 3.11, 3.10), with the cross-stack checks
+#           (metrics against the TFF stack's reference, checkpoints resumed
+#           across the two stacks) when the tff phase's environment exists
+#   keras2  the model and training tests with Keras 2 (tf_keras,
+#           TF_USE_LEGACY_KERAS=1) in the same environment
+#   colab   a Colab-like runtime (Python 3.13 with Colab's pins,
+#           .ci/colab-constraints.txt): the notebook installs the checkout with
+#           a plain `pip install` that must change none of them, then a 3-round
+#           CLI run and the API on Keras 3 and tf_keras
+#   pip     `pip install '.[legacy-keras]'` into a fresh Python 3.12 venv
+#           (today's TensorFlow from PyPI, no TFF), then the same checks
+#
+# Usage: scripts/test.sh [PHASE ...]   (default: all five). Environments are
+# built from uv.lock with uv (installed with pip when missing): .venv-tff,
+# .venv-py3.X (today's stack, with the legacy-keras extra); .venv-colab and
+# .venv-pip are made anew each time.
+# A phase whose interpreter is missing is skipped with the reason. Each phase
+# prints its time; the last line sums the tests of every phase. Exit status:
+# non-zero when any phase failed. Extra pytest options: PYTEST_ADDOPTS.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+export PYTHONUNBUFFERED=1
+REPORTS="$ROOT/.test-reports"
+rm -rf "$REPORTS" && mkdir -p "$REPORTS"
+
+PHASES=("$@")
+[ ${#PHASES[@]} -eq 0 ] && PHASES=(tff today keras2 colab pip)
+for phase in "${PHASES[@]}"; do
+  case $phase in tff|today|keras2|colab|pip) ;;
+    *) echo "scripts/test.sh: error: unknown phase '$phase'; valid: tff, today, keras2, colab, pip" >&2
+       exit 2 ;;
+  esac
+done
+wants() { local p; for p in "${PHASES[@]}"; do [ "$p" = "$1" ] && return 0; done; return 1; }
+
+if ! python3 -m uv --version >/dev/null 2>&1; then
+  python3 -m pip install --quiet uv || { echo "error: cannot install uv with pip" >&2; exit 1; }
+fi
+UV=(python3 -m uv)
+
+# An interpreter of version $1 (e.g. 3.12) that runs: on PATH, in pyenv's
+# versions (uv takes it by path), or one uv knows; empty if none.
+find_python() {
+  local v=$1 p candidates=()
+  p=$(command -v "python$v" 2>/dev/null) && candidates+=("$p")
+  if command -v pyenv >/dev/null 2>&1; then
+    while IFS= read -r p; do candidates+=("$p"); done < <(
+      ls -d "$(pyenv root)"/versions/"$v".*/bin/"python$v" 2>/dev/null | sort -rV)
+  fi
+  p=$("${UV[@]}" python find --no-python-downloads "$v" 2>/dev/null) && candidates+=("$p")
+  for p in "${candidates[@]}"; do
+    if [ "$("$p" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)" = "$v" ]; then
+      echo "$p"; return 0
+    fi
+  done
+  return 1
+}
+first_python() { local v; for v in "$@"; do find_python "$v" && return 0; done; return 1; }
+
+declare -A STATUS SECONDS_OF
+ORDER=()
+record() { ORDER+=("$1"); STATUS[$1]=$2; SECONDS_OF[$1]=$3; }
+skip() { echo "== $1: skipped ($2)"; record "$1" "skipped: $2" 0; }
+
+# uv sync of a project environment: sync NAME PYTHON [uv args...]
+sync() {
+  local env=$1 py=$2; shift 2
+  UV_PROJECT_ENVIRONMENT="$env" "${UV[@]}" sync --frozen --python "$py" "$@"
+}
+
+run_pytest() {  # run_pytest PHASE PYTHON [pytest args...]
+  local phase=$1 py=$2; shift 2
+  "$py" -m pytest -p no:cacheprovider --junitxml="$REPORTS/$phase.xml" "$@"
+}
+
+phase() {  # phase NAME COMMAND...: runs it, records status and seconds
+  local name=$1; shift
+  echo "== $name: $*"
+  local start=$SECONDS
+  "$@"
+  local rc=$?
+  record "$name" "$([ $rc -eq 0 ] && echo passed || echo "failed (exit $rc)")" $((SECONDS - start))
+  echo "== $name: $([ $rc -eq 0 ] && echo passed || echo "FAILED (exit $rc)") in $((SECONDS - start)) s"
+}
+
+# ---------------------------------------------------------------------------
+# Interpreters and environments.
+
+PY_TFF=$(first_python 3.11 3.10) || PY_TFF=""
+PY_TODAY=$(first_python 3.12 3.13 3.11 3.10) || PY_TODAY=""
+PY_COLAB=$(find_python 3.13) || PY_COLAB=""
+PY_PIP=$(first_python 3.12 3.13) || PY_PIP=""
+TODAY_ENV=""
+[ -n "$PY_TODAY" ] && TODAY_ENV=".venv-py$("$PY_TODAY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+
+install_all() {
+  local rc=0
+  if wants tff || wants today; then
+    if [ -n "$PY_TFF" ]; then sync .venv-tff "$PY_TFF" --extra tff || rc=1; fi
+  fi
+  if { wants today || wants keras2; } && [ -n "$PY_TODAY" ]; then
+    sync "$TODAY_ENV" "$PY_TODAY" --extra legacy-keras || rc=1
+  fi
+  if wants colab && [ -n "$PY_COLAB" ]; then
+    rm -rf .venv-colab
+    "${UV[@]}" venv --quiet --python "$PY_COLAB" .venv-colab &&
+      "${UV[@]}" pip install --quiet --python .venv-colab/bin/python \
+        -r .ci/colab-constraints.txt || rc=1
+  fi
+  if wants pip && [ -n "$PY_PIP" ]; then  # pip resolves today's stack itself
+    rm -rf .venv-pip
+    "$PY_PIP" -m venv .venv-pip &&
+      .venv-pip/bin/python -m pip install --quiet --disable-pip-version-check \
+        ".[legacy-keras]" pytest nbclient nbformat ipykernel || rc=1
+  fi
+  return $rc
+}
+phase install install_all
+
+# ---------------------------------------------------------------------------
+# The phases.
+
+tff_phase() {
+  ( unset TF_USE_LEGACY_KERAS; run_pytest tff .venv-tff/bin/python )
+}
+today_phase() {
+  ( unset TF_USE_LEGACY_KERAS
+    # The cross-stack tests (tests/test_cross_stack.py) resume checkpoints
+    # written by the TFF stack's interpreter, and the other way round.
+    [ -x .venv-tff/bin/python ] && export TFF_CLUSTER_TFF_PYTHON="$ROOT/.venv-tff/bin/python"
+    run_pytest today "$TODAY_ENV/bin/python" -m "not tff" )
+}
+keras2_phase() {
+  ( export TF_USE_LEGACY_KERAS=1
+    run_pytest keras2 "$TODAY_ENV/bin/python" -m "not tff" tests/test_models.py \
+      tests/test_local_training.py tests/test_api.py tests/test_cross_stack.py \
+      tests/test_stack.py )
+}
+colab_phase() {
+  ( unset TF_USE_LEGACY_KERAS; export TFF_CLUSTER_PIP_PHASE=colab
+    run_pytest colab .venv-colab/bin/python tests/test_pip_install.py )
+}
+pip_phase() {
+  ( unset TF_USE_LEGACY_KERAS; export TFF_CLUSTER_PIP_PHASE=pip
+    run_pytest pip .venv-pip/bin/python tests/test_pip_install.py )
+}
+
+# maybe_phase NAME INTERPRETER WHY-SKIPPED: runs NAME_phase when asked for and
+# its interpreter was found.
+maybe_phase() {
+  wants "$1" || return 0
+  if [ -z "$2" ]; then skip "$1" "$3"; else phase "$1" "$1_phase"; fi
+}
+maybe_phase tff "$PY_TFF" "no Python 3.10/3.11 interpreter: TFF 0.87 installs on those only"
+maybe_phase today "$PY_TODAY" "no Python 3.10-3.13 interpreter"
+maybe_phase keras2 "$PY_TODAY" "no Python 3.10-3.13 interpreter"
+maybe_phase colab "$PY_COLAB" "no Python 3.13 interpreter (Colab's)"
+maybe_phase pip "$PY_PIP" "no Python 3.12/3.13 interpreter"
+
+# ---------------------------------------------------------------------------
+# Summary: each phase's time, then the tests of every phase added up.
+
+echo
+echo "phase     seconds  result"
+failed=0
+for name in "${ORDER[@]}"; do
+  printf "%-8s %8s  %s\n" "$name" "${SECONDS_OF[$name]}" "${STATUS[$name]}"
+  case ${STATUS[$name]} in failed*) failed=1 ;; esac
+done
+python3 - "$REPORTS" <<'EOF'
+import glob, sys
+import xml.etree.ElementTree as ET
+passed = failed = skipped = 0
+for path in sorted(glob.glob(sys.argv[1] + "/*.xml")):
+  root = ET.parse(path).getroot()
+  for suite in ([root] if root.tag == "testsuite" else root.iter("testsuite")):
+    tests, fail = int(suite.get("tests", 0)), int(suite.get("failures", 0)) + int(suite.get("errors", 0))
+    skip = int(suite.get("skipped", 0))
+    passed += tests - fail - skip; failed += fail; skipped += skip
+print(f"total: {passed} passed, {failed} failed, {skipped} skipped")
+EOF
+exit $failed
