@@ -131,7 +131,7 @@ _GENERAL = ("algo", "task", "model", "num_clients", "data_dir", "synthetic_alpha
 # The runner and its XLA setting compute the same rounds (parity tests), so a
 # run started on `tff` (or on another stack) may go on with `local`.
 _RESUME_MAY_CHANGE = ("rounds", "output_dir", "overwrite", "progress", "checkpoint_every",
-                      "resume", "eval_only", "runner", "jit")
+                      "resume", "eval_only", "runner", "jit", "divergence_ratio")
 
 
 class UsageError(Exception):

@@ -16,10 +16,22 @@ for this setting: full participation, 10 full-batch steps, lr 0.1):
               all 2,400 clients (the paper's normaliser);
   IFCA        uniform averaging, 10 steps, lr 0.1, no decay;
   FedAvg      one model (P = 1), 10 steps, lr 0.1, no decay.
-Order (the issue's, when time is short): CFL-MGD II and IFCA for the seeds
-given first, then CFL-MGD I and FedAvg with the first seed.
+Controls that separate CFL-MGD's momentum from its learning-rate schedule
+(the paper states the 0.99 decay among its experiment settings, not as part
+of MGD):
+  IFCA decay 0.99      IFCA with --lr_decay=0.99;
+  FedAvg decay 0.99    FedAvg with --lr_decay=0.99;
+  CFL-MGD II beta 0    option II without momentum, with the decay: IFCA with
+                       the decay by construction (a test shows it equal).
+Every training client here has no test data and the 400 test-only clients
+choose by test loss, so IFCA's --ifca_eval options score alike; ARI counts
+the training clients' assignments.
+Order (`--plan`): main: CFL-MGD II and IFCA for the seeds given, then CFL-MGD I
+and FedAvg with the first seed; controls: IFCA and FedAvg with the decay for
+the seeds given, then CFL-MGD II with beta 0 for the first seed.
 
   python benchmarks/cflmgd_table2.py --seeds=0,1,2
+  python benchmarks/cflmgd_table2.py --plan=controls --seeds=0,1,2
   python benchmarks/cflmgd_table2.py --project   # time 2 rounds each, project
   python benchmarks/cflmgd_table2.py --table_only
 """
@@ -35,8 +47,9 @@ from typing import List, Sequence
 
 import numpy as np
 
-from fedgroup_table3 import (completed_summary, load_recorded, mean_std, run_one,
-                             save_markdown, save_recorded, truncated)
+from fedgroup_table3 import (completed_summary, diverged_cell, diverged_summary,
+                             load_recorded, mean_std, run_one, save_markdown, save_recorded,
+                             truncated)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data")
@@ -50,27 +63,57 @@ METHODS = {
                   "--cfl_mgd_grad_batches=1", "--lr_decay=0.99", "--num_groups=4"],
     "IFCA": ["--algo=ifca", "--num_groups=4"],
     "FedAvg": ["--algo=fedavg"],
+    "IFCA decay 0.99": ["--algo=ifca", "--num_groups=4", "--lr_decay=0.99"],
+    "FedAvg decay 0.99": ["--algo=fedavg", "--lr_decay=0.99"],
+    "CFL-MGD II beta 0": ["--algo=cfl_mgd", "--cfl_mgd_option=model", "--cfl_mgd_beta=0",
+                           "--lr_decay=0.99", "--num_groups=4"],
+}
+# Each row's settings in words (the table's label column).
+LABELS = {
+    "CFL-MGD II": "option II, beta 0.9, lr 0.1 decay 0.99",
+    "CFL-MGD I": "option I, beta 0.9, one full-batch gradient, lr 0.1 decay 0.99",
+    "IFCA": "uniform averaging, lr 0.1, no decay",
+    "FedAvg": "one model, lr 0.1, no decay",
+    "IFCA decay 0.99": "uniform averaging, lr 0.1 decay 0.99",
+    "FedAvg decay 0.99": "one model, lr 0.1 decay 0.99",
+    "CFL-MGD II beta 0": "option II without momentum, lr 0.1 decay 0.99 (= IFCA)",
 }
 
 
-def plan(seeds: Sequence[int]) -> List[tuple]:
+def plan(seeds: Sequence[int], which: str = "main") -> List[tuple]:
+  if which == "controls":
+    return ([(m, s) for s in seeds for m in ("IFCA decay 0.99", "FedAvg decay 0.99")]
+            + [("CFL-MGD II beta 0", seeds[0])])
   first = [(m, s) for s in seeds for m in ("CFL-MGD II", "IFCA")]
   return first + [("CFL-MGD I", seeds[0]), ("FedAvg", seeds[0])]
 
 
 def run_dir(out: str, method: str, seed: int) -> str:
-  return os.path.join(out, method.replace(" ", "_").replace("-", ""), f"seed{seed}")
+  safe = "".join(c for c in method.replace(" ", "_").replace("-", "") if c.isalnum() or c in "_.")
+  return os.path.join(out, safe, f"seed{seed}")
 
 
 def final_accuracy(directory: str):
+  """(final accuracy or None if diverged, s/round, largest loss ratio,
+  diverged round or None) of a finished run, else None."""
   summary = completed_summary(directory)
-  if summary is None:
-    return None
-  return summary.get("final_test_accuracy"), summary.get("mean_round_seconds")
+  if summary is not None:
+    return (summary.get("final_test_accuracy"), summary.get("mean_round_seconds"),
+            summary.get("max_loss_ratio"), None)
+  summary = diverged_summary(directory)
+  if summary is not None:
+    return None, summary.get("mean_round_seconds", float("nan")), None, \
+        summary["diverged_round"]
+  return None
 
 
 RECORD_KEY = ("method", "seed")
-RECORD_FIELDS = RECORD_KEY + ("final_accuracy", "seconds_per_round", "recorded", "note")
+RECORD_FIELDS = RECORD_KEY + ("final_accuracy", "seconds_per_round", "max_loss_ratio",
+                              "diverged_round", "recorded", "note")
+
+
+def _float(text):
+  return float(text) if text not in (None, "") else None
 
 
 def write_table(args) -> str:
@@ -79,8 +122,10 @@ def write_table(args) -> str:
   `--record` adds the runs on disk to that file."""
   got = {}
   for r in load_recorded("cflmgd_table2"):
-    got.setdefault(r["method"], {})[int(r["seed"])] = (float(r["final_accuracy"]),
-                                                       float(r["seconds_per_round"]))
+    diverged = _float(r.get("diverged_round"))
+    got.setdefault(r["method"], {})[int(r["seed"])] = (
+        _float(r["final_accuracy"]), float(r["seconds_per_round"]),
+        _float(r.get("max_loss_ratio")), None if diverged is None else int(diverged))
   on_disk = []
   for method in METHODS:
     base = os.path.dirname(run_dir(args.out, method, 0))
@@ -90,21 +135,32 @@ def write_table(args) -> str:
       result = final_accuracy(os.path.join(base, name)) if name.startswith("seed") else None
       if result is not None:
         got.setdefault(method, {})[int(name[4:])] = result
-        on_disk.append(dict(method=method, seed=int(name[4:]), final_accuracy=f"{result[0]:.6f}",
-                            seconds_per_round=truncated(result[1], 2),
-                            recorded=time.strftime("%Y-%m-%d"), note=""))
+        accuracy, seconds, ratio, diverged = result
+        on_disk.append(dict(
+            method=method, seed=int(name[4:]),
+            final_accuracy="" if accuracy is None else f"{accuracy:.6f}",
+            seconds_per_round=truncated(seconds, 2),
+            max_loss_ratio="" if ratio is None else f"{ratio:.4g}",
+            diverged_round="" if diverged is None else diverged,
+            recorded=time.strftime("%Y-%m-%d"), note=""))
   if getattr(args, "record", False) and on_disk:
     save_recorded("cflmgd_table2", on_disk, RECORD_KEY, RECORD_FIELDS)
-  rows = ["| method | seeds | ours (round 300) | paper | s/round |", "|---|---|---|---|---|"]
+  rows = ["| method | settings | seeds | ours (round 300) | paper | s/round | max loss ratio |",
+          "|---|---|---|---|---|---|---|"]
   for method in METHODS:
     runs = got.get(method)
     if not runs:
       continue
     seeds = sorted(runs)
-    paper = PAPER[method]
-    rows.append(f"| {method} | {','.join(map(str, seeds))} | "
-                f"{mean_std([runs[s][0] for s in seeds])} | {paper[0]:.2f} ± {paper[1]:.2f} | "
-                f"{truncated(np.median([runs[s][1] for s in seeds]), 1)} |")
+    paper = PAPER.get(method)
+    diverged = [runs[s][3] for s in seeds if runs[s][3] is not None]
+    cell = (diverged_cell(diverged, len(seeds)) if diverged
+            else mean_std([runs[s][0] for s in seeds]))
+    ratios = [runs[s][2] for s in seeds if runs[s][2] is not None]
+    rows.append(f"| {method} | {LABELS[method]} | {','.join(map(str, seeds))} | {cell} | "
+                f"{'–' if paper is None else f'{paper[0]:.2f} ± {paper[1]:.2f}'} | "
+                f"{truncated(np.median([runs[s][1] for s in seeds]), 1)} | "
+                f"{f'{max(ratios):.3g}' if ratios else '–'} |")
   text = "\n".join(rows)
   save_markdown(args.table, text)
   return text
@@ -113,6 +169,8 @@ def write_table(args) -> str:
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--seeds", default="0,1,2")
+  p.add_argument("--plan", default="main", choices=("main", "controls"),
+                 help="main: the paper's rows; controls: the schedule controls")
   p.add_argument("--methods", default=",".join(METHODS))
   p.add_argument("--data_dir", default=os.path.join(SHARED, "mnist"))
   p.add_argument("--out", default=os.path.join(REPO_ROOT, "results", "cflmgd_table2"))
@@ -130,7 +188,7 @@ def main(argv=None):
   if bad:
     raise SystemExit(f"cflmgd_table2.py: error: unknown method {bad[0]!r}; valid: "
                      f"{', '.join(METHODS)}")
-  jobs = [(m, s) for m, s in plan(seeds) if m in wanted]
+  jobs = [(m, s) for m, s in plan(seeds, args.plan) if m in wanted]
   flags = lambda m: ["--task=rotated_mnist", f"--data_dir={args.data_dir}", *METHODS[m]]  # noqa: E731
   if args.project:
     total = 0.0

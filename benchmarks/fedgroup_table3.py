@@ -9,7 +9,9 @@ FG-RAC-EDC, FG-EDC, FGP-EDC, FG-MADC, FGP-MADC. IFCA and FeSEM join when they
 are registered algorithms. The score is Table 3's: the maximum test accuracy
 over the rounds, for FedGroup columns over the clients ever assigned to a group
 (`max_test_accuracy_assigned`, the paper's protocol), for the baselines over
-all clients (`max_test_accuracy`).
+all clients (`max_test_accuracy`), each tested with the model it holds: IFCA's
+clients with the cluster their training loss chose (`--ifca_eval=assigned`; a
+client not sampled yet, the argmin of its training loss over the K models).
 
 Rows:
   synthetic      Synthetic(1,1)-MCLR: our seeded draws of FedProx's generator,
@@ -73,7 +75,7 @@ PAPER = {
 COLUMNS = {
     "FedAvg": ["--algo=fedavg"],
     "FedProx": ["--algo=fedprox"],
-    "IFCA": ["--algo=ifca"],
+    "IFCA": ["--algo=ifca", "--ifca_eval=assigned"],
     "FeSEM": ["--algo=fesem"],
     "FG-RCC-EDC": ["--algo=fedgroup", "--measure=edc", "--cold_start=rcc"],
     "FG-RAC-EDC": ["--algo=fedgroup", "--measure=edc", "--cold_start=rac"],
@@ -133,8 +135,9 @@ def run_dir(out: str, row: str, column: str, seed: int) -> str:
 
 def run_one(flags: List[str], directory: str, seed: int, runner: str,
             rounds: Optional[int]) -> dict:
-  """Runs (or reuses) one experiment; returns its summary.json."""
-  summary = completed_summary(directory)
+  """Runs (or reuses) one experiment; returns its summary.json (a run the
+  divergence guard stopped is finished too: its summary says "diverged")."""
+  summary = completed_summary(directory) or diverged_summary(directory)
   if summary is not None:
     return summary
   if checkpoint.rounds(directory):
@@ -158,6 +161,22 @@ def completed_summary(directory: str) -> Optional[dict]:
   return summary if summary.get("completed") else None
 
 
+def diverged_summary(directory: str) -> Optional[dict]:
+  """The run's summary.json if the divergence guard stopped it, else None."""
+  path = os.path.join(directory, "summary.json")
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    summary = json.load(f)
+  return summary if summary.get("reason") == "diverged" else None
+
+
+def diverged_cell(rounds: Sequence[int], total: int) -> str:
+  """A table cell for runs the guard stopped: "diverged at round r (k/n seeds)"
+  (the earliest round)."""
+  return f"diverged at round {min(rounds)} ({len(rounds)}/{total} seeds)"
+
+
 def _resume(directory: str, rounds: Optional[int]) -> dict:
   cmd = [sys.executable, os.path.join(REPO_ROOT, "run_experiment.py"), "--resume",
          "--progress=false", f"--output_dir={directory}"]
@@ -170,6 +189,8 @@ def _run(cmd: List[str], directory: str, rounds: Optional[int], what: str) -> di
     cmd.append(f"--rounds={rounds}")
   t0 = time.perf_counter()
   proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True)
+  if proc.returncode == 3 and diverged_summary(directory) is not None:
+    return diverged_summary(directory)  # a result: the table says it diverged
   if proc.returncode != 0:
     tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
     raise RuntimeError(f"{what}: exit {proc.returncode}: {tail}")
@@ -303,8 +324,8 @@ def main(argv=None):
     cols = dict(columns)
     if args.ablation and row["row"].startswith("Synthetic"):
       cols.update(ABLATION)
-    if not row["row"].startswith("Synthetic"):  # there all 100 clients are pre-trained
-      cols.update(NEWCOMER_COLUMNS)
+    if not row["row"].startswith("Synthetic") and any(c.startswith("FG") for c in columns):
+      cols.update(NEWCOMER_COLUMNS)  # (on Synthetic all 100 clients are pre-trained)
     for column, flags in cols.items():
       for seed in seeds:
         jobs.append((row, column, seed, [*row["flags"], *flags]))

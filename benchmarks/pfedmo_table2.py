@@ -8,13 +8,15 @@ pi = 1. Label skew (its Fig. 4): 3 classes per worker, LeNet-5, tau = 40,
 pi = 0.5. The server's public set: 6,000 training images (the task's default),
 disjoint from the workers'; the scoring batch: 64 test images, fixed.
 
-Methods: pFedMo with eq. 12 as printed (`eq12`) and with the text's reading
-(`mix`), FedNAG, FedMom, SlowMo, MimeLite (TFF's), FedAvgM (not in the
+Methods: pFedMo with eq. 12 as printed (`eq12`, the rule the paper's Theorem 2
+bounds) and the project's variant `mix` (after the paper's prose), FedNAG,
+FedMom, SlowMo, Mime and MimeLite with the base optimizer the Mime paper is
+cited for ((1 - beta) g + beta m, `--mime_momentum_form=paper`), MimeLite with
+TFF's (beta m + g) at beta 0.9 and 0.5 for reference, FedAvgM (not in the
 paper's table), FedProx (mu = 0.01, ours) and FedAvg, D_i/D weights
 (`--client_weighting=samples`). The server-momentum baselines use our
-defaults (eta_s = 1, beta = 0.9; MimeLite beta = 0.9, and 0.5: TFF's momentum
-m <- beta m + g scales the fixed server term by up to 1 / (1 - beta), which
-40 local steps at beta = 0.9 do not survive): the paper gives none.
+defaults (eta_s = 1, beta = 0.9): the paper gives none. FedADC, FastSlowMo
+and DOMO are not implemented: their update rules could not be read here.
 
 Scores, at the final aggregation (T = 1,000): `global` = the accuracy of the
 global model (pFedMo/FedNAG: x_+; the others: their only model) on the
@@ -38,32 +40,37 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from fedgroup_table3 import (completed_summary, load_recorded, mean_std, run_one,
-                             save_markdown, save_recorded, truncated)
+from fedgroup_table3 import (completed_summary, diverged_cell, diverged_summary,
+                             load_recorded, mean_std, run_one, save_markdown, save_recorded,
+                             truncated)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data")
 
 # The paper's Table 2 (%), MNIST columns; None: not in the table.
 PAPER = {
-    "pFedMo (eq12)": (89.36, 97.23), "pFedMo (mix)": (89.36, 97.23),
+    "pFedMo (eq. 12)": (89.36, 97.23), "pFedMo-mix (project variant)": (89.36, 97.23),
     "FedNAG": (88.14, 95.04), "FedMom": (88.05, 94.74), "SlowMo": (88.00, 94.88),
-    "MimeLite": (87.73, 93.89), "MimeLite (β 0.5)": (87.73, 93.89), "FedAvgM": None, "FedProx": (86.85, 93.78),
-    "FedAvg": (86.89, 93.31),
+    "Mime (paper form)": (87.73, 93.89), "MimeLite (paper form)": (87.73, 93.89),
+    "MimeLite (TFF form)": (87.73, 93.89), "MimeLite (TFF form β 0.5)": (87.73, 93.89),
+    "FedAvgM": None, "FedProx": (86.85, 93.78), "FedAvg": (86.89, 93.31),
 }
 METHODS = {
-    "pFedMo (eq12)": ["--algo=pfedmo", "--pfedmo_model=eq12"],
-    "pFedMo (mix)": ["--algo=pfedmo", "--pfedmo_model=mix"],
+    "pFedMo (eq. 12)": ["--algo=pfedmo", "--pfedmo_model=eq12"],
+    "pFedMo-mix (project variant)": ["--algo=pfedmo", "--pfedmo_model=mix"],
     "FedNAG": ["--algo=fednag"],
     "FedMom": ["--algo=fedmom", "--client_weighting=samples"],
     "SlowMo": ["--algo=slowmo", "--client_weighting=samples"],
-    "MimeLite": ["--algo=mime_lite"],
-    "MimeLite (β 0.5)": ["--algo=mime_lite", "--mime_momentum=0.5"],
+    "Mime (paper form)": ["--algo=mime", "--mime_momentum_form=paper"],
+    "MimeLite (paper form)": ["--algo=mime_lite", "--mime_momentum_form=paper"],
+    "MimeLite (TFF form)": ["--algo=mime_lite", "--mime_momentum_form=tff"],
+    "MimeLite (TFF form β 0.5)": ["--algo=mime_lite", "--mime_momentum_form=tff",
+                                  "--mime_momentum=0.5"],
     "FedAvgM": ["--algo=fedavgm", "--client_weighting=samples"],
     "FedProx": ["--algo=fedprox", "--client_weighting=samples"],
     "FedAvg": ["--algo=fedavg", "--client_weighting=samples"],
 }
-PERSONAL = ("pFedMo (eq12)", "pFedMo (mix)", "FedNAG")
+PERSONAL = ("pFedMo (eq. 12)", "pFedMo-mix (project variant)", "FedNAG")
 SETTINGS = {
     "logistic": ["--model=logistic", "--local_steps=20", "--rounds=50",
                  "--nag_momentum=0.5", "--pfedmo_pi=1"],
@@ -91,29 +98,39 @@ def flags_for(setting: str, method: str, data_dir: str) -> List[str]:
 
 
 def run_dir(out: str, setting: str, method: str, seed: int) -> str:
-  safe = (method.replace(" ", "_").replace("(", "").replace(")", "")
-          .replace("β", "beta"))
+  safe = "".join(c for c in method.replace(" ", "_").replace("β", "beta").replace(".", "")
+                 if c.isalnum() or c in "_-")
   return os.path.join(out, setting, safe, f"seed{seed}")
 
 
 def score(directory: str, method: str) -> Optional[Dict[str, float]]:
-  if completed_summary(directory) is None:
+  """The final aggregation's scores of a finished run ({'diverged': round}
+  for a run the divergence guard stopped), else None."""
+  stopped = diverged_summary(directory)
+  if stopped is not None:
+    return {"global": None, "personal": None, "seconds": float("nan"), "ratio": None,
+            "diverged": int(stopped["diverged_round"])}
+  summary = completed_summary(directory)
+  if summary is None:
     return None
   with open(os.path.join(directory, "metrics.jsonl")) as f:
     rows = [json.loads(line) for line in f if line.strip()]
   last = rows[-1]
   # The median round: robust to a round paused or shared with other runs.
   seconds = float(np.median([r["round_seconds"] for r in rows if r.get("round_seconds")]))
+  out = {"seconds": seconds, "ratio": summary.get("max_loss_ratio"), "diverged": None}
   if method in PERSONAL:
-    return {"global": last["global_test_accuracy"], "personal": last["test_accuracy"],
-            "round": last["round"], "seconds": seconds}
-  return {"global": last["test_accuracy"], "personal": None, "round": last["round"],
-          "seconds": seconds}
+    return {**out, "global": last["global_test_accuracy"], "personal": last["test_accuracy"]}
+  return {**out, "global": last["test_accuracy"], "personal": None}
 
 
 RECORD_KEY = ("setting", "method", "seed")
 RECORD_FIELDS = RECORD_KEY + ("global_accuracy", "personal_accuracy", "seconds_per_round",
-                              "recorded", "note")
+                              "max_loss_ratio", "diverged_round", "recorded", "note")
+
+
+def _float(text):
+  return float(text) if text not in (None, "") else None
 
 
 def collect(args) -> Dict[tuple, Dict[int, Dict[str, Optional[float]]]]:
@@ -123,10 +140,11 @@ def collect(args) -> Dict[tuple, Dict[int, Dict[str, Optional[float]]]]:
   file."""
   got: Dict[tuple, Dict[int, Dict[str, Optional[float]]]] = {}
   for r in load_recorded("pfedmo_table2"):
+    diverged = _float(r.get("diverged_round"))
     got.setdefault((r["setting"], r["method"]), {})[int(r["seed"])] = {
-        "global": float(r["global_accuracy"]),
-        "personal": float(r["personal_accuracy"]) if r["personal_accuracy"] else None,
-        "seconds": float(r["seconds_per_round"])}
+        "global": _float(r["global_accuracy"]), "personal": _float(r["personal_accuracy"]),
+        "seconds": float(r["seconds_per_round"]), "ratio": _float(r.get("max_loss_ratio")),
+        "diverged": None if diverged is None else int(diverged)}
   on_disk = []
   for setting in SETTINGS:
     for method in METHODS:
@@ -140,9 +158,11 @@ def collect(args) -> Dict[tuple, Dict[int, Dict[str, Optional[float]]]]:
         got.setdefault((setting, method), {})[int(name[4:])] = result
         on_disk.append(dict(
             setting=setting, method=method, seed=int(name[4:]),
-            global_accuracy=f"{result['global']:.6f}",
+            global_accuracy="" if result["global"] is None else f"{result['global']:.6f}",
             personal_accuracy="" if result["personal"] is None else f"{result['personal']:.6f}",
             seconds_per_round=truncated(result["seconds"], 3),
+            max_loss_ratio="" if result["ratio"] is None else f"{result['ratio']:.4g}",
+            diverged_round="" if result["diverged"] is None else result["diverged"],
             recorded=time.strftime("%Y-%m-%d"), note=""))
   if getattr(args, "record", False) and on_disk:
     save_recorded("pfedmo_table2", on_disk, RECORD_KEY, RECORD_FIELDS)
@@ -162,15 +182,20 @@ def write_table(args) -> str:
       paper = PAPER.get(method)
       col = PAPER_COLUMN.get(setting)
       paper_text = "–" if paper is None or col is None else f"{paper[col]:.2f}"
-      secs = np.median([got[s]["seconds"] for s in seeds])
-      rows.append(f"| {method} | {','.join(map(str, seeds))} | "
-                  f"{mean_std([got[s]['global'] for s in seeds])} | "
-                  f"{mean_std([got[s]['personal'] for s in seeds])} | {paper_text} | "
-                  f"{truncated(secs, 2)} |")
+      secs = np.nanmedian([got[s]["seconds"] for s in seeds])
+      stopped = [got[s]["diverged"] for s in seeds if got[s]["diverged"] is not None]
+      ratios = [got[s]["ratio"] for s in seeds if got[s]["ratio"] is not None]
+      glob = (diverged_cell(stopped, len(seeds)) if stopped
+              else mean_std([got[s]["global"] for s in seeds]))
+      personal = "–" if stopped else mean_std([got[s]["personal"] for s in seeds])
+      rows.append(f"| {method} | {','.join(map(str, seeds))} | {glob} | {personal} | "
+                  f"{paper_text} | {truncated(secs, 2)} | "
+                  f"{f'{max(ratios):.3g}' if ratios else '–'} |")
     if rows:
       lines += [f"**{TITLES[setting]}**", "",
                 "| method | seeds | global x_+ (pooled test) | personalised x_i+ (own "
-                "test) | paper | s/round (median) |", "|---|---|---|---|---|---|", *rows, ""]
+                "test) | paper | s/round (median) | max loss ratio |",
+                "|---|---|---|---|---|---|---|", *rows, ""]
   text = "\n".join(lines)
   save_markdown(args.table, text)
   return text

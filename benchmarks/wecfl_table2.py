@@ -9,7 +9,11 @@ finished run is reused, so an interrupted table resumes).
 Score: the mean over rounds 98-100 of `test_accuracy_clientavg` (the paper's
 accuracy, a data-weighted mean of the clients' accuracies) and `test_macro_f1`;
 FedAvg+ / FedProx+ are scored once, at the end (their ensemble is formed from
-the final models). Ours: mean ± std (%) over the seeds run.
+the final models). Ours: mean ± std (%) over the seeds run. Every method is
+scored on the same clients, all 200, each tested with the model it holds: its
+cluster's (WeCFL, FeSEM), the cluster its training loss chose (IFCA), the one
+model (FedAvg, FedProx) or the ensemble. A run the divergence guard stopped
+is shown as "diverged at round r (k/n seeds)".
 
 Methods (flags beyond the task's defaults):
   FedAvg, FedProx       one global model (the paper's K = 1 rows; mu 0.95),
@@ -17,9 +21,12 @@ Methods (flags beyond the task's defaults):
                         their data, not by the examples of the round's 10 steps);
   FedAvg+, FedProx+     --ensemble_size=K independent runs, logits averaged,
                         weighted as FedAvg;
-  IFCA                  --ifca_loss_batches=3 --ifca_agg=samples (the FedBase
+  IFCA                  --ifca_loss_batches=3 --ifca_agg=samples
+                        --client_state=reset --ifca_eval=assigned (the FedBase
                         code behind the paper's IFCA rows: loss on 3 batches,
-                        data-size-weighted averaging). The paper's IFCA
+                        data-size-weighted averaging, a fresh momentum
+                        optimizer every round, each client tested with the
+                        cluster its training loss chose). The paper's IFCA
                         numbers come from code whose cluster models alias one
                         object (all clients train one model), so they are
                         shown for reference only;
@@ -51,8 +58,8 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from fedgroup_table3 import (completed_summary, load_recorded, mean_std,
-                             registered_algorithms,
+from fedgroup_table3 import (completed_summary, diverged_cell, diverged_summary,
+                             load_recorded, mean_std, registered_algorithms,
                              run_one,  # run_one: run or reuse a run
                              save_markdown, save_recorded, truncated)
 
@@ -81,9 +88,21 @@ METHODS = {
     "FedProx": ["--algo=fedprox", "--client_weighting=samples"],
     "FedAvg+": ["--algo=fedavg_plus", "--client_weighting=samples"],
     "FedProx+": ["--algo=fedprox_plus", "--client_weighting=samples"],
-    "IFCA": ["--algo=ifca", "--ifca_loss_batches=3", "--ifca_agg=samples"],
+    "IFCA": ["--algo=ifca", "--ifca_loss_batches=3", "--ifca_agg=samples",
+             "--client_state=reset", "--ifca_eval=assigned"],
     "FeSEM": ["--algo=fesem", "--fesem_center=data"],
     "WeCFL": ["--algo=wecfl"],
+}
+# Each row's settings beyond the tasks' defaults, in words (the table's label).
+LABELS = {
+    "FedAvg": "data-size weights",
+    "FedProx": "mu 0.95, data-size weights",
+    "FedAvg+": "K runs, logits averaged",
+    "FedProx+": "K runs, mu 0.95, logits averaged",
+    "IFCA": "loss on 3 batches, data-size weights, momentum reset each round, "
+            "tested with its assigned cluster",
+    "FeSEM": "uniform K-Means weights, data-weighted centres",
+    "WeCFL": "data-weighted K-Means and centres",
 }
 ENSEMBLES = ("FedAvg+", "FedProx+")
 ONE_MODEL = ("FedAvg", "FedProx")
@@ -118,11 +137,17 @@ def run_dir(out: str, setting: str, k: int, method: str, seed: int) -> str:
 
 
 def score(directory: str, method: str) -> Optional[tuple]:
-  """(accuracy, macro-F1) of a finished run: the mean of rounds 98-100 (the
-  last round for an ensemble), or None if the run has not completed (a run
-  in progress has no last round yet) or those rounds are missing."""
+  """(accuracy, macro-F1, largest loss ratio, None) of a finished run: the
+  mean of rounds 98-100 (the last round for an ensemble); (None, None, None,
+  round) for a run the divergence guard stopped; None if the run has not
+  finished (a run in progress has no last round yet) or those rounds are
+  missing."""
   path = os.path.join(directory, "metrics.csv")
-  if completed_summary(directory) is None or not os.path.exists(path):
+  stopped = diverged_summary(directory)
+  if stopped is not None:
+    return None, None, None, int(stopped["diverged_round"])
+  summary = completed_summary(directory)
+  if summary is None or not os.path.exists(path):
     return None
   with open(path, newline="") as f:
     rows = {int(r["round"]): r for r in csv.DictReader(f)}
@@ -133,7 +158,7 @@ def score(directory: str, method: str) -> Optional[tuple]:
     return None
   acc = np.mean([float(rows[r]["test_accuracy_clientavg"]) for r in wanted])
   f1 = np.mean([float(rows[r]["test_macro_f1"]) for r in wanted])
-  return float(acc), float(f1)
+  return float(acc), float(f1), summary.get("max_loss_ratio"), None
 
 
 def seconds_per_round(directory: str) -> float:
@@ -221,7 +246,12 @@ def project(jobs, args):
 
 
 RECORD_KEY = ("setting", "K", "method", "seed")
-RECORD_FIELDS = RECORD_KEY + ("accuracy", "macro_f1", "seconds_per_round", "recorded", "note")
+RECORD_FIELDS = RECORD_KEY + ("accuracy", "macro_f1", "seconds_per_round", "max_loss_ratio",
+                              "diverged_round", "recorded", "note")
+
+
+def _float(text):
+  return float(text) if text not in (None, "") else None
 
 
 def write_table(args):
@@ -232,7 +262,10 @@ def write_table(args):
   secs: Dict[tuple, Dict[int, float]] = {}
   for r in load_recorded("wecfl_table2"):
     key, seed = (r["setting"], int(r["K"]), r["method"]), int(r["seed"])
-    found.setdefault(key, {})[seed] = (float(r["accuracy"]), float(r["macro_f1"]))
+    diverged = _float(r.get("diverged_round"))
+    found.setdefault(key, {})[seed] = (_float(r["accuracy"]), _float(r["macro_f1"]),
+                                       _float(r.get("max_loss_ratio")),
+                                       None if diverged is None else int(diverged))
     secs.setdefault(key, {})[seed] = float(r["seconds_per_round"])
   on_disk = []
   for setting in TASKS:
@@ -248,10 +281,15 @@ def write_table(args):
             seed = int(name[4:])
             found.setdefault((setting, k, method), {})[seed] = got
             secs.setdefault((setting, k, method), {})[seed] = seconds_per_round(d)
-            on_disk.append(dict(setting=setting, K=k, method=method, seed=seed,
-                                accuracy=f"{got[0]:.6f}", macro_f1=f"{got[1]:.6f}",
-                                seconds_per_round=truncated(secs[(setting, k, method)][seed], 2),
-                                recorded=time.strftime("%Y-%m-%d"), note=""))
+            acc, f1, ratio, diverged = got
+            on_disk.append(dict(
+                setting=setting, K=k, method=method, seed=seed,
+                accuracy="" if acc is None else f"{acc:.6f}",
+                macro_f1="" if f1 is None else f"{f1:.6f}",
+                seconds_per_round=truncated(secs[(setting, k, method)][seed], 2),
+                max_loss_ratio="" if ratio is None else f"{ratio:.4g}",
+                diverged_round="" if diverged is None else diverged,
+                recorded=time.strftime("%Y-%m-%d"), note=""))
   if getattr(args, "record", False) and on_disk:
     save_recorded("wecfl_table2", on_disk, RECORD_KEY, RECORD_FIELDS)
   lines = ["The WeCFL paper's Table 2 (FMNIST, cluster-wise non-IID): accuracy / macro-F1 "
@@ -260,8 +298,9 @@ def write_table(args):
            "defaults (200 clients, all per round, 10 steps, lr 0.001, momentum 0.9 "
            "persisted, batch 32). Paper IFCA rows: reference only (aliasing bug in "
            "the code behind them).", "",
-           "| setting | K | method | seeds | ours acc | ours F1 | paper acc | paper F1 "
-           "| s/round (median) |", "|---|---|---|---|---|---|---|---|---|"]
+           "| setting | K | method | settings | seeds | ours acc | ours F1 | paper acc | "
+           "paper F1 | s/round (median) | max loss ratio |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
   csv_rows = []
   order = list(METHODS)
   for (setting, k, method) in sorted(found, key=lambda t: (list(TASKS).index(t[0]), -t[1],
@@ -270,13 +309,18 @@ def write_table(args):
     s = sorted(runs)
     acc = [runs[x][0] for x in s]
     f1 = [runs[x][1] for x in s]
+    stopped = [runs[x][3] for x in s if runs[x][3] is not None]
+    ratios = [runs[x][2] for x in s if runs[x][2] is not None]
+    acc_cell = diverged_cell(stopped, len(s)) if stopped else mean_std(acc)
+    f1_cell = "–" if stopped else mean_std(f1)
     paper = PAPER.get((setting, k, method))
     pa, pf = ("–", "–") if paper is None else paper
     if method == "IFCA" and paper is not None:
       pa, pf = f"({pa})", f"({pf})"
-    lines.append(f"| {SETTING[setting]} | {k} | {method} | {','.join(map(str, s))} | "
-                 f"{mean_std(acc)} | {mean_std(f1)} | {pa} | {pf} | "
-                 f"{truncated(np.nanmedian(list(secs[(setting, k, method)].values())), 1)} |")
+    lines.append(f"| {SETTING[setting]} | {k} | {method} | {LABELS[method]} | "
+                 f"{','.join(map(str, s))} | {acc_cell} | {f1_cell} | {pa} | {pf} | "
+                 f"{truncated(np.nanmedian(list(secs[(setting, k, method)].values())), 1)} | "
+                 f"{f'{max(ratios):.3g}' if ratios else '–'} |")
     for seed in s:
       csv_rows.append(dict(setting=SETTING[setting], K=k, method=method, seed=seed,
                            accuracy=runs[seed][0], macro_f1=runs[seed][1],

@@ -28,12 +28,16 @@ def recorded(tmp_path, monkeypatch):
 def test_recorded_files_name_known_methods_and_fractions():
   for row in fedgroup_table3.load_recorded("wecfl_table2"):
     assert row["setting"] in wecfl_table2.TASKS and row["method"] in wecfl_table2.METHODS
-    assert 0 < float(row["accuracy"]) <= 1 and 0 < float(row["macro_f1"]) <= 1
+    if not row.get("diverged_round"):
+      assert 0 < float(row["accuracy"]) <= 1 and 0 < float(row["macro_f1"]) <= 1
   for row in fedgroup_table3.load_recorded("cflmgd_table2"):
-    assert row["method"] in cflmgd_table2.METHODS and 0 < float(row["final_accuracy"]) <= 1
+    assert row["method"] in cflmgd_table2.METHODS
+    if not row.get("diverged_round"):
+      assert 0 < float(row["final_accuracy"]) <= 1
   for row in fedgroup_table3.load_recorded("pfedmo_table2"):
     assert row["setting"] in pfedmo_table2.SETTINGS and row["method"] in pfedmo_table2.METHODS
-    assert 0 < float(row["global_accuracy"]) <= 1
+    if not row.get("diverged_round"):
+      assert 0 < float(row["global_accuracy"]) <= 1
 
 
 def test_save_recorded_replaces_rows_with_the_same_key(recorded):
@@ -64,7 +68,8 @@ def test_cflmgd_table_merges_recorded_seeds_with_runs_on_disk(recorded, monkeypa
   _finished_run(cflmgd_table2.run_dir(str(out), "IFCA", 1), 0.94, 12.0)  # replaces seed 1
   args = type("Args", (), dict(out=str(out), table=str(recorded / "table"), record=True))
   text = cflmgd_table2.write_table(args)
-  assert "| IFCA | 0,1 | 92.00 ± 2.82 | 92.60 ± 0.27 | 11.0 |" in text  # std 2.828..., cut
+  assert ("| IFCA | uniform averaging, lr 0.1, no decay | 0,1 | 92.00 ± 2.82 | 92.60 ± 0.27 "
+          "| 11.0 | – |") in text  # std 2.828..., cut
   with open(os.path.join(fedgroup_table3.RECORDED, "cflmgd_table2.csv"), newline="") as f:
     rows = {r["seed"]: r for r in csv.DictReader(f)}
   assert float(rows["1"]["final_accuracy"]) == 0.94 and float(rows["0"]["final_accuracy"]) == 0.9
@@ -101,8 +106,8 @@ def test_pfedmo_table_merges_recorded_seeds_with_runs_on_disk(recorded):
   args = type("Args", (), dict(out=str(out), table=str(recorded / "table"), record=True))
   text = pfedmo_table2.write_table(args)
   # global: 0.90, 0.94 -> 92.00 ± 2.82 (std 2.828..., cut); personal: 0.80, 0.86 -> 83.00 ± 4.24
-  assert "| FedNAG | 0,1 | 92.00 ± 2.82 | 83.00 ± 4.24 | 95.04 | 2.00 |" in text
-  assert "| FedAvg | 0 | 50.00 | – | 93.31 | 2.00 |" in text
+  assert "| FedNAG | 0,1 | 92.00 ± 2.82 | 83.00 ± 4.24 | 95.04 | 2.00 | – |" in text
+  assert "| FedAvg | 0 | 50.00 | – | 93.31 | 2.00 | – |" in text
   rows = {(r["method"], r["seed"]): r for r in fedgroup_table3.load_recorded("pfedmo_table2")}
   assert float(rows[("FedNAG", "1")]["global_accuracy"]) == 0.94
   assert float(rows[("FedNAG", "1")]["personal_accuracy"]) == 0.86
@@ -124,7 +129,26 @@ def test_wecfl_table_scores_only_completed_runs(tmp_path, method):
   with open(run / "summary.json", "w") as f:
     json.dump({"completed": True}, f)
   expected = (0.5, 0.25) if method == "FedAvg+" else (0.495, 0.2475)  # round 100 / rounds 98-100
-  assert wecfl_table2.score(str(run), method) == pytest.approx(expected)
+  assert wecfl_table2.score(str(run), method)[:2] == pytest.approx(expected)
+
+
+def test_a_diverged_run_is_shown_as_diverged_and_recorded(recorded):
+  """A run the divergence guard stopped is a result: the table says
+  "diverged at round r (k/n seeds)", the recorded CSV keeps the round."""
+  out = recorded / "runs"
+  _finished_run(cflmgd_table2.run_dir(str(out), "FedAvg decay 0.99", 0), 0.9, 10.0)
+  stopped = cflmgd_table2.run_dir(str(out), "FedAvg decay 0.99", 1)
+  os.makedirs(stopped)
+  with open(os.path.join(stopped, "summary.json"), "w") as f:
+    json.dump({"completed": False, "reason": "diverged", "diverged_round": 7,
+               "mean_round_seconds": 10.0}, f)
+  args = type("Args", (), dict(out=str(out), table=str(recorded / "table"), record=True))
+  text = cflmgd_table2.write_table(args)
+  assert "| FedAvg decay 0.99 | one model, lr 0.1 decay 0.99 | 0,1 | diverged at round 7 (1/2 seeds) |" \
+      in text
+  rows = {r["seed"]: r for r in fedgroup_table3.load_recorded("cflmgd_table2")}
+  assert rows["1"]["diverged_round"] == "7" and rows["1"]["final_accuracy"] == ""
+  assert fedgroup_table3.diverged_cell([9, 7], 3) == "diverged at round 7 (2/3 seeds)"
 
 
 def test_run_one_resumes_a_run_with_checkpoints_and_restarts_one_without(tmp_path, monkeypatch):

@@ -211,19 +211,31 @@ def _rounds(driver, rounds, data):
   return driver.runner.numpy_state(driver.state)
 
 
-def test_option_two_with_beta_zero_is_ifca_with_uniform_averaging(small):
+INITS = {"random": {},
+         "good_init": {"ifca_init": "good_init"},
+         "fedavg_warm": {"ifca_init": "fedavg_warm", "ifca_warm_rounds": 2,
+                         "ifca_forced_rounds": 2}}
+
+
+@pytest.mark.parametrize("lr_decay", [1.0, 0.5])
+@pytest.mark.parametrize("init", sorted(INITS))
+def test_option_two_with_beta_zero_is_ifca_with_uniform_averaging(small, init, lr_decay):
+  """The benchmark's control: CFL-MGD with beta = 0 is IFCA (uniform averaging),
+  with the same learning-rate schedule and IFCA's initialisations."""
   task, data = small
-  config = _steps_config()
+  config = _steps_config(lr_decay=lr_decay)
   mgd = algorithms.get_algorithm("cfl_mgd").make_driver(task, data, config, num_groups=3,
-                                                        cfl_mgd_beta=0.0)
+                                                        cfl_mgd_beta=0.0, **INITS[init])
   ifca = algorithms.get_algorithm("ifca").make_driver(task, data, config, num_groups=3,
-                                                      ifca_agg="uniform")
+                                                      ifca_agg="uniform", **INITS[init])
   mgd.setup()
   ifca.setup()
   a, b = _rounds(mgd, 3, data), _rounds(ifca, 3, data)
   np.testing.assert_array_equal(mgd.assignment, ifca.assignment)
   for x, y in zip(a["models"], b["models"]):
     np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7)
+  assert mgd._summary["init"] == init and not np.array_equal(a["models"][0][0],
+                                                             a["models"][0][1])
 
 
 def test_one_cluster_with_beta_zero_is_fedavg_on_equal_work(small):

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 import tasks
 from tests.conftest import SHARED_DATA
-from tff_cluster import algorithms, evaluation, experiment, models
+from tff_cluster import algorithms, evaluation, experiment, local_training, models
 from tff_cluster.algorithms import cfl, wecfl
 from tff_cluster.algorithms.ifca import IFCADriver
 from tff_cluster.task import DataOptions
@@ -126,7 +126,7 @@ def test_wecfl_recovers_well_separated_clusters_with_data_weights(small, monkeyp
   trained = []
   for k in sampled:
     w = [np.array(x, copy=True) for x in before[0]]
-    w[driver._feature_index] += 5.0 if data.true_clusters[k] else -5.0
+    w[driver._feature_indices[0]] += 5.0 if data.true_clusters[k] else -5.0
     trained.append(w)
   labels = driver.choose(1, sampled, trained, before)
   np.testing.assert_allclose(seen["weights"], sizes / sizes.sum())
@@ -142,6 +142,40 @@ def test_fesem_uses_uniform_kmeans_weights_and_its_centre_option(small, monkeypa
     assert driver.kmeans_weights == "uniform"
     a = driver.aggregation_weights()
     assert np.allclose(a, 1.0) == expect_uniform
+
+
+def test_wecfl_features_by_hand(small):
+  """last_layer: the last Dense kernel; fc: every Dense layer's kernel then
+  bias, in layer order (the paper's "fully-connected layers"); all: every
+  trainable weight. Weights filled with their index show which are taken."""
+  from tff_cluster.task import TaskSpec
+  _, data = small
+  mlp = TaskSpec(name="mlp", description="", load_data=None,
+                 model_fn=lambda: models.mlp(60, 3, 10), loss=models.SPARSE_CE_LOGITS,
+                 defaults={})
+  shapes = [(60, 3), (3,), (3, 10), (10,)]  # hidden kernel, bias; logits kernel, bias
+  weights = [np.full(s, float(i)) for i, s in enumerate(shapes)]
+  expected = {"last_layer": [2.0] * 30,
+              "fc": [0.0] * 180 + [1.0] * 3 + [2.0] * 30 + [3.0] * 10,
+              "all": [0.0] * 180 + [1.0] * 3 + [2.0] * 30 + [3.0] * 10}
+  for features, values in expected.items():
+    driver = algorithms.get_algorithm("wecfl").make_driver(
+        mlp, data, _config(), num_groups=2, wecfl_features=features)
+    np.testing.assert_array_equal(driver.feature(weights), values)
+  # The FMNIST CNN: its only Dense layer is the classifier, so fc is the
+  # last layer's kernel plus its bias, and all adds the convolutions and BN.
+  cnn = TaskSpec(name="cnn", description="", load_data=None, model_fn=models.fmnist_cnn,
+                 loss=models.SPARSE_CE_LOGITS, defaults={})
+  spec = local_training.weights_type_spec(models.fmnist_cnn())
+  weights = [np.full(s.shape, float(i)) for i, s in enumerate(spec)]
+  kernel, bias = 8, 9  # conv, BN scale/offset x 2, then the Dense kernel and bias
+  assert [tuple(spec[i].shape) for i in (kernel, bias)] == [(1568, 10), (10,)]
+  feats = {f: algorithms.get_algorithm("wecfl").make_driver(
+      cnn, data, _config(), num_groups=2, wecfl_features=f).feature(weights)
+      for f in ("last_layer", "fc", "all")}
+  np.testing.assert_array_equal(feats["last_layer"], np.full(15680, 8.0))
+  np.testing.assert_array_equal(feats["fc"], np.r_[np.full(15680, 8.0), np.full(10, 9.0)])
+  assert len(feats["all"]) == 29034
 
 
 def test_wecfl_one_step_is_the_nearest_current_cluster_model(small):

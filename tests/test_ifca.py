@@ -92,7 +92,8 @@ def test_one_full_batch_is_the_loss_on_every_pass_of_the_schedule():
   np.testing.assert_allclose(losses[1], once, rtol=1e-5)
 
 
-def test_test_clients_take_their_lowest_test_loss_model():
+def test_the_test_loss_choice_takes_each_clients_lowest_test_loss_model():
+  """`--ifca_eval=test_loss` and test-only clients: the evaluator's choice."""
   data = _data(5)
   evaluator = Evaluator(_mclr, models.SPARSE_CE_LOGITS, data)
   rng = np.random.default_rng(1)
@@ -134,3 +135,63 @@ def test_good_init_redraws_until_every_cluster_gets_its_share(monkeypatch):
   with pytest.warns(UserWarning, match="no draw in 3"):
     strict.setup()
   assert strict._summary["init_attempts"] == 3
+
+
+def _two_class_task():
+  """Clients whose training labels and test labels disagree: client 0 trains
+  on class 0 and is tested on class 1, client 1 the other way round; client 2
+  is test-only (class 1). Model 0 predicts class 0, model 1 class 1."""
+  from tff_cluster.data.federated import FederatedData
+  from tff_cluster.task import TaskSpec
+  rng = np.random.default_rng(0)
+  x = lambda n: rng.normal(size=(n, 4)).astype(np.float32)  # noqa: E731
+  ids = ["c0", "c1", "c2"]
+  train = {"c0": (x(6), np.zeros(6, np.int64)), "c1": (x(6), np.ones(6, np.int64)),
+           "c2": (x(0), np.zeros(0, np.int64))}
+  test = {"c0": (x(4), np.ones(4, np.int64)), "c1": (x(4), np.zeros(4, np.int64)),
+          "c2": (x(4), np.ones(4, np.int64))}
+  data = FederatedData(ids, train, test, 2, true_clusters=np.array([0, 1, 1]))
+  task = TaskSpec(name="two", description="", load_data=None,
+                  model_fn=lambda: models.mclr(4, 2), loss=models.SPARSE_CE_LOGITS,
+                  defaults={})
+  kernel = np.zeros((4, 2), np.float32)
+  favour = [[kernel, np.array([5.0, -5.0], np.float32)],
+            [kernel, np.array([-5.0, 5.0], np.float32)]]
+  return task, data, favour
+
+
+@pytest.mark.parametrize("ifca_eval", ["assigned", "test_loss"])
+def test_a_training_client_is_scored_with_its_assignment_not_its_test_labels(ifca_eval):
+  """Default `assigned`: a client with training data is tested with the model
+  its training loss picks (never sampled: the argmin over the K models, no
+  training; once sampled: its latest choice), whatever its test labels would
+  prefer; `test_loss` lets its test labels choose. Test-only clients choose by
+  test loss under both. ARI counts the assigned choices only."""
+  from tff_cluster import experiment
+  from tff_cluster.evaluation import Evaluator
+  task, data, favour = _two_class_task()
+  config = experiment.TrainingConfig(rounds=2, clients_per_round=1, local_epochs=1,
+                                     batch_size=6, client_lr=1e-6, seed=0, runner="local")
+  driver = ifca.make_driver(task, data, config, num_groups=2, ifca_eval=ifca_eval)
+  driver.setup()
+  driver.state = driver.runner.put_state(driver.definition.initial_state(favour))
+  evaluator = Evaluator(task.model_fn, task.loss, data)
+  weights, client_model = driver.eval_models()
+  result = evaluator.evaluate(weights, client_model)
+  if ifca_eval == "assigned":
+    np.testing.assert_array_equal(client_model, [0, 1, -1])  # argmin of training loss
+    np.testing.assert_array_equal(result.client_model, [0, 1, 1])
+    assert result.accuracy == pytest.approx(4 / 12)  # only the test-only client is right
+  else:
+    assert client_model == CHOOSE_BY_TEST_LOSS
+    np.testing.assert_array_equal(result.client_model, [1, 0, 1])
+    assert result.accuracy == 1.0
+  metrics = driver.round_eval_metrics(result)
+  assert metrics["ari"] == 1.0 and metrics["purity"] == 1.0  # c0 -> 0, c1 -> 1: truth
+  # Sampled once, a client keeps its latest choice even when the models move.
+  driver.run_round(1, np.array([0]))
+  assert driver.assignment[0] == 0
+  driver.state = driver.runner.put_state(driver.definition.initial_state(favour[::-1]))
+  _, client_model = driver.eval_models()
+  if ifca_eval == "assigned":
+    np.testing.assert_array_equal(client_model, [0, 0, -1])  # c1 re-chooses: unsampled

@@ -298,3 +298,107 @@ def test_cli_defaults_to_every_worker_and_writes_both_accuracies(tmp_path, capsy
   assert all(0 <= r["global_test_accuracy"] <= 1 and 0 <= r["test_accuracy"] <= 1
              for r in rows)
   assert "pooled training data" in json.dumps(config)
+
+
+def _softmax(z):
+  z = z - z.max(axis=1, keepdims=True)
+  e = np.exp(z)
+  return e / e.sum(axis=1, keepdims=True)
+
+
+def _numpy_pfedmo(w0, workers, public, score_x, a, lr, gamma, pi, tau, rounds, rule):
+  """Algorithm 1 with eqs. 6-12 and Algorithm 2 written out in numpy for a
+  linear softmax model (W, b), full-batch steps: an oracle independent of the
+  library's trainer, definition and runners."""
+  def grad(w, x, y):
+    p = _softmax(x @ w[0] + w[1])
+    p[np.arange(len(y)), y] -= 1.0
+    return [x.T @ p / len(y), p.mean(axis=0)]
+
+  def nag(x, y_prev, data):  # tau steps of eqs. 6-7 from (x, y_prev)
+    for _ in range(tau):
+      y = [xi - lr * g for xi, g in zip(x, grad(x, *data))]
+      x = [yi + gamma * (yi - yp) for yi, yp in zip(y, y_prev)]
+      y_prev = y
+    return x, y_prev
+
+  def score_loss(teacher, student):  # eqs. 8-10
+    p = _softmax(score_x @ teacher[0] + teacher[1])
+    q = score_x @ student[0] + student[1]
+    log_q = q - q.max(axis=1, keepdims=True)
+    log_q = log_q - np.log(np.exp(log_q).sum(axis=1, keepdims=True))
+    return float(np.mean(-(p * log_q).sum(axis=1)))
+
+  n = len(workers)
+  xs, ys = [list(w0) for _ in range(n)], [list(w0) for _ in range(n)]
+  x_r, y_r = list(w0), list(w0)
+  u = np.zeros(n)
+  trace = []
+  for _ in range(rounds):
+    x_r, y_r = nag(x_r, y_r, public)  # the representation model's tau steps
+    trained = [nag(xs[i], ys[i], workers[i]) for i in range(n)]
+    losses = np.array([score_loss(x_r, trained[i][0]) for i in range(n)])
+    u = np.maximum(u, losses)  # Algorithm 2 (u = l at k = 1)
+    s = 1.0 - losses / u
+    x_bar = [sum(a[i] * trained[i][0][j] for i in range(n)) for j in range(2)]
+    y_bar = [sum(a[i] * trained[i][1][j] for i in range(n)) for j in range(2)]
+    for i in range(n):
+      c = pi * s[i]
+      ys[i] = [(1 - c) * yb + c * yr for yb, yr in zip(y_bar, y_r)]  # eq. 11
+      xs[i] = [(1 - c) * xb + c * xr for xb, xr in zip(x_bar, x_r)]
+      if rule == "eq12":  # eq. 12's momentum term
+        xs[i] = [x + yb - yp for x, yb, yp in zip(xs[i], y_bar, ys[i])]
+    x_plus = [sum(a[i] * xs[i][j] for i in range(n)) for j in range(2)]
+    trace.append(dict(s=s.copy(), u=u.copy(), x=[list(x) for x in xs],
+                      y=[list(y) for y in ys], model=x_plus, x_bar=x_bar))
+  return trace
+
+
+@pytest.mark.parametrize("rule", ["eq12", "mix"])
+def test_two_workers_over_four_aggregations_equal_the_papers_equations(rule):
+  """Two workers, a 3-feature 3-class linear model, full-batch steps (tau = 3):
+  the library's x_{i+}, y_{i+}, scores, running maxima and x_+ after each of
+  four aggregations equal `_numpy_pfedmo`'s (scores 0 at k = 1, then above
+  0.1), and the personalisation gap ||x_+ - x_bar|| is the trace's."""
+  from tff_cluster.task import TaskSpec
+  rng = np.random.default_rng(1)
+  labelling = rng.normal(size=(3, 3))  # one task; the workers' inputs are shifted
+
+  def split(n, shift):
+    x = (rng.normal(size=(n, 3)) + shift).astype(np.float32)
+    return x, (x @ labelling).argmax(axis=1).astype(np.int64)
+
+  w0 = [rng.normal(0, 0.1, size=(3, 3)).astype(np.float32), np.zeros(3, np.float32)]
+  train = {"w0": split(8, 0.0), "w1": split(12, 0.3)}
+  public = split(10, 0.15)
+  test = {"w0": split(5, 0.0), "w1": split(5, 0.3)}
+  data = FederatedData(["w0", "w1"], train, test, 3, public=public)
+  task = TaskSpec(name="tiny", description="", load_data=None,
+                  model_fn=lambda: models.mclr(3, 3), loss=models.SPARSE_CE_LOGITS,
+                  defaults={})
+  config = experiment.TrainingConfig(rounds=4, clients_per_round=2, local_epochs=None,
+                                     local_steps=3, batch_size=20, client_lr=0.3, seed=0,
+                                     runner="local")
+  driver = algorithms.get_algorithm("pfedmo").make_driver(
+      task, data, config, nag_momentum=0.5, pfedmo_pi=0.8, score_batch=6, pfedmo_model=rule)
+  driver.w0 = w0
+  driver.setup()
+  a = np.array([8, 12]) / 20.0
+  oracle = _numpy_pfedmo([np.asarray(w, np.float64) for w in w0],
+                         [train["w0"], train["w1"]], public,
+                         driver.definition.score_x.astype(np.float64), a, 0.3, 0.5, 0.8, 3, 4,
+                         rule)
+  for round_num, expected in enumerate(oracle, start=1):
+    row = driver.run_round(round_num, np.array([0, 1]))
+    state = driver.runner.numpy_state(driver.state)
+    np.testing.assert_allclose(state["s"], expected["s"], rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(state["u"], expected["u"], rtol=1e-4)
+    for j in range(2):
+      for i in range(2):
+        np.testing.assert_allclose(state["x"][j][i], expected["x"][i][j], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(state["y"][j][i], expected["y"][i][j], rtol=1e-4, atol=1e-5)
+      np.testing.assert_allclose(state["model"][j], expected["model"][j], rtol=1e-4, atol=1e-5)
+    gap = np.sqrt(sum(np.sum((m - b) ** 2) for m, b in zip(expected["model"],
+                                                           expected["x_bar"])))
+    assert row["personalisation_gap"] == pytest.approx(gap, rel=1e-3, abs=1e-6)
+  assert oracle[0]["s"].max() == 0 and min(oracle[-1]["s"]) > 0.1  # personalised from k = 2

@@ -298,6 +298,62 @@ def test_divergence_stops_with_exit_3_and_checkpoints_the_last_good_state(
     assert checkpoint.rounds(str(out)) == [round_num - 1]
 
 
+def test_an_exploding_but_finite_loss_is_diverged(tmp_path, capsys):
+  """--client_lr=1e30 on Synthetic trains to finite losses near 1e30: stopped in
+  round 1 by the loss-ratio rule (exit 3, summary says so); --divergence_ratio=0
+  lets the same run finish, as before the rule existed."""
+  args = ["--algo=fedavg", "--task=synthetic", "--rounds=3", "--seed=0", "--client_lr=1e30",
+          "--progress=false"]
+  out = tmp_path / "run"
+  code, _, err = _main([*args, f"--output_dir={out}"], capsys)
+  lines = [l for l in err.splitlines() if l.startswith("run_experiment.py")]
+  assert code == 3 and len(lines) == 1, err
+  assert "diverged in round 1: the training loss" in lines[0]
+  assert "above --divergence_ratio=100" in lines[0]
+  summary = json.loads((out / "summary.json").read_text())
+  assert summary["reason"] == "diverged" and summary["diverged_round"] == 1
+  assert checkpoint.rounds(str(out)) == [0] and read_metrics_csv(out / "metrics.csv") == []
+  off = tmp_path / "off"
+  code, _, err = _main([*args, "--divergence_ratio=0", f"--output_dir={off}"], capsys)
+  assert code == 0, err
+  summary = json.loads((off / "summary.json").read_text())
+  assert summary["completed"] and summary["max_loss_ratio"] > 1e25
+
+
+def test_loss_ratio_by_hand():
+  """A zero MCLR predicts uniformly: its loss is ln(10) on every example, so
+  the reference is ln(10) whatever clients; 5 ln(10) is ratio 5, refused above 4."""
+  from tff_cluster import models
+  from tff_cluster.data.federated import FederatedData
+  from tff_cluster.task import TaskSpec
+  rng = np.random.default_rng(0)
+  sizes = [3, 5, 0, 4]
+  ids = [f"c{i}" for i in range(4)]
+  train = {c: (rng.normal(size=(n, 6)).astype(np.float32), rng.integers(0, 10, n))
+           for c, n in zip(ids, sizes)}
+  test = {c: (rng.normal(size=(2, 6)).astype(np.float32), rng.integers(0, 10, 2)) for c in ids}
+  data = FederatedData(ids, train, test, 10)
+  task = TaskSpec(name="t", description="", load_data=None, model_fn=lambda: models.mclr(6, 10),
+                  loss=models.SPARSE_CE_LOGITS, defaults={})
+  zero = [np.zeros((6, 10), np.float32), np.zeros(10, np.float32)]
+  rule = experiment.LossRatio(task, data, zero, limit=4.0)
+  assert rule.reference([0, 3]) == pytest.approx(np.log(10), rel=1e-6)
+  assert rule.check(7, 2.0 * np.log(10), [0, 1, 3]) == pytest.approx(2.0, rel=1e-6)
+  with pytest.raises(experiment.Diverged, match=r"round 7: the training loss 11.51 is 5 times "
+                                                r"the initial model's loss .*2.303.*ratio=4"):
+    rule.check(7, 5.0 * np.log(10), [1])
+  # A model whose loss differs per client: the reference weights by training samples.
+  bias = [np.zeros((6, 10), np.float32), np.eye(10, dtype=np.float32)[0] * 5]
+  per = experiment.LossRatio(task, data, bias, limit=0)
+  losses = {}
+  for k in (0, 1):
+    y = train[ids[k]][1]
+    logp0, logp = 5 - np.log(np.exp(5) + 9), -np.log(np.exp(5) + 9)
+    losses[k] = -np.mean(np.where(y == 0, logp0, logp))
+  assert per.reference([0, 1]) == pytest.approx((3 * losses[0] + 5 * losses[1]) / 8, rel=1e-5)
+  assert per.check(1, 1e30, [0]) > 1e29  # limit 0: recorded, never raised
+
+
 # ---------------------------------------------------------------------------
 # Saved models and --eval_only.
 

@@ -43,7 +43,13 @@ PARITY_CASES = {
     "cfl_mgd": [{"num_groups": 3, "cfl_mgd_beta": 0.9, "_config": {"client_lr": 0.005}},
                 {"num_groups": 3, "cfl_mgd_option": "gradient", "ifca_loss_batches": 2},
                 {"num_groups": 2, "cfl_mgd_option": "gradient", "cfl_mgd_buffer": "server",
-                 "grad_avg_norm": "members", "cfl_mgd_grad_batches": 0}],
+                 "grad_avg_norm": "members", "cfl_mgd_grad_batches": 0},
+                # IFCA's initialisations: the forced and assign modes.
+                {"num_groups": 3, "cfl_mgd_beta": 0.5, "ifca_init": "fedavg_warm",
+                 "ifca_warm_rounds": 1, "ifca_forced_rounds": 2,
+                 "_config": {"client_lr": 0.005}},
+                {"num_groups": 2, "cfl_mgd_option": "gradient", "ifca_init": "good_init",
+                 "ifca_eval": "test_loss"}],
     "wecfl": [{"num_groups": 3},
               {"num_groups": 3, "wecfl_features": "all", "wecfl_kmeans": "one_step",
                "kmeans_weights": "uniform", "wecfl_mu": 0.5}],
@@ -59,7 +65,12 @@ PARITY_CASES = {
     # (Small lr and beta: with 2 local epochs the fixed server momentum term
     # raises the clients' local losses in this setting, on TFF's process as
     # on ours, and the check below that the run trained would not hold.)
-    "mime_lite": [{"mime_momentum": 0.2, "_config": {"client_lr": 0.005}}],
+    "mime_lite": [{"mime_momentum": 0.2, "_config": {"client_lr": 0.005}},
+                  {"mime_momentum": 0.9, "mime_momentum_form": "paper",
+                   "_config": {"client_lr": 0.005}}],
+    "mime": [{"mime_momentum": 0.2, "_config": {"client_lr": 0.005}},
+             {"mime_momentum": 0.9, "mime_momentum_form": "paper",
+              "_config": {"client_lr": 0.005}}],
     "fedprox_plus": [{"ensemble_size": 2, "mu": 0.5, "ensemble_vote": "probs",
                       "client_weighting": "samples"}],
     # (24 workers, all of them every round; the synthetic task has no public
@@ -97,7 +108,7 @@ def cluster_data():
 
 # Algorithms whose momentum is their own (CFL-MGD's beta): --client_momentum
 # is refused for them, the rest of a solver case applies.
-OWN_MOMENTUM = {"cfl_mgd", "mime_lite", "pfedmo", "fednag"}
+OWN_MOMENTUM = {"cfl_mgd", "mime_lite", "mime", "pfedmo", "fednag"}
 # Algorithms where every client takes part in every round (cross-silo).
 ALL_CLIENTS = {"pfedmo", "fednag"}
 

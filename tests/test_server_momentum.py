@@ -56,6 +56,32 @@ def test_fedmom_is_nesterov_on_the_pseudo_gradient():
   np.testing.assert_allclose(w2, v2 + 0.9 * (v2 - v1), rtol=1e-6)
 
 
+def test_fedmom_by_hand():
+  """FedMom's server Nesterov step on numbers worked by hand (eta_s = 1,
+  beta = 0.5, two equally weighted clients, w_0 = v_0 = 1):
+    round 1: clients at 0.4 and 0.6, mean 0.5, d = 1 - 0.5 = 0.5,
+             v_1 = 1 - 0.5 = 0.5,  w_1 = 0.5 + 0.5 (0.5 - 1) = 0.25;
+    round 2: clients at 0.2 and 0.4, mean 0.3, d = 0.25 - 0.3 = -0.05,
+             v_2 = 0.25 + 0.05 = 0.3,  w_2 = 0.3 + 0.5 (0.3 - 0.5) = 0.2.
+  The paper's algorithm section (arXiv 2002.02090) could not be read here;
+  the rule is the one two public implementations that cite it write (v the
+  averaged-model sequence, v_0 = w_0). With v_0 = 0 instead, w_1 would be 0.75."""
+  d = ServerMomentumDefinition([tf.TensorSpec([1], tf.float32)], 1, "fedmom",
+                               server_lr=1.0, server_momentum=0.5)
+  state = tf.nest.map_structure(lambda a: tf.constant(a, tf.float32),
+                                d.initial_state([np.array([1.0])]))
+  models = []
+  for mean_client_model in (0.5, 0.3):
+    w = float(state["model"][0][0])
+    summed = collections.OrderedDict(
+        update=[tf.constant([2.0 * (mean_client_model - w)], tf.float32)],
+        weight=tf.constant(2.0), loss_sum=tf.constant(0.0), lr_sum=tf.constant(0.2),
+        num_clients=tf.constant(2.0))
+    state = d.server_update(state, summed, "train")
+    models.append(float(state["model"][0][0]))
+  np.testing.assert_allclose(models, [0.25, 0.2], rtol=1e-6)
+
+
 def test_slowmo_divides_by_the_base_lr_and_multiplies_back():
   w1, w2 = _two_rounds("slowmo", DELTAS, lrs=(0.1, 0.05), server_lr=2.0, server_momentum=0.5)
   w0 = np.array([1.0, -1.0])
@@ -141,3 +167,96 @@ def test_mime_lite_tff_runner_matches_tffs_build_weighted_mime_lite(small):
   for a, b in zip(ours[:n], theirs.trainable):  # float32 rounding of different op orders
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
   assert not np.allclose(ours[0], driver.w0[0])
+
+
+def _softmax_grad(w, x, y):
+  z = x @ w[0] + w[1]
+  p = np.exp(z - z.max(axis=1, keepdims=True))
+  p /= p.sum(axis=1, keepdims=True)
+  p[np.arange(len(y)), y] -= 1.0
+  return [x.T @ p / len(y), p.mean(axis=0)]
+
+
+def _numpy_mime(w0, clients, lr, beta, server_lr, form, full, steps, rounds):
+  """Mime / MimeLite with an SGDM base optimizer written out in numpy for a
+  linear softmax model (full-batch local steps): U(g, m) = s g + beta m and
+  V(c, m) = s c + beta m with s = 1 - beta ('paper') or 1 ('tff'); MimeLite
+  steps with g = grad f_i(y), Mime with grad f_i(y) - grad f_i(x) + c, c the
+  sample-weighted mean of the clients' full gradients at x."""
+  s = 1.0 - beta if form == "paper" else 1.0
+  sizes = np.array([len(y) for _, y in clients], np.float64)
+  a = sizes / sizes.sum()
+  x = [np.array(v, np.float64) for v in w0]
+  m = [np.zeros_like(v) for v in x]
+  out = []
+  for _ in range(rounds):
+    grads_at_x = [_softmax_grad(x, *c) for c in clients]
+    c_bar = [sum(a[i] * grads_at_x[i][j] for i in range(len(clients))) for j in range(2)]
+    deltas = []
+    for i, (cx, cy) in enumerate(clients):
+      y = [v.copy() for v in x]
+      for _ in range(steps):
+        g = _softmax_grad(y, cx, cy)
+        if full:
+          g = [gj - gx + cj for gj, gx, cj in zip(g, grads_at_x[i], c_bar)]
+        y = [yj - lr * (s * gj + beta * mj) for yj, gj, mj in zip(y, g, m)]
+      deltas.append([yj - xj for yj, xj in zip(y, x)])
+    m = [s * cj + beta * mj for cj, mj in zip(c_bar, m)]
+    x = [xj + server_lr * sum(a[i] * deltas[i][j] for i in range(len(clients)))
+         for j, xj in enumerate(x)]
+    out.append(([v.copy() for v in x], [v.copy() for v in m]))
+  return out
+
+
+@pytest.mark.parametrize("form", ["tff", "paper"])
+@pytest.mark.parametrize("algo", ["mime_lite", "mime"])
+def test_mime_rounds_equal_the_update_rules_worked_in_numpy(algo, form):
+  """Two rounds of MimeLite and Mime under both base-optimizer forms equal the
+  rules worked out in numpy (`_numpy_mime`); the two forms differ."""
+  from tff_cluster import models
+  from tff_cluster.data.federated import FederatedData
+  from tff_cluster.task import TaskSpec
+  rng = np.random.default_rng(3)
+  labelling = rng.normal(size=(3, 3))
+
+  def split(n, shift):
+    x = (rng.normal(size=(n, 3)) + shift).astype(np.float32)
+    return x, (x @ labelling).argmax(axis=1).astype(np.int64)
+
+  train = {"a": split(6, 0.0), "b": split(10, 0.8)}
+  data = FederatedData(["a", "b"], train, {"a": split(3, 0.0), "b": split(3, 0.8)}, 3)
+  task = TaskSpec(name="t", description="", load_data=None, model_fn=lambda: models.mclr(3, 3),
+                  loss=models.SPARSE_CE_LOGITS, defaults={})
+  config = experiment.TrainingConfig(rounds=2, clients_per_round=2, local_epochs=None,
+                                     local_steps=3, batch_size=16, client_lr=0.4, seed=0,
+                                     runner="local")
+  driver = algorithms.get_algorithm(algo).make_driver(
+      task, data, config, mime_momentum=0.6, server_lr=0.9, mime_momentum_form=form)
+  driver.setup()
+  expected = _numpy_mime(driver.w0, [train["a"], train["b"]], 0.4, 0.6, 0.9, form,
+                         algo == "mime", 3, 2)
+  for round_num, (x, m) in enumerate(expected, start=1):
+    driver.run_round(round_num, np.array([0, 1]))
+    state = driver.runner.numpy_state(driver.state)
+    for got, want in zip(state["model"], x):
+      np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+    for got, want in zip(state["momentum"], m):
+      np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+  other = _numpy_mime(driver.w0, [train["a"], train["b"]], 0.4, 0.6, 0.9,
+                      "tff" if form == "paper" else "paper", algo == "mime", 3, 2)
+  assert not np.allclose(other[-1][0][0], expected[-1][0][0], rtol=1e-3)
+
+
+def test_mime_refuses_batchnorm_models():
+  from tff_cluster import models
+  from tff_cluster.data.federated import FederatedData
+  from tff_cluster.task import TaskSpec
+  rng = np.random.default_rng(0)
+  arrays = (rng.normal(size=(4, 784)).astype(np.float32), np.zeros(4, np.int64))
+  data = FederatedData(["a"], {"a": arrays}, {"a": arrays}, 10)
+  task = TaskSpec(name="bn", description="", load_data=None, model_fn=models.fmnist_cnn,
+                  loss=models.SPARSE_CE_LOGITS, defaults={})
+  config = experiment.TrainingConfig(rounds=1, clients_per_round=1, local_epochs=1,
+                                     batch_size=4, client_lr=0.1, runner="local")
+  with pytest.raises(ValueError, match="BatchNorm"):
+    algorithms.get_algorithm("mime").make_driver(task, data, config)

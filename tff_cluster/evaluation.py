@@ -144,15 +144,19 @@ def per_client_macro_f1(y_true: np.ndarray, y_pred: np.ndarray,
 
 
 class Evaluator:
-  """Evaluates per-client model choices on every client's test split."""
+  """Evaluates per-client model choices on every client's test split (or, with
+  `split='train'`, on its training split: the losses of `mean_losses`)."""
 
   def __init__(self, model_fn: Callable[[], tf.keras.Model], loss: str,
-               data: FederatedData, batch_size: int = 2048):
+               data: FederatedData, batch_size: int = 2048, split: str = "test"):
+    if split not in ("test", "train"):
+      raise ValueError(f"invalid split {split!r}; valid: test, train")
     self._model = model_fn()
     self._loss = loss
     self._batch_size = batch_size
-    self._x = [data.test[c][0] for c in data.client_ids]
-    self._y = [data.test[c][1] for c in data.client_ids]
+    arrays = data.test if split == "test" else data.train
+    self._x = [arrays[c][0] for c in data.client_ids]
+    self._y = [arrays[c][1] for c in data.client_ids]
     self._counts = np.array([len(y) for y in self._y], np.int64)
     self._weight = client_weights(data.num_train_samples(), self._counts)
     self._test_only = np.asarray(data.test_only())
@@ -216,6 +220,13 @@ class Evaluator:
     if self._test_only.any():
       client_model = self._choose_for_test_only(weights, client_model)
     return self._evaluate_indices(weights, client_model)
+
+  def mean_losses(self, weights: Sequence[np.ndarray]) -> np.ndarray:
+    """Each client's mean loss under one model's `weights` (NaN for a client
+    without data in this split)."""
+    result = self._evaluate_indices([weights], np.zeros(len(self._y), np.int64))
+    return np.where(self._counts > 0,
+                    result.per_client_loss_sum / np.maximum(self._counts, 1), np.nan)
 
   def _evaluate_indices(self, weights, client_model: np.ndarray) -> EvalResult:
     """Client k tested with `weights[client_model[k]]`, as given."""

@@ -27,7 +27,7 @@ from tff_cluster.task import TaskSpec
 
 BYTES_PER_PARAMETER = 4  # float32
 
-BASE_COLUMNS = ("round", "train_loss", "test_accuracy", "test_loss",
+BASE_COLUMNS = ("round", "train_loss", "loss_ratio", "test_accuracy", "test_loss",
                 "test_accuracy_clientavg", "test_macro_f1", "round_seconds",
                 "eval_seconds", "bytes_down", "bytes_up")
 
@@ -54,6 +54,7 @@ class TrainingConfig:
   client_state: str = "persist"
   runner: str = "local"
   jit: str = "auto"
+  divergence_ratio: float = 100.0
 
   def __post_init__(self):
     if (self.local_epochs is None) == (self.local_steps is None):
@@ -107,6 +108,9 @@ class Driver:
   `extra_columns` names its additional per-round metrics.
   """
   extra_columns: Sequence[str] = ()
+  # groups.csv: -1 for clients whose `assignment` is < 0 (e.g. FedGroup's
+  # clients in no group yet, tested with the auxiliary model).
+  groups_mask_unassigned = True
   # Host attributes a checkpoint keeps besides `state` and `client_states`
   # (e.g. assignments, random generators): whatever cannot be recomputed.
   checkpoint_attrs: Sequence[str] = ()
@@ -220,17 +224,50 @@ class Driver:
 
 
 class Diverged(RuntimeError):
-  """A non-finite loss, update or model in round `round_num` (0 = set-up)."""
+  """A non-finite loss, update or model in round `round_num` (0 = set-up), or
+  (`detail`) a training loss past the `--divergence_ratio` limit."""
 
   def __init__(self, round_num: int, clients: Optional[Sequence[str]] = None,
-               what: str = "a client update or loss"):
+               what: str = "a client update or loss", detail: Optional[str] = None):
     self.round_num = round_num
     self.clients = list(clients) if clients else []
     where = f" (clients {', '.join(map(str, self.clients[:10]))}" + \
         (f" and {len(self.clients) - 10} more)" if len(self.clients) > 10 else ")") \
         if self.clients else ""
     stage = "the set-up (cold start)" if round_num == 0 else f"round {round_num}"
-    super().__init__(f"diverged in {stage}: {what} is NaN or infinite{where}")
+    super().__init__(f"diverged in {stage}: " +
+                     (detail if detail is not None else f"{what} is NaN or infinite{where}"))
+
+
+class LossRatio:
+  """The divergence rule: a round's training loss over the initial model's
+  loss on the round's clients.
+
+  The initial model (`w0`, the run's seeded start) is evaluated once on every
+  client's training data; a round's reference is the mean of those losses over
+  the round's clients, weighted by their training samples. `check` returns the
+  ratio and raises `Diverged` above `limit` (0: never).
+  """
+
+  def __init__(self, task: TaskSpec, data: FederatedData, w0, limit: float):
+    self.limit = limit
+    self._sizes = data.num_train_samples().astype(np.float64)
+    self._initial = Evaluator(task.model_fn, task.loss, data, split="train").mean_losses(w0)
+
+  def reference(self, clients) -> float:
+    clients = np.asarray(clients)
+    sizes = self._sizes[clients]
+    return float(np.dot(sizes, self._initial[clients]) / sizes.sum())
+
+  def check(self, round_num: int, train_loss: float, clients) -> float:
+    reference = self.reference(clients)
+    ratio = float(train_loss) / reference
+    if self.limit > 0 and ratio > self.limit:
+      raise Diverged(round_num, detail=(
+          f"the training loss {float(train_loss):.4g} is {ratio:.4g} times the initial "
+          f"model's loss on the round's clients ({reference:.4g}), above "
+          f"--divergence_ratio={self.limit:g}"))
+    return ratio
 
 
 def _all_finite(structure) -> bool:
@@ -301,6 +338,7 @@ def run_training(task: TaskSpec, data: FederatedData, config: TrainingConfig,
   from tff_cluster import checkpoint
 
   evaluator = Evaluator(task.model_fn, task.loss, data)
+  loss_ratio = LossRatio(task, data, driver.w0, config.divergence_ratio)
   trainable = data.training_clients()
   if config.clients_per_round > len(trainable):
     raise ValueError(f"invalid --clients_per_round={config.clients_per_round}: "
@@ -356,6 +394,7 @@ def run_training(task: TaskSpec, data: FederatedData, config: TrainingConfig,
         weights, client_model = driver.eval_models()
         if not np.isfinite(row["train_loss"]):
           raise Diverged(round_num, what="the training loss")
+        row["loss_ratio"] = loss_ratio.check(round_num, row["train_loss"], sampled)
         if not _all_finite(weights):
           raise Diverged(round_num, what="a model")
       except Diverged:
@@ -379,7 +418,8 @@ def run_training(task: TaskSpec, data: FederatedData, config: TrainingConfig,
         writer.write_round(row)
         writer.write_groups(round_num, data.client_ids, client_groups(
             client_model, last_choice if "test_accuracy" in row else None,
-            getattr(driver, "assignment", None), data.num_clients))
+            getattr(driver, "assignment", None) if driver.groups_mask_unassigned else None,
+            data.num_clients))
       if checkpoint_dir is not None and (round_num % checkpoint_every == 0
                                          or round_num == config.rounds):
         save_checkpoint(round_num, driver.snapshot(), rng)

@@ -156,9 +156,14 @@ SEED = HParam("seed", int, 0, "Seed of data generation/partition, model init, cl
               "sampling and local shuffles.", low=0, high=2**31 - 1)
 EVAL_EVERY = HParam("eval_every", int, 1, "Evaluate every this many rounds (and the "
                     "last).", low=1)
+DIVERGENCE_RATIO = HParam(
+    "divergence_ratio", float, 100.0, "Stop the run as diverged when a round's training "
+    "loss exceeds this many times the initial model's loss on the round's clients "
+    "(their training data, measured before training); 0 = only NaN and infinities "
+    "stop it.", low=0)
 
 TRAINING = (ROUNDS, CLIENTS_PER_ROUND, LOCAL_EPOCHS, LOCAL_STEPS, BATCH_SIZE, CLIENT_LR,
-            LR_DECAY, CLIENT_MOMENTUM, CLIENT_STATE, SEED, EVAL_EVERY)
+            LR_DECAY, CLIENT_MOMENTUM, CLIENT_STATE, SEED, EVAL_EVERY, DIVERGENCE_RATIO)
 
 # ---------------------------------------------------------------------------
 # Shared names: every algorithm that has the concept declares these objects

@@ -254,7 +254,8 @@ class TrainResult(NamedTuple):
 
 
 def sgd_step(model: tf.keras.Model, loss: str, x, y, mask, lr, anchor, mu: float,
-             momentum: float, velocity, grad_offset=None, nesterov: bool = False):
+             momentum: float, velocity, grad_offset=None, nesterov: bool = False,
+             grad_scale: float = 1.0, control=None):
   """One step of mini-batch SGD on F_k(w) + (mu/2)||w - anchor||^2.
 
   g = grad of the batch's mean loss (over its real examples: `mask` is None or
@@ -264,7 +265,10 @@ def sgd_step(model: tf.keras.Model, loss: str, x, y, mask, lr, anchor, mu: float
   WeCFL/CFL-MGD reference codes use).
 
   `grad_offset` (a constant per trainable weight, or None) is added to every
-  step's gradient (MimeLite's fixed server momentum term).
+  step's gradient (MimeLite's fixed server momentum term), after the gradient
+  is scaled by `grad_scale`; with `control` (trainable weights x), the
+  gradient at x on the same batch is subtracted first (Mime's control
+  variate: g = grad f(w; batch) - grad f(x; batch), then scale, then offset).
 
   `nesterov`: Nesterov's accelerated gradient in its two-sequence form (the
   pFedMo paper's eqs. 6-7), with `velocity` holding the look-ahead point y of
@@ -286,6 +290,10 @@ def sgd_step(model: tf.keras.Model, loss: str, x, y, mask, lr, anchor, mu: float
       count = tf.reduce_sum(mask)
       batch_loss = tf.reduce_sum(per_example * mask) / count
   grads = tape.gradient(batch_loss, trainable)
+  if control is not None:
+    grads = [g - c for g, c in zip(grads, _gradient_at(model, loss, x, y, mask, control))]
+  if grad_scale != 1.0:
+    grads = [grad_scale * g for g in grads]
   new_velocity = [] if momentum or nesterov else None
   for i, (var, grad) in enumerate(zip(trainable, grads)):
     if mu:
@@ -302,6 +310,26 @@ def sgd_step(model: tf.keras.Model, loss: str, x, y, mask, lr, anchor, mu: float
       new_velocity.append(grad)
     var.assign_sub(lr * grad)
   return batch_loss * count, count, new_velocity
+
+
+def _gradient_at(model, loss: str, x, y, mask, point):
+  """The batch's mean-loss gradient at the trainable weights `point`; the
+  model's variables are put back as they were (a model without batch
+  statistics: its training-mode call has no side effect)."""
+  trainable = model.trainable_variables
+  saved = [tf.identity(v) for v in trainable]
+  for var, value in zip(trainable, point):
+    var.assign(value)
+  with tf.GradientTape() as tape:
+    per_example = models.per_example_loss(loss, y, model(x, training=True))
+    if mask is None:
+      batch_loss = tf.reduce_mean(per_example)
+    else:
+      batch_loss = tf.reduce_sum(per_example * mask) / tf.reduce_sum(mask)
+  grads = tape.gradient(batch_loss, trainable)
+  for var, value in zip(trainable, saved):
+    var.assign(value)
+  return grads
 
 
 class _Trainer:
@@ -343,9 +371,10 @@ class _Trainer:
     return self.model(x, training=False)
 
   def train(self, start, data, lr, mu: float = 0.0, velocity=None,
-            anchor=None, grad_offset=None) -> TrainResult:
+            anchor=None, grad_offset=None, grad_scale: float = 1.0,
+            control=None) -> TrainResult:
     """`anchor`: the proximal term's centre (trainable weights; default the
-    start); `grad_offset`: a constant added to every gradient (see `sgd_step`)."""
+    start); `grad_offset`, `grad_scale`, `control`: see `sgd_step`."""
     raise NotImplementedError
 
   def loss(self, weights, data, max_batches: int = 0):
@@ -384,7 +413,8 @@ class DatasetTrainer(_Trainer):
   """Local SGD over a `tf.data.Dataset` of `{'x', 'y'}` batches (TFF runner)."""
 
   def train(self, start, data, lr, mu: float = 0.0, velocity=None,
-            anchor=None, grad_offset=None) -> TrainResult:
+            anchor=None, grad_offset=None, grad_scale: float = 1.0,
+            control=None) -> TrainResult:
     start = list(start)
     anchor = start[:self._num_trainable] if anchor is None else list(anchor)
     lr = tf.cast(lr, tf.float32)
@@ -394,7 +424,7 @@ class DatasetTrainer(_Trainer):
       num_examples, loss_sum, v = carry
       loss_x_n, n, v = sgd_step(self.model, self.loss_kind, batch["x"], batch["y"], None,
                                 lr, anchor, mu, self.momentum, v, grad_offset,
-                                self.nesterov)
+                                self.nesterov, grad_scale, control)
       return num_examples + n, loss_sum + loss_x_n, tuple(v) if v is not None else ()
 
     num_examples, loss_sum, v = data.reduce(
@@ -455,7 +485,8 @@ class PaddedTrainer(_Trainer):
     return tf.gather(self._x, rows), tf.gather(self._y, rows), mask
 
   def train(self, start, data: PaddedBatches, lr, mu: float = 0.0,
-            velocity=None, anchor=None, grad_offset=None) -> TrainResult:
+            velocity=None, anchor=None, grad_offset=None, grad_scale: float = 1.0,
+            control=None) -> TrainResult:
     start = list(start)
     anchor = start[:self._num_trainable] if anchor is None else list(anchor)
     lr = tf.cast(lr, tf.float32)
@@ -464,7 +495,8 @@ class PaddedTrainer(_Trainer):
     def body(i, num_examples, loss_sum, v):
       x, y, mask = self._batch(data, i)
       loss_x_n, n, new_v = sgd_step(self.model, self.loss_kind, x, y, mask, lr, anchor, mu,
-                                    self.momentum, v, grad_offset, self.nesterov)
+                                    self.momentum, v, grad_offset, self.nesterov,
+                                    grad_scale, control)
       return i + 1, num_examples + n, loss_sum + loss_x_n, \
           tuple(new_v) if new_v is not None else ()
 

@@ -430,6 +430,10 @@ def summarize(rows: List[Mapping[str, Any]], rounds: int) -> Dict[str, Any]:
       best = max(scored, key=lambda r: r[name])
       summary.update({f"final_{name}": scored[-1][name], f"max_{name}": best[name],
                       f"max_{name}_round": best["round"]})
+  ratios = [r for r in rows if r.get("loss_ratio") is not None and np.isfinite(r["loss_ratio"])]
+  if ratios:  # the divergence rule's margin (--divergence_ratio)
+    worst = max(ratios, key=lambda r: r["loss_ratio"])
+    summary.update(max_loss_ratio=worst["loss_ratio"], max_loss_ratio_round=worst["round"])
   round_seconds = [r["round_seconds"] for r in rows if r.get("round_seconds") is not None]
   if round_seconds:
     summary["mean_round_seconds"] = float(np.mean(round_seconds))

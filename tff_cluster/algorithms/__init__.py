@@ -120,14 +120,22 @@ IFCA_HPARAMS = _group(
     HParam("ifca_good_init_threshold", float, None, "good_init: the smallest share of "
            "the sample every cluster must get (default 0.35 for K = 2, 0.1 for K = 4, "
            "0.4/K otherwise).", low=0, high=1),
+    HParam("ifca_eval", str, "assigned", "Model a client with training data is tested "
+           "with: assigned (the cluster its training loss chose when last sampled; a "
+           "client never sampled takes the argmin of its training loss over the K "
+           "models, untrained: FedBase's protocol) or test_loss (the model of lowest "
+           "loss on its own test data, IFCA's protocol for its test machines). "
+           "Test-only clients always choose by test loss.",
+           choices=("assigned", "test_loss")),
 )
 
 WECFL_SHARED = (
     hp.NUM_GROUPS,
     HParam("wecfl_features", str, "last_layer", "Clustering features of a client's "
            "trained model: last_layer (kernel of the last Dense layer, the authors' "
-           "code) or all (every trainable weight, the paper's text).",
-           choices=("last_layer", "all")),
+           "code), fc (kernels and biases of every Dense layer, the paper's App. B.1) "
+           "or all (every trainable weight: a project variant).",
+           choices=("last_layer", "fc", "all")),
     HParam("wecfl_kmeans", str, "refit", "refit (K-Means from scratch every round, "
            "the authors' code) or one_step (one E-step against the current cluster "
            "models, Algorithm 1).", choices=("refit", "one_step")),
@@ -190,12 +198,24 @@ CFL_MGD_HPARAMS = _group(
            choices=("total", "members")),
     HParam("cfl_mgd_grad_batches", int, 1, "Option I: batches of the round's schedule "
            "the client's gradient is the mean over (0 = all).", low=0),
-    next(d for d in IFCA_HPARAMS if d.name == "ifca_loss_batches"),
+    # IFCA's cluster estimate, initialisation and evaluation, shared.
+    *(d for d in IFCA_HPARAMS if d.name in (
+        "ifca_loss_batches", "ifca_init", "ifca_warm_rounds", "ifca_forced_rounds",
+        "ifca_good_init_threshold", "ifca_eval")),
 )
+
+MIME_MOMENTUM = HParam("mime_momentum", float, 0.9, "beta of the base optimizer's (SGD "
+                       "with momentum) server-held state.", low=0, high=1, high_open=True,
+                       group="mime")
+MIME_MOMENTUM_FORM = HParam(
+    "mime_momentum_form", str, "tff", "The base optimizer: tff (m <- beta m + g, step "
+    "eta (beta m + g); TFF's SGDM) or paper ((1 - beta) g + beta m, the exponential "
+    "average the Mime paper is cited for).", choices=("tff", "paper"), group="mime")
 
 SERVER_LR = HParam("server_lr", float, 1.0, "eta_s: the server's learning rate "
                    "(SlowMo's slow learning rate alpha).", low=0, low_open=True,
                    group="server momentum")
+MIME_HPARAMS = (MIME_MOMENTUM, MIME_MOMENTUM_FORM, SERVER_LR)
 SERVER_MOMENTUM = HParam("server_momentum", float, 0.9, "beta: the server's momentum.",
                          low=0, high=1, high_open=True, group="server momentum")
 SERVER_MOMENTUM_HPARAMS = (SERVER_LR, SERVER_MOMENTUM, CLIENT_WEIGHTING)
@@ -212,9 +232,10 @@ PFEDMO_HPARAMS = (
            "mixed into each worker's start (0 = FedNAG; Table 2: 1).", low=0, high=1,
            group="pfedmo"),
     AGG_WEIGHTS,
-    HParam("pfedmo_model", str, "eq12", "Each worker's model: eq12 (as printed, with the "
-           "momentum term y_bar - y_i+, which cancels the mix with x_r to first order) or "
-           "mix ((1 - pi s_i) x_bar + pi s_i x_r, the paper's description of eq. 12).",
+    HParam("pfedmo_model", str, "eq12", "Each worker's model: eq12 (the paper's eq. 12 as "
+           "printed, the rule its Theorem 2 bounds; its momentum term y_bar - y_i+ cancels "
+           "the mix with x_r to first order) or mix ((1 - pi s_i) x_bar + pi s_i x_r: a "
+           "project variant, after the paper's prose; it breaks Theorem 2's O(eta) bound).",
            choices=("eq12", "mix"), group="pfedmo"),
     HParam("score_batch", int, 64, "B: samples of the scoring batch, drawn once from the "
            "pooled test data (the paper gives no size).", low=1, group="pfedmo"),
@@ -259,10 +280,10 @@ ALGORITHMS: Dict[str, AlgorithmSpec] = {
                       "slowmo", hparams=SERVER_MOMENTUM_HPARAMS),
         AlgorithmSpec("mime_lite", "MimeLite: local steps with the server's fixed momentum "
                       "(TFF's build_weighted_mime_lite with SGDM)", "mime_lite",
-                      hparams=(HParam("mime_momentum", float, 0.9, "beta of the base "
-                                      "optimizer's (SGD with momentum) server-held state.",
-                                      low=0, high=1, high_open=True, group="mime_lite"),
-                               SERVER_LR)),
+                      hparams=MIME_HPARAMS),
+        AlgorithmSpec("mime", "Mime: MimeLite's steps with a control variate (an extra "
+                      "exchange of full-batch gradients every round)", "mime",
+                      hparams=MIME_HPARAMS),
         AlgorithmSpec("pfedmo", "pFedMo: local NAG; a representation model trained on "
                       "public data personalises each worker's model and momentum",
                       "pfedmo", hparams=PFEDMO_HPARAMS, all_clients=True),

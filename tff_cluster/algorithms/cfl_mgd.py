@@ -34,8 +34,13 @@ option I, gradient averaging (`--cfl_mgd_option=gradient`, eqs. (3), (5), (9)):
   its participations (a client that switches cluster brings its old
   buffer); `server`: the client starts from its cluster's u_p instead.
 
-Evaluation: each client is tested with the cluster model of lowest loss on its
-own test data (IFCA's protocol, the paper's test clients).
+Initialisation and evaluation are IFCA's (`tff_cluster.algorithms.ifca`):
+`--ifca_init=random|good_init|fedavg_warm` (with `--ifca_warm_rounds`,
+`--ifca_forced_rounds`, `--ifca_good_init_threshold`; fedavg_warm's warm-up
+trains one model by this definition's own rule, cluster 0, and round 1 starts
+with zero buffers) and `--ifca_eval=assigned|test_loss`. On the rotated tasks
+the training clients hold no test data and the test-only clients choose by
+test loss (the paper's test clients), so both evaluations agree there.
 """
 
 from __future__ import annotations
@@ -60,7 +65,12 @@ class CFLMGDDefinition(Definition):
 
   State: `models` (every weight, [P, ...]) and `momenta` (trainable weights,
   [P, ...]). Client state (option I with client buffers): `velocity`.
+  Modes, as IFCA's: train (argmin estimate, then the option's work); assign
+  (the estimate only: good_init's check); forced (the client's key is its
+  cluster: fedavg_warm's warm-up and forced rounds).
   """
+
+  modes = ("train", "assign", "forced")
 
   def __init__(self, weights_spec, num_trainable: int, num_clusters: int, *,
                option: str = "model", beta: float = 0.9, buffer: str = "client",
@@ -104,31 +114,55 @@ class CFLMGDDefinition(Definition):
         models=models,
         momenta=[np.zeros_like(w, np.float32) for w in models[:self.num_trainable]])
 
+  def num_keys(self, mode):
+    return self.k if mode == "forced" else 0
+
+  def database(self, state, mode):
+    if mode != "forced":
+      return None
+    # The key's row of every model (and buffer) weight, the last row one-hot.
+    buffers = [] if self.client_buffers else list(state["momenta"])
+    return [*state["models"], *buffers, tf.eye(self.k, dtype=tf.float32)]
+
   def broadcast(self, state, params, mode):
+    if mode == "forced":
+      return collections.OrderedDict(lr=params["lr"])
     out = collections.OrderedDict(models=list(state["models"]), lr=params["lr"])
     if not self.client_buffers:
       out["momenta"] = list(state["momenta"])
     return out
 
   def client_state_spec(self, mode):
-    if not self.client_buffers:
+    if not self.client_buffers or mode == "assign":
       return None
     return collections.OrderedDict(velocity=list(self.weights_spec[:self.num_trainable]))
 
   def client_work(self, trainer, selected, received, client_state, data, mode):
-    models = list(received["models"])
-    losses = []
-    for j in range(self.k):
-      loss_sum, count = trainer.loss([w[j] for w in models], data, self.loss_batches)
-      losses.append(tf.math.divide_no_nan(loss_sum, count))
-    losses = tf.stack(losses)
-    cluster = argmin_cluster(losses)
+    if mode == "forced":
+      rows = list(selected)
+      cluster = tf.argmax(rows[-1], output_type=tf.int32)
+      start = rows[:len(self.weights_spec)]
+      start_momenta = rows[len(self.weights_spec):-1]
+      losses = tf.zeros([self.k], tf.float32)
+    else:
+      models = list(received["models"])
+      losses = []
+      for j in range(self.k):
+        loss_sum, count = trainer.loss([w[j] for w in models], data, self.loss_batches)
+        losses.append(tf.math.divide_no_nan(loss_sum, count))
+      losses = tf.stack(losses)
+      cluster = argmin_cluster(losses)
+      if mode == "assign":
+        return ClientOutput(collections.OrderedDict(num_clients=tf.constant(1.0)),
+                            collections.OrderedDict(cluster=cluster, losses=losses))
+      start = [tf.gather(w, cluster) for w in models]
+      start_momenta = ([] if self.client_buffers else
+                       [tf.gather(u, cluster) for u in received["momenta"]])
     onehot = tf.one_hot(cluster, self.k, dtype=tf.float32)
     scatter = lambda t: tf.tensordot(onehot, t, axes=0)  # noqa: E731
-    start = [tf.gather(w, cluster) for w in models]
     result = collections.OrderedDict(cluster=cluster, losses=losses)
     if self.option == "model":
-      velocity = [tf.gather(u, cluster) for u in received["momenta"]]
+      velocity = list(start_momenta)
       out = trainer.train(start, data, received["lr"], velocity=velocity)
       if out.velocity is None:  # beta = 0: the buffer stays zero
         new_velocity = [tf.zeros_like(v) for v in velocity]
@@ -144,7 +178,7 @@ class CFLMGDDefinition(Definition):
     if self.client_buffers:
       previous = list(client_state["velocity"])
     else:
-      previous = [tf.gather(u, cluster) for u in received["momenta"]]
+      previous = list(start_momenta)
     u = [self.beta * p + g for p, g in zip(previous, grads)]
     lr = tf.cast(received["lr"], tf.float32)
     summed = collections.OrderedDict(
@@ -167,6 +201,8 @@ class CFLMGDDefinition(Definition):
     return out
 
   def server_update(self, state, summed, mode):
+    if mode == "assign":
+      return state
     counts = summed["counts"]
     models = list(state["models"])
     momenta = self._per_cluster(counts, summed["velocity_sums"], list(state["momenta"]))
@@ -199,19 +235,25 @@ def build_cfl_mgd(model_fn, loss: str, element_spec, num_clusters: int, num_clie
 
 
 class CFLMGDDriver(IFCADriver):
-  """IFCA's host side (random initial models, argmin estimates, test clients
-  by test loss) around CFL-MGD's definition."""
+  """IFCA's host side (initial models, argmin estimates, evaluation) around
+  CFL-MGD's definition."""
 
   def __init__(self, task, data, config: experiment.TrainingConfig, *, num_groups: int = 5,
                cfl_mgd_option: str = "model", cfl_mgd_beta: float = 0.9,
                cfl_mgd_buffer: str = "client", grad_avg_norm: str = "total",
-               ifca_loss_batches: int = 0, cfl_mgd_grad_batches: int = 1):
+               ifca_loss_batches: int = 0, cfl_mgd_grad_batches: int = 1,
+               ifca_init: str = "random", ifca_warm_rounds: int = 20,
+               ifca_forced_rounds: int = 20,
+               ifca_good_init_threshold: Optional[float] = None,
+               ifca_eval: str = "assigned"):
     self._definition_options = dict(
         option=cfl_mgd_option, beta=cfl_mgd_beta, buffer=cfl_mgd_buffer, norm=grad_avg_norm,
         num_clients=data.num_training_clients, loss_batches=ifca_loss_batches,
         grad_batches=cfl_mgd_grad_batches)
     super().__init__(task, data, config, num_groups=num_groups,
-                     ifca_loss_batches=ifca_loss_batches)
+                     ifca_loss_batches=ifca_loss_batches, ifca_init=ifca_init,
+                     ifca_warm_rounds=ifca_warm_rounds, ifca_forced_rounds=ifca_forced_rounds,
+                     ifca_good_init_threshold=ifca_good_init_threshold, ifca_eval=ifca_eval)
     self._summary.update(cfl_mgd_option=cfl_mgd_option, cfl_mgd_beta=cfl_mgd_beta,
                          cfl_mgd_buffer=cfl_mgd_buffer, grad_avg_norm=grad_avg_norm)
 

@@ -37,8 +37,19 @@ Initialisation (`--ifca_init`):
     allows) instead of the argmin (`forced` mode), then IFCA proper. (Equal
     models would make every argmin tie and every client pick cluster 0.)
 
-Evaluation: each client is tested with the model of lowest loss on its own
-test data (the authors' protocol for test clients).
+Evaluation (`--ifca_eval`):
+  assigned (default): a client with training data is tested with the cluster
+    model its training loss chose when it was last sampled; a client not
+    sampled yet takes, at evaluation, the argmin of its mean loss on its whole
+    training set over the K models (ties to the lowest index), untrained.
+    FedBase, behind the WeCFL paper's IFCA rows, scores IFCA this way, and it
+    is how WeCFL, FeSEM and CFL are scored (on their assignments).
+  test_loss: every client takes the model of lowest loss on its own test data
+    (the authors' protocol for their separate test machines; on clients that
+    also train it chooses with the labels it is scored on).
+  Test-only clients (no training data) always take their lowest-test-loss
+  model. ARI, purity and the group sizes count the assigned choices of the
+  clients with training data, under either option.
 """
 
 from __future__ import annotations
@@ -56,6 +67,7 @@ from tff_cluster.algorithms.definition import ClientOutput, Definition, flat_nor
 from tff_cluster.algorithms.fedavg import client_weight, with_weight_spec
 
 INITS = ("random", "good_init", "fedavg_warm")
+EVALS = ("assigned", "test_loss")
 # Shuffle seeds of the fedavg_warm pre-training rounds (apart from the run's rounds).
 WARM_SHUFFLE_BASE = 2_000_000
 AGGREGATIONS = ("uniform", "num_examples", "samples")
@@ -199,13 +211,20 @@ class IFCADriver(experiment.Driver):
   """K cluster models; each round's clients estimate their cluster and train it."""
 
   checkpoint_attrs = ("assignment", "_rng", "_summary", "_forced_rng")
+  # groups.csv shows the model each client is scored with, a never-sampled
+  # client's argmin included (not -1 for "no assignment yet").
+  groups_mask_unassigned = False
 
   def __init__(self, task, data, config: experiment.TrainingConfig, *, num_groups: int = 5,
                ifca_init: str = "random", ifca_agg: str = "uniform",
                ifca_loss_batches: int = 0, ifca_good_init_threshold: Optional[float] = None,
-               ifca_warm_rounds: int = 20, ifca_forced_rounds: int = 20):
+               ifca_warm_rounds: int = 20, ifca_forced_rounds: int = 20,
+               ifca_eval: str = "assigned"):
     if ifca_init not in INITS:
       raise ValueError(f"invalid --ifca_init={ifca_init}; valid: {', '.join(INITS)}")
+    if ifca_eval not in EVALS:
+      raise ValueError(f"invalid --ifca_eval={ifca_eval}; valid: {', '.join(EVALS)}")
+    self.eval_mode = ifca_eval
     if ifca_warm_rounds < 0 or ifca_forced_rounds < 0:
       raise ValueError("invalid --ifca_warm_rounds/--ifca_forced_rounds; valid: "
                        "integers >= 0")
@@ -220,6 +239,8 @@ class IFCADriver(experiment.Driver):
     self._rng = np.random.default_rng(np.random.SeedSequence([config.seed, 13]))
     self._forced_rng = np.random.default_rng(np.random.SeedSequence([config.seed, 19]))
     self.assignment = np.full(data.num_clients, -1, np.int64)
+    self._train_losses = None  # an Evaluator on the training data, made when needed
+    self._scored = None  # the assigned choices of the latest evaluation
     self._summary: Dict[str, object] = {}
     self.extra_columns = (
         ["mean_update_norm", "num_assigned"]
@@ -286,13 +307,13 @@ class IFCADriver(experiment.Driver):
     keep = set(last_dense_indices(self.task.model_fn()))  # its kernel and bias
     models = [np.asarray(w) for w in self.runner.numpy_state(state)["models"]]
     warm = [np.asarray(w)[0] for w in single["models"]]
-    out = []
-    for layer, stacked in enumerate(models):
-      out.append(stacked if layer in keep else
-                 np.repeat(warm[layer][None], self.k, axis=0))
     self._summary["warm_rounds"] = self.warm_rounds
     self._summary["forced_rounds"] = self.forced_rounds
-    return collections.OrderedDict(models=out)
+    # The definition's own initial state of these K models (CFL-MGD's also
+    # holds zero momentum buffers).
+    return self.definition.initial_state(
+        [[models[layer][j] if layer in keep else warm[layer] for layer in range(len(models))]
+         for j in range(self.k)])
 
   def run_round(self, round_num, sampled):
     if round_num <= self.forced_rounds:
@@ -322,29 +343,44 @@ class IFCADriver(experiment.Driver):
     return [[layer[j] for layer in state["models"]] for j in range(self.k)]
 
   def eval_models(self):
-    # Each client is tested with its lowest-test-loss model (the evaluator
-    # chooses); the assignment below is what it last trained.
-    return self._models(), experiment.CHOOSE_BY_TEST_LOSS
+    models = self._models()
+    self._scored = self.assigned_models(models)
+    if self.eval_mode == "test_loss":
+      return models, experiment.CHOOSE_BY_TEST_LOSS
+    return models, self._scored
 
-  def round_eval_metrics(self, result):
-    chosen = self._chosen(result)
-    out = {}
-    for j in range(self.k):
-      out[f"group_{j}_accuracy"] = result.group_accuracy(chosen, j)
-      out[f"group_{j}_size"] = int((chosen == j).sum())
-    out.update(self._cluster_scores(chosen))
+  def assigned_models(self, models) -> np.ndarray:
+    """Each client's assigned model now: the cluster it last trained, or for a
+    client with training data never sampled, the argmin of its mean training
+    loss over `models` (ties to the lowest index); -1 for test-only clients
+    (the evaluation lets them choose by test loss)."""
+    out = self.assignment.copy()
+    fresh = np.flatnonzero((out < 0) & (self.data.num_train_samples() > 0))
+    if len(fresh):
+      if self._train_losses is None:
+        from tff_cluster.evaluation import Evaluator
+        self._train_losses = Evaluator(self.task.model_fn, self.task.loss, self.data,
+                                       split="train")
+      losses = np.stack([self._train_losses.mean_losses(w)[fresh] for w in models])
+      out[fresh] = np.argmin(losses, axis=0)
     return out
 
-  def _chosen(self, result) -> np.ndarray:
-    """Each client's model now: its lowest-test-loss choice where it has test
-    data; a client without test data (e.g. the rotated tasks' training
-    clients), whose choice would be meaningless, counts with the cluster it
-    last trained (-1: never sampled, no model)."""
-    has_test = self.data.num_test_samples() > 0
-    return np.where(has_test, np.asarray(result.client_model), self.assignment)
+  def round_eval_metrics(self, result):
+    tested = np.asarray(result.client_model)  # the model each client was tested with
+    scored = self._scored if self._scored is not None else self.assignment
+    # Group sizes count what groups.csv shows: the assigned choices, or under
+    # test_loss the evaluation's.
+    shown = scored if self.eval_mode == "assigned" else tested
+    out = {}
+    for j in range(self.k):
+      out[f"group_{j}_accuracy"] = result.group_accuracy(tested, j)
+      out[f"group_{j}_size"] = int((shown == j).sum())
+    out.update(self._cluster_scores(scored))
+    return out
 
   def _cluster_scores(self, chosen):
-    """ARI and purity against the true clusters over the clients with a model."""
+    """ARI and purity against the true clusters over the clients with an
+    assigned model (never the test-only clients' test-loss choices)."""
     truth = self.data.true_clusters
     known = chosen >= 0
     if truth is None or not known.any():

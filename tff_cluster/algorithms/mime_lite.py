@@ -1,28 +1,43 @@
-"""MimeLite (Karimireddy et al., "Mime: Mimicking Centralized Stochastic
-Algorithms in Federated Learning"), as TFF 0.87's
-`tff.learning.algorithms.build_weighted_mime_lite` runs it with an SGD-with-
-momentum base optimizer.
+"""MimeLite and Mime (Karimireddy et al., "Mime: Mimicking Centralized
+Stochastic Algorithms in Federated Learning"), with an SGD-with-momentum base
+optimizer whose state m (trainable weights, m_0 = 0) the server keeps and the
+clients use fixed during their local steps.
 
-State: the global model x and the base optimizer's momentum m (trainable
-weights, m_0 = 0). Round t, with eta = the round's client lr, beta =
-`--mime_momentum`, eta_s = `--server_lr`:
+MimeLite (`--algo=mime_lite`), as TFF 0.87's
+`tff.learning.algorithms.build_weighted_mime_lite` runs it. Round t, with
+eta = the round's client lr, beta = `--mime_momentum`, eta_s = `--server_lr`:
   client i receives (x, m);
     c_i = its full-batch gradient at x: the mean gradient over every batch of
           the round's local work (training mode);
     local steps from x, each with the momentum *fixed* at the server's:
-          y <- y - eta (beta m + g)     (the optimizer's state update is
-          discarded: TFF's SGDM step from state m)
+          y <- y - eta U(g, m)
     returns Delta_i = y_i - x and c_i, weighted by n_i (the examples of the
           round's local work, TFF's NUM_EXAMPLES weighting);
-  server: m <- beta m + sum_i n_i c_i / sum_i n_i   (the base optimizer's state
-          update with the mean full gradient);
+  server: m <- V(c_bar, m) with c_bar = sum_i n_i c_i / sum_i n_i;
           x <- x + eta_s sum_i n_i Delta_i / sum_i n_i (TFF's server SGD,
           learning rate eta_s; 1 = the mean of the clients' models).
-BatchNorm statistics take the weighted mean update. The Mime paper writes the
-momentum as (1 - beta) g + beta m; TFF's SGDM (and this module) use
-beta m + g, a scaling of the learning rate. Full Mime (an extra round
-broadcasting the mean gradient for a control variate) is not implemented; the
-pFedMo paper, which compares with "Mime", does not say which it ran.
+The base optimizer's form (`--mime_momentum_form`):
+  tff:   U(g, m) = beta m + g,             V(c, m) = beta m + c  (TFF's SGDM,
+         and fedjax's Mime on optax's `trace`; the default, held to TFF's
+         process by a test);
+  paper: U(g, m) = (1 - beta) g + beta m,  V(c, m) = (1 - beta) c + beta m
+         (the exponential average; the form the project's audit attributes to
+         the Mime paper. The paper's algorithm box could not be read here:
+         the stored copies hold its abstract only; two public implementations
+         that cite it update the server statistic this way).
+For a fixed m the two differ by a scaling: tff's step is 1/(1 - beta) times
+paper's at the same eta in the g term.
+
+Mime (`--algo=mime`), as fedjax's `mime` algorithm (which cites the paper)
+runs it: an extra exchange first, where the round's clients send their
+full-batch gradients at x and the server averages them into c (the control
+variate); then each local step uses the corrected gradient
+    g = grad f_i(y; batch) - grad f_i(x; batch) + c
+in U(g, m) (the same batch at both points), and the server updates x as
+MimeLite and m <- V(c, m) with that same c. Models with BatchNorm are
+refused (the gradient at x would move the batch statistics a second time).
+
+BatchNorm statistics take the weighted mean update.
 """
 
 from __future__ import annotations
@@ -37,14 +52,18 @@ from tff_cluster.algorithms.definition import ClientOutput, Definition
 from tff_cluster.algorithms.fedavg import FedAvgDriver
 
 
+FORMS = ("tff", "paper")
+
+
 class MimeLiteDefinition(Definition):
   """State: `model` (every weight) and `momentum` (trainable weights)."""
 
   def __init__(self, weights_spec, num_trainable: int, mime_momentum: float = 0.9,
-               server_lr: float = 1.0, momentum: float = 0.0,
-               persist_momentum: bool = False):
+               server_lr: float = 1.0, mime_momentum_form: str = "tff",
+               momentum: float = 0.0, persist_momentum: bool = False,
+               algo: str = "mime_lite"):
     if momentum:
-      raise ValueError("invalid --client_momentum for mime_lite: its momentum is the "
+      raise ValueError(f"invalid --client_momentum for {algo}: its momentum is the "
                        "server's, --mime_momentum; valid: --client_momentum=0")
     super().__init__(weights_spec, num_trainable)
     del persist_momentum
@@ -52,8 +71,14 @@ class MimeLiteDefinition(Definition):
       raise ValueError(f"invalid --mime_momentum={mime_momentum}; valid: 0 <= beta < 1")
     if not server_lr > 0:
       raise ValueError(f"invalid --server_lr={server_lr}; valid: a number > 0")
+    if mime_momentum_form not in FORMS:
+      raise ValueError(f"invalid --mime_momentum_form={mime_momentum_form}; valid: "
+                       f"{', '.join(FORMS)}")
     self.beta = float(mime_momentum)
     self.server_lr = float(server_lr)
+    self.form = mime_momentum_form
+    # U(g, m) = scale g + beta m; V(c, m) = scale c + beta m.
+    self.scale = 1.0 - self.beta if self.form == "paper" else 1.0
 
   def initial_state(self, initial_weights):
     model = [np.asarray(w) for w in initial_weights]
@@ -69,7 +94,8 @@ class MimeLiteDefinition(Definition):
     start = list(received["model"])
     full_gradient, _ = trainer.gradient(start, data, 0)
     offset = [self.beta * m for m in received["momentum"]]
-    out = trainer.train(start, data, received["lr"], grad_offset=offset)
+    out = trainer.train(start, data, received["lr"], grad_offset=offset,
+                        grad_scale=self.scale)
     n = out.num_examples
     summed = collections.OrderedDict(
         update=[n * d for d in out.delta], gradient=[n * g for g in full_gradient],
@@ -77,18 +103,95 @@ class MimeLiteDefinition(Definition):
     result = collections.OrderedDict(loss_sum=out.loss_sum, num_examples=n)
     return ClientOutput(summed, result, None)
 
+  def _momentum(self, m, c):
+    """V(c, m): the base optimizer's state update with the gradient c."""
+    return [self.scale * ci + self.beta * mi for mi, ci in zip(m, c)]
+
   def server_update(self, state, summed, mode):
     weight = summed["weight"]
     has = weight > 0
     safe = tf.where(has, weight, 1.0)
-    momentum = [tf.where(has, self.beta * m + g / safe, m)
-                for m, g in zip(state["momentum"], summed["gradient"])]
+    updated = self._momentum(state["momentum"], [g / safe for g in summed["gradient"]])
+    momentum = [tf.where(has, u, m) for u, m in zip(updated, state["momentum"])]
     model = [w + self.server_lr * u / safe for w, u in zip(state["model"], summed["update"])]
     return collections.OrderedDict(model=model, momentum=momentum)
 
 
+class MimeDefinition(MimeLiteDefinition):
+  """Full Mime: state `model`, `momentum` and `control` (c, trainable weights).
+  Modes: `gradient` (the clients' full-batch gradients at x, averaged into c)
+  and `train` (local steps with the control variate; x and m updated)."""
+
+  modes = ("gradient", "train")
+
+  def __init__(self, weights_spec, num_trainable: int, **options):
+    super().__init__(weights_spec, num_trainable, algo="mime", **options)
+
+  def initial_state(self, initial_weights):
+    state = super().initial_state(initial_weights)
+    state["control"] = [np.zeros_like(m) for m in state["momentum"]]
+    return state
+
+  def broadcast(self, state, params, mode):
+    if mode == "gradient":
+      return collections.OrderedDict(model=list(state["model"]), lr=params["lr"])
+    return collections.OrderedDict(model=list(state["model"]),
+                                   momentum=list(state["momentum"]),
+                                   control=list(state["control"]), lr=params["lr"])
+
+  def client_work(self, trainer, selected, received, client_state, data, mode):
+    start = list(received["model"])
+    if mode == "gradient":
+      gradient, n = trainer.gradient(start, data, 0)
+      return ClientOutput(collections.OrderedDict(gradient=[n * g for g in gradient],
+                                                  weight=n),
+                          collections.OrderedDict(num_examples=n))
+    # U(g - g(x) + c, m) = scale (g - g(x)) + (scale c + beta m).
+    offset = [self.scale * c + self.beta * m
+              for c, m in zip(received["control"], received["momentum"])]
+    out = trainer.train(start, data, received["lr"], grad_offset=offset,
+                        grad_scale=self.scale, control=start[:self.num_trainable])
+    n = out.num_examples
+    summed = collections.OrderedDict(update=[n * d for d in out.delta], weight=n,
+                                     loss_sum=out.loss_sum)
+    return ClientOutput(summed, collections.OrderedDict(loss_sum=out.loss_sum,
+                                                        num_examples=n))
+
+  def server_update(self, state, summed, mode):
+    new = collections.OrderedDict(state)
+    weight = summed["weight"]
+    has = weight > 0
+    safe = tf.where(has, weight, 1.0)
+    if mode == "gradient":
+      new["control"] = [tf.where(has, g / safe, c)
+                        for g, c in zip(summed["gradient"], state["control"])]
+      return new
+    updated = self._momentum(state["momentum"], state["control"])
+    new["momentum"] = [tf.where(has, u, m) for u, m in zip(updated, state["momentum"])]
+    new["model"] = [w + self.server_lr * u / safe
+                    for w, u in zip(state["model"], summed["update"])]
+    return new
+
+
+def build_mime(model_fn, loss: str, element_spec, mime_momentum: float = 0.9,
+               server_lr: float = 1.0, mime_momentum_form: str = "tff"):
+  """Full Mime's TFF computations `{'gradient': ..., 'train': ...}` (the `tff`
+  runner's; see `tff_runner.build_round`): each round, `gradient` then `train`
+  over the same clients; the state is `definition.initial_state(w0)`.
+  Returns (definition, computations)."""
+  from tff_cluster import local_training
+  from tff_cluster.runners import tff_runner
+  model = model_fn()
+  definition = MimeDefinition(local_training.weights_type_spec(model),
+                              len(model.trainable_variables), mime_momentum=mime_momentum,
+                              server_lr=server_lr, mime_momentum_form=mime_momentum_form)
+  return definition, {mode: tff_runner.build_round(definition, mode, model_fn, loss,
+                                                   element_spec)
+                      for mode in definition.modes}
+
+
 def build_mime_lite(model_fn, loss: str, element_spec, mime_momentum: float = 0.9,
-                    server_lr: float = 1.0):
+                    server_lr: float = 1.0, mime_momentum_form: str = "tff"):
   """MimeLite's TFF computation `{'train': ...}` (the `tff` runner's; see
   `tff_runner.build_round`); the state is `definition.initial_state(w0)`.
   Returns (definition, computations). (TFF's own process is
@@ -99,7 +202,8 @@ def build_mime_lite(model_fn, loss: str, element_spec, mime_momentum: float = 0.
   model = model_fn()
   definition = MimeLiteDefinition(local_training.weights_type_spec(model),
                                   len(model.trainable_variables),
-                                  mime_momentum=mime_momentum, server_lr=server_lr)
+                                  mime_momentum=mime_momentum, server_lr=server_lr,
+                                  mime_momentum_form=mime_momentum_form)
   return definition, {"train": tff_runner.build_round(definition, "train", model_fn, loss,
                                                       element_spec)}
 
@@ -107,13 +211,16 @@ def build_mime_lite(model_fn, loss: str, element_spec, mime_momentum: float = 0.
 class MimeLiteDriver(FedAvgDriver):
   """FedAvg's host side over MimeLite's definition."""
 
+  definition_class = MimeLiteDefinition
+
   def __init__(self, task, data, config: experiment.TrainingConfig, *,
-               mime_momentum: float = 0.9, server_lr: float = 1.0):
+               mime_momentum: float = 0.9, server_lr: float = 1.0,
+               mime_momentum_form: str = "tff"):
     experiment.Driver.__init__(
         self, task, data, config,
-        lambda specs, num_trainable, **solver: MimeLiteDefinition(
+        lambda specs, num_trainable, **solver: self.definition_class(
             specs, num_trainable, mime_momentum=mime_momentum, server_lr=server_lr,
-            **solver))
+            mime_momentum_form=mime_momentum_form, **solver))
     self.state = None
 
   def run_round(self, round_num, sampled):
@@ -123,5 +230,33 @@ class MimeLiteDriver(FedAvgDriver):
     return row
 
 
+class MimeDriver(MimeLiteDriver):
+  """Full Mime: two exchanges per round with the same clients, the
+  full-batch gradients at x (averaged into c), then the local steps."""
+
+  definition_class = MimeDefinition
+
+  def __init__(self, task, data, config: experiment.TrainingConfig, **options):
+    from tff_cluster import local_training
+    if local_training.has_batch_statistics(task.model_fn()):
+      raise ValueError("--algo=mime takes a gradient at the round's start x on every local "
+                       "batch, which would move BatchNorm statistics twice; valid: a model "
+                       "without BatchNorm (or --algo=mime_lite)")
+    super().__init__(task, data, config, **options)
+
+  def run_round(self, round_num, sampled):
+    out = self.train_clients("gradient", self.state, sampled, round_num)
+    self.state = out.state
+    row = FedAvgDriver.run_round(self, round_num, sampled)
+    # Down: x (first exchange), then x, m and c; up: the gradient, then the update.
+    row["bytes_down"] *= 4
+    row["bytes_up"] *= 2
+    return row
+
+
 def make_driver(task, data, config: experiment.TrainingConfig, **options):
   return MimeLiteDriver(task, data, config, **options)
+
+
+def make_mime_driver(task, data, config: experiment.TrainingConfig, **options):
+  return MimeDriver(task, data, config, **options)

@@ -12,7 +12,12 @@ Round t, on the sampled clients (the paper: all of them):
      (`train` mode; the model stays with the client as its state);
   2. clustering, on the host: the features g_i of the trained models,
      `--wecfl_features=last_layer` (the kernel of the last Dense layer, the
-     authors' code) or `all` (every trainable weight, the paper's text), are
+     authors' code), `fc` (the kernels and biases of every Dense layer: "the
+     flattened parameters of the fully-connected layers", the paper's App.
+     B.1; on the FMNIST CNN, whose only Dense layer is the classifier, the
+     last layer's kernel plus its bias) or `all` (every trainable weight,
+     convolutions and BatchNorm's scale and offset included: a project
+     variant), are
      clustered by K-Means with client weights lambda_i = n_i / sum_j n_j
      (n_i: training samples), minimising sum_i lambda_i ||g_i - G_k(i)||^2.
      `--wecfl_kmeans=refit`: K-Means refitted from scratch every round (the
@@ -54,25 +59,33 @@ import tensorflow as tf
 from tff_cluster import clustering, experiment, local_training
 from tff_cluster.algorithms.definition import ClientOutput, Definition, flat_norm
 
-FEATURES = ("last_layer", "all")
+FEATURES = ("last_layer", "fc", "all")
 KMEANS = ("refit", "one_step")
 WEIGHTINGS = ("data", "uniform")
 
 
-def last_dense_indices(model: tf.keras.Model) -> List[int]:
+def dense_indices(model: tf.keras.Model, last_only: bool = False) -> List[int]:
   """Indices, in the model's weight list (trainable first), of the weights of
-  its last Dense layer: [kernel] or [kernel, bias]."""
+  its Dense layers in layer order, each [kernel] or [kernel, bias]; with
+  `last_only`, of the last Dense layer alone."""
   variables = local_training.model_variables(model)
   dense = [layer for layer in _layers(model) if isinstance(layer, tf.keras.layers.Dense)]
   if not dense:
     raise ValueError(f"model {model.name!r} has no Dense layer")
   out = []
-  for weight in dense[-1].weights:
-    found = [i for i, var in enumerate(variables) if var is weight]
-    if not found:
-      raise ValueError("the last Dense layer's weights are not among the model's weights")
-    out.append(found[0])
+  for layer in dense[-1:] if last_only else dense:
+    for weight in layer.weights:
+      found = [i for i, var in enumerate(variables) if var is weight]
+      if not found:
+        raise ValueError("a Dense layer's weights are not among the model's weights")
+      out.append(found[0])
   return out
+
+
+def last_dense_indices(model: tf.keras.Model) -> List[int]:
+  """Indices of the weights of the model's last Dense layer: [kernel] or
+  [kernel, bias]."""
+  return dense_indices(model, last_only=True)
 
 
 def last_dense_kernel_index(model: tf.keras.Model) -> int:
@@ -351,7 +364,9 @@ class WeCFLDriver(ClusterModelsDriver):
     self.center_weights = center_weights
     super().__init__(task, data, config, num_groups=num_groups, mu=wecfl_mu)
     if wecfl_features == "last_layer":
-      self._feature_index = last_dense_kernel_index(task.model_fn())
+      self._feature_indices = [last_dense_kernel_index(task.model_fn())]
+    elif wecfl_features == "fc":
+      self._feature_indices = dense_indices(task.model_fn())
     self._summary.update(wecfl_features=wecfl_features, wecfl_kmeans=wecfl_kmeans,
                          kmeans_weights=kmeans_weights, center_weights=center_weights)
     self._inertia = float("nan")
@@ -363,8 +378,9 @@ class WeCFLDriver(ClusterModelsDriver):
     return self.data_weight
 
   def feature(self, weights: Sequence[np.ndarray]) -> np.ndarray:
-    if self.features == "last_layer":
-      return np.asarray(weights[self._feature_index], np.float64).ravel()
+    if self.features in ("last_layer", "fc"):
+      return np.concatenate([np.asarray(weights[i], np.float64).ravel()
+                             for i in self._feature_indices])
     return clustering.flatten_weights(list(weights)[:self.definition.num_trainable])
 
   def choose(self, round_num, sampled, trained, models):

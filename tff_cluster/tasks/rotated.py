@@ -193,8 +193,10 @@ ARGS = {"rotated_mnist": _args(4, 600, 100, 100),
 MNIST_DEFAULTS = dict(rounds=300, clients_per_round=2400, local_steps=10, batch_size=100,
                       client_lr=0.1, mu=0.01, num_clients=None, num_groups=4,
                       ifca_loss_batches=1)
+# lr_decay 0.99: the CFL-MGD paper's CIFAR-10 setting ("step size decay 0.99").
 CIFAR_DEFAULTS = dict(rounds=300, clients_per_round=20, local_epochs=5, batch_size=50,
-                      client_lr=0.01, mu=0.01, num_clients=None, num_groups=2)
+                      client_lr=0.01, lr_decay=0.99, mu=0.01, num_clients=None,
+                      num_groups=2)
 
 TASKS = [
     TaskSpec(name="rotated_mnist",
