@@ -36,7 +36,7 @@ from absl import flags, logging  # noqa: E402
 import numpy as np  # noqa: E402
 
 from tff_cluster import tasks  # noqa: E402
-from tff_cluster import algorithms  # noqa: E402
+from tff_cluster import registry  # noqa: E402
 from tff_cluster import hparams as hp  # noqa: E402
 
 def _task_help(name, spec):
@@ -48,9 +48,9 @@ def _task_help(name, spec):
           f"{pad}defaults: {defaults}"]
 
 
-_ALGOS = algorithms.ALGORITHMS
+_ALGOS = registry.ALGORITHMS
 _TASKS = tasks.registry()
-_ALGO_HPARAMS = algorithms.all_hparams()
+_ALGO_HPARAMS = registry.all_hparams()
 _RUNNER_HPARAMS = (hp.RUNNER, hp.JIT)
 
 __doc__ = "\n".join(

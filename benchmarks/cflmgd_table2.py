@@ -47,7 +47,7 @@ from typing import List, Sequence
 
 import numpy as np
 
-from fedgroup_table3 import (completed_summary, diverged_cell, diverged_summary,
+from _sweep import (completed_summary, diverged_cell, diverged_summary,
                              load_recorded, mean_std, run_one, save_markdown, save_recorded,
                              truncated)
 

@@ -39,21 +39,20 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import math
 import os
-import subprocess
-import sys
 import time
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHARED = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data")
-if REPO_ROOT not in sys.path:  # the library and the CLI's tasks, for every table script
-  sys.path.insert(0, REPO_ROOT)
+from _sweep import (REPO_ROOT, SHARED, fmt, registered_algorithms, run_one, save_recorded,
+                    truncated)
 
-from tff_cluster import checkpoint  # noqa: E402  (TF-free)
+# benchmarks/recorded/fedgroup_table3.csv: one row per finished run (`seeds` one
+# seed) or, for the cells re-entered from an earlier README, per cell (`seeds`
+# the list, `mean` and `std` over them).
+RECORD_KEY = ("row", "column", "seeds")
+RECORD_FIELDS = RECORD_KEY + ("mean", "std", "seconds_per_round", "recorded", "note")
 
 # Table 3 of the FedGroup paper (accuracy in %), by row and column.
 PAPER = {
@@ -103,11 +102,6 @@ NEWCOMER_COLUMNS = {
 FULL_SOURCE_IMAGES = 10 * 4000  # the nist recipe's 4,000 images per letter
 
 
-def registered_algorithms() -> set:
-  from tff_cluster import algorithms  # TF-free registry
-  return set(algorithms.ALGORITHMS)
-
-
 def rows_for(tasks: Sequence[str], args) -> List[dict]:
   """(row label, task flags) of each requested table row."""
   out = []
@@ -133,73 +127,6 @@ def run_dir(out: str, row: str, column: str, seed: int) -> str:
   return os.path.join(out, safe(row), safe(column), f"seed{seed}")
 
 
-def run_one(flags: List[str], directory: str, seed: int, runner: str,
-            rounds: Optional[int]) -> dict:
-  """Runs (or reuses) one experiment; returns its summary.json (a run the
-  divergence guard stopped is finished too: its summary says "diverged")."""
-  summary = completed_summary(directory) or diverged_summary(directory)
-  if summary is not None:
-    return summary
-  if checkpoint.rounds(directory):
-    # An unfinished run continues from its latest checkpoint (its summary may
-    # predate the `checkpoint_round` field an interrupted run now records).
-    return _resume(directory, rounds)
-  cmd = [sys.executable, os.path.join(REPO_ROOT, "run_experiment.py"), *flags,
-         f"--seed={seed}", f"--runner={runner}", "--progress=false", "--overwrite",
-         f"--output_dir={directory}"]
-  return _run(cmd, directory, rounds, f"{' '.join(flags)} seed {seed}")
-
-
-def completed_summary(directory: str) -> Optional[dict]:
-  """The run's summary.json if the run has completed, else None (no summary,
-  or a run in progress, interrupted, diverged or failed)."""
-  path = os.path.join(directory, "summary.json")
-  if not os.path.exists(path):
-    return None
-  with open(path) as f:
-    summary = json.load(f)
-  return summary if summary.get("completed") else None
-
-
-def diverged_summary(directory: str) -> Optional[dict]:
-  """The run's summary.json if the divergence guard stopped it, else None."""
-  path = os.path.join(directory, "summary.json")
-  if not os.path.exists(path):
-    return None
-  with open(path) as f:
-    summary = json.load(f)
-  return summary if summary.get("reason") == "diverged" else None
-
-
-def diverged_cell(rounds: Sequence[int], total: int) -> str:
-  """A table cell for runs the guard stopped: "diverged at round r (k/n seeds)"
-  (the earliest round)."""
-  return f"diverged at round {min(rounds)} ({len(rounds)}/{total} seeds)"
-
-
-def _resume(directory: str, rounds: Optional[int]) -> dict:
-  cmd = [sys.executable, os.path.join(REPO_ROOT, "run_experiment.py"), "--resume",
-         "--progress=false", f"--output_dir={directory}"]
-  return _run(cmd, directory, rounds, f"--resume {directory}")
-
-
-def _run(cmd: List[str], directory: str, rounds: Optional[int], what: str) -> dict:
-  summary_path = os.path.join(directory, "summary.json")
-  if rounds is not None:
-    cmd.append(f"--rounds={rounds}")
-  t0 = time.perf_counter()
-  proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True)
-  if proc.returncode == 3 and diverged_summary(directory) is not None:
-    return diverged_summary(directory)  # a result: the table says it diverged
-  if proc.returncode != 0:
-    tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
-    raise RuntimeError(f"{what}: exit {proc.returncode}: {tail}")
-  with open(summary_path) as f:
-    summary = json.load(f)
-  summary["wall_seconds"] = time.perf_counter() - t0
-  return summary
-
-
 def score(column: str, summary: dict) -> float:
   key = ("max_test_accuracy_assigned" if column.startswith("FG")
          else "max_test_accuracy")
@@ -218,75 +145,6 @@ def source_images(directory: str) -> Optional[int]:
   return int(found.group(1).replace(",", "")) if found else None
 
 
-def truncated(x: float, digits: int) -> str:
-  """`x` with `digits` decimals, cut rather than rounded (reported numbers are
-  never rounded up): 88.6575 -> "88.65". A float a hair below the decimal it
-  stands for (100 * 0.9457 = 94.57000000000001 or 94.56999999999999) keeps it;
-  NaN (no measurement) is "–"."""
-  if not math.isfinite(x):
-    return "–"
-  scale = 10 ** digits
-  cut = math.trunc(round(x * scale, 6)) / scale
-  return f"{cut:.{digits}f}"
-
-
-def fmt(values: Sequence[float]) -> str:
-  if not values:
-    return "–"
-  a = 100 * np.asarray(values)
-  return (f"{truncated(a.mean(), 1)} ± "
-          f"{truncated(a.std(ddof=1) if len(a) > 1 else 0.0, 1)}")
-
-
-def mean_std(values: Sequence[Optional[float]]) -> str:
-  """Fractions as a percentage cell: "m ± s" over seeds (sample std), one
-  value alone without ±, "–" when there is none (None values are skipped).
-  The other tables' format; this one's is `fmt`."""
-  values = [v for v in values if v is not None]
-  if not values:
-    return "–"
-  a = 100 * np.asarray(values)
-  if len(a) == 1:
-    return truncated(a[0], 2)
-  return f"{truncated(a.mean(), 2)} ± {truncated(a.std(ddof=1), 2)}"
-
-
-def save_markdown(stem: str, text: str) -> None:
-  """Writes `text` to `stem`.md, creating its folder."""
-  os.makedirs(os.path.dirname(stem) or ".", exist_ok=True)
-  with open(stem + ".md", "w") as f:
-    f.write(text + "\n")
-
-
-RECORDED = os.path.join(REPO_ROOT, "benchmarks", "recorded")
-
-
-def load_recorded(name: str) -> List[Dict[str, str]]:
-  """The rows of `benchmarks/recorded/<name>.csv`: scores of finished runs
-  kept in the repository, so a table can combine seeds run on different
-  machines or days (run directories under `results/` are not kept)."""
-  path = os.path.join(RECORDED, name + ".csv")
-  if not os.path.exists(path):
-    return []
-  with open(path, newline="") as f:
-    return list(csv.DictReader(f))
-
-
-def save_recorded(name: str, rows: Sequence[Dict[str, object]], key: Sequence[str],
-                  fields: Sequence[str]) -> None:
-  """Merges `rows` into `benchmarks/recorded/<name>.csv` (a row with the same
-  `key` fields is replaced), sorted by key, written atomically."""
-  merged = {tuple(str(r[k]) for k in key): dict(r) for r in load_recorded(name)}
-  merged.update({tuple(str(r[k]) for k in key): dict(r) for r in rows})
-  os.makedirs(RECORDED, exist_ok=True)
-  path = os.path.join(RECORDED, name + ".csv")
-  with open(path + ".tmp", "w", newline="") as f:
-    writer = csv.DictWriter(f, list(fields), lineterminator="\n", extrasaction="ignore")
-    writer.writeheader()
-    writer.writerows(merged[k] for k in sorted(merged))
-  os.replace(path + ".tmp", path)
-
-
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--tasks", default="synthetic,mnist")
@@ -303,6 +161,10 @@ def main(argv=None):
   p.add_argument("--out", default=os.path.join(REPO_ROOT, "results", "fedgroup_table3"))
   p.add_argument("--table", default=os.path.join(REPO_ROOT, "benchmarks", "results",
                                                  "fedgroup_table3"))
+  p.add_argument("--record", action="store_true",
+                 help="add every finished run's score to benchmarks/recorded/"
+                      "fedgroup_table3.csv (one row per seed; the same row, column and "
+                      "seed replaced)")
   p.add_argument("--project", action="store_true",
                  help="time 2 rounds of each run instead and project the total")
   args = p.parse_args(argv)
@@ -385,6 +247,7 @@ def write_table(results, rows, seeds, args):
            f"rounds {'task defaults' if args.rounds is None else args.rounds}. "
            "Ours: mean ± std (%) over seeds; paper: Table 3.", ""]
   csv_rows = []
+  recorded = []
   for row in rows:
     label = row["row"]
     order = [*COLUMNS, *NEWCOMER_COLUMNS, *ABLATION]
@@ -404,9 +267,16 @@ def write_table(results, rows, seeds, args):
       paper = PAPER.get(label, {}).get(column)
       lines.append(f"| {column} | {fmt(got)} | {'–' if paper is None else paper} | "
                    f"{np.mean(secs):.3f} |")
-      for s, v in zip(seeds, got):
-        csv_rows.append(dict(row=label, column=column, seed=s, score=v,
+      for s in seeds:
+        if (label, column, s) not in results:
+          continue
+        summary = results[(label, column, s)][0]
+        csv_rows.append(dict(row=label, column=column, seed=s, score=score(column, summary),
                              paper=paper, note=note.strip()))
+        recorded.append(dict(
+            row=label, column=column, seeds=str(s), mean=f"{score(column, summary):.6f}",
+            std="", seconds_per_round=truncated(summary.get("mean_round_seconds", 0.0), 3),
+            recorded=time.strftime("%Y-%m-%d"), note=note.strip()))
     lines.append("")
   text = "\n".join(lines)
   print(text)
@@ -417,6 +287,8 @@ def write_table(results, rows, seeds, args):
                        lineterminator="\n")
     w.writeheader()
     w.writerows(csv_rows)
+  if getattr(args, "record", False) and recorded:
+    save_recorded("fedgroup_table3", recorded, RECORD_KEY, RECORD_FIELDS)
 
 
 if __name__ == "__main__":

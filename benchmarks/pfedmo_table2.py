@@ -40,7 +40,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from fedgroup_table3 import (completed_summary, diverged_cell, diverged_summary,
+from _sweep import (completed_summary, diverged_cell, diverged_summary,
                              load_recorded, mean_std, run_one, save_markdown, save_recorded,
                              truncated)
 
@@ -166,6 +166,11 @@ def collect(args) -> Dict[tuple, Dict[int, Dict[str, Optional[float]]]]:
             recorded=time.strftime("%Y-%m-%d"), note=""))
   if getattr(args, "record", False) and on_disk:
     save_recorded("pfedmo_table2", on_disk, RECORD_KEY, RECORD_FIELDS)
+  # Seed -1: a cell re-entered from an earlier README (its run directories are
+  # gone), superseded by any real seed of the same setting and method.
+  for seeds in got.values():
+    if -1 in seeds and any(s >= 0 for s in seeds):
+      del seeds[-1]
   return got
 
 

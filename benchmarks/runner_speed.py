@@ -30,7 +30,7 @@ Every configuration sees the same clients: round r samples
 `experiment.sample_clients(rng, N, 20)` with
 `rng = np.random.default_rng(np.random.SeedSequence([0, 7]))`, as the
 training loop does, and the clients' shuffles are seeded by
-`experiment.client_seed(0, r, k)`.
+`local_training.client_seed(0, r, k)`.
 
 Settings (`--tasks`):
   synthetic  Synthetic(1,1), 100 clients, MCLR 60->10; 20 clients/round,
@@ -60,14 +60,6 @@ Baselines (`--baselines`):
                 SGD `build_sgdm(lr)`, server `build_sgdm(1.0)`, same client
                 datasets `local_training.client_dataset`, same initial weights)
                 on synthetic and femnist, inside `runtime.tff_runtime()`.
-  f5507fb       git commit f5507fb of this repo (the all-TFF code before the
-                runners): exported with `git archive` to a temporary
-                directory and timed in a subprocess (cwd there, same venv
-                python, so `import tff_cluster` is the old package), fedavg
-                and fedgroup on synthetic and femnist, with the old API
-                (`fedavg.make_runner`, `fedgroup.make_runner`,
-                `runner.setup()`, `runner.run_round(r, sampled)` inside
-                `tff_cluster.runtime.tff_runtime()`).
 
 FLOPs
 -----
@@ -116,7 +108,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -164,8 +155,8 @@ def parse_args(argv=None):
   p.add_argument("--algorithms", default=",".join(ALGORITHMS))
   p.add_argument("--runners", default=",".join(RUNNERS),
                  help="comma list of tff, local_on, local_off")
-  p.add_argument("--baselines", default="tff_learning,f5507fb",
-                 help="comma list of tff_learning, f5507fb (empty: none)")
+  p.add_argument("--baselines", default="tff_learning",
+                 help="comma list of tff_learning (empty: none)")
   p.add_argument("--rounds_timed", type=int, default=5)
   p.add_argument("--warmup", type=int, default=2)
   p.add_argument("--local_epochs", type=int, default=10,
@@ -178,7 +169,6 @@ def parse_args(argv=None):
   p.add_argument("--femnist_dir", default="../shared/data/femnist_leaf",
                  help="LEAF FEMNIST dir (relative to the repo root or absolute)")
   p.add_argument("--fmnist_dir", default="../shared/data/fashion_mnist")
-  p.add_argument("--baseline_commit", default="f5507fb")
   p.add_argument("--matmul_n", type=int, default=2048)
   p.add_argument("--output", default="benchmarks/results/runner_speed.csv")
   p.add_argument("--library", default="worktree",
@@ -201,7 +191,7 @@ def parse_args(argv=None):
   for name, values, valid in (("tasks", args.tasks, TASK_SETTINGS),
                               ("algorithms", args.algorithms, ALGORITHMS),
                               ("runners", args.runners, RUNNERS),
-                              ("baselines", args.baselines, ("tff_learning", "f5507fb"))):
+                              ("baselines", args.baselines, ("tff_learning",))):
     bad = [v for v in values if v not in valid]
     if bad:
       p.error(f"invalid --{name} {bad}; valid: {', '.join(valid)}")
@@ -446,12 +436,12 @@ def make_config(name: str, args, runner: str, jit: str, rounds: int):
 
 def measure_driver(task_name, task, data, args, algorithm, runner, jit, sampled_rounds):
   import contextlib
-  from tff_cluster import algorithms, runtime
+  from tff_cluster import registry, runtime
   config = make_config(task_name, args, runner, jit, len(sampled_rounds))
   ctx = runtime.tff_runtime() if runner == "tff" else contextlib.nullcontext()
   with ctx:
     try:
-      driver = algorithms.get_algorithm(algorithm).make_driver(
+      driver = registry.get_algorithm(algorithm).make_driver(
           task, data, config, **ALGO_OPTIONS[algorithm])
       described = driver.describe()
       t0 = time.perf_counter()
@@ -468,9 +458,9 @@ def measure_driver(task_name, task, data, args, algorithm, runner, jit, sampled_
 
 def auto_jit(task, data, args, task_name) -> Optional[bool]:
   """What jit='auto' resolves to for this task's model (local runner)."""
-  from tff_cluster import algorithms
+  from tff_cluster import registry
   config = make_config(task_name, args, "local", "auto", 1)
-  return algorithms.get_algorithm("fedavg").make_driver(task, data, config).describe()["jit"]
+  return registry.get_algorithm("fedavg").make_driver(task, data, config).describe()["jit"]
 
 
 # ---------------------------------------------------------------------------
@@ -515,7 +505,7 @@ def measure_tff_learning(task, data, args, task_name, sampled_rounds):
       for k in sampled:
         x, y = data.train[data.client_ids[k]]
         datasets.append(local_training.client_dataset(
-            x, y, BATCH_SIZE, epochs, experiment.client_seed(SEED, r, int(k))))
+            x, y, BATCH_SIZE, epochs, local_training.client_seed(SEED, r, int(k))))
       output = process.next(holder["state"], datasets)
       holder["state"] = output.state
       return {"train_loss": float(output.metrics["client_work"]["train"]["loss"])}
@@ -526,48 +516,7 @@ def measure_tff_learning(task, data, args, task_name, sampled_rounds):
 
 
 # ---------------------------------------------------------------------------
-# The f5507fb baseline (old API, in a subprocess).
-
-OLD_SNIPPET = textwrap.dedent('''
-    import json, os, sys, time
-    spec = json.loads(sys.argv[1])
-    import numpy as np
-    import tasks
-    import tff_cluster
-    here = os.path.realpath(os.getcwd())
-    assert os.path.realpath(tff_cluster.__file__).startswith(here + os.sep), tff_cluster.__file__
-    from tff_cluster import experiment, runtime
-    from tff_cluster.algorithms import fedavg, fedgroup
-    from tff_cluster.task import DataOptions
-    sys.path.append(spec["bench_dir"])  # after the old code: only for the timing loop
-    import runner_speed as bench
-    bench.QUIET.budget_s, bench.QUIET.threshold = spec["quiet_budget_s"], spec["quiet_threshold"]
-    task = tasks.get_task(spec["task"])
-    data = task.load_data(DataOptions(**spec["data_options"]))
-    rounds = [np.array(s, np.int64) for s in spec["schedule"]]
-    results = {}
-    for algorithm in spec["algorithms"]:
-      config = experiment.TrainingConfig(
-          rounds=len(rounds), clients_per_round=spec["clients_per_round"],
-          local_epochs=spec["local_epochs"], batch_size=spec["batch_size"],
-          client_lr=spec["client_lr"], seed=spec["seed"])
-      with runtime.tff_runtime():
-        if algorithm == "fedavg":
-          runner = fedavg.make_runner(task, data, config)
-        else:
-          runner = fedgroup.make_runner(task, data, config, num_groups=5,
-                                        pretrain_scale=20.0)
-        t0 = time.perf_counter()
-        runner.setup()
-        setup_s = time.perf_counter() - t0
-        out = bench.time_rounds(runner.run_round, rounds, spec["warmup"], spec["rerun"],
-                                tag=f"[{spec['commit']} {algorithm}] ")
-      out["setup_s"] = setup_s
-      results[algorithm] = out
-    results["quiet_waited_s"] = bench.QUIET.waited_s
-    print("RESULT_JSON:" + json.dumps(results), flush=True)
-''')
-
+# Exporting a commit (--library).
 
 def export_commit(commit: str) -> str:
   """`git archive commit` extracted to a fresh temporary directory."""
@@ -576,34 +525,6 @@ def export_commit(commit: str) -> str:
                            check=True, capture_output=True).stdout
   subprocess.run(["tar", "-x", "-C", target], input=archive, check=True)
   return target
-
-
-def measure_old(commit_dir: str, commit: str, task_name: str, data_options: Dict[str, Any],
-                args, algorithms_: Sequence[str], sampled_rounds) -> Dict[str, Any]:
-  setting = TASK_SETTINGS[task_name]
-  spec = dict(task=task_name, data_options=data_options, algorithms=list(algorithms_),
-              schedule=[[int(k) for k in s] for s in sampled_rounds],
-              clients_per_round=CLIENTS_PER_ROUND, local_epochs=getattr(args, setting["epochs"]),
-              batch_size=BATCH_SIZE, client_lr=setting["lr"], seed=SEED, commit=commit,
-              warmup=args.warmup, rerun=args.rerun, bench_dir=os.path.dirname(
-                  os.path.abspath(__file__)),
-              quiet_budget_s=QUIET.budget_s, quiet_threshold=QUIET.threshold)
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH="")
-  proc = subprocess.Popen([sys.executable, "-c", OLD_SNIPPET, json.dumps(spec)],
-                          cwd=commit_dir, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True)
-  lines: List[str] = []
-  for line in proc.stderr:  # stream the progress lines, keep the rest for errors
-    lines.append(line)
-    if line.startswith("    ["):
-      log(line.rstrip())
-  stdout = proc.stdout.read()
-  proc.wait()
-  for line in stdout.splitlines():
-    if line.startswith("RESULT_JSON:"):
-      return json.loads(line[len("RESULT_JSON:"):])
-  raise RuntimeError(f"{commit} subprocess failed (exit {proc.returncode}):\n"
-                     + "".join(lines[-30:]))
 
 
 # ---------------------------------------------------------------------------
@@ -708,25 +629,24 @@ def print_tables(rows: List[Dict[str, Any]], matmul: float, matmul_n: int):
       continue
     print(f"\n### Ratios, {title}: median s/round; speed-up = slower / faster\n")
     print("| task | algorithm | tff | local jit=on | local jit=off | jit=auto picks | "
-          "f5507fb | TFF build_weighted_fed_avg | speed-up local(best) vs tff | "
-          "speed-up tff vs f5507fb | speed-up local(best) vs TFF fed_avg |")
-    print("|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|")
+          "TFF build_weighted_fed_avg | speed-up local(best) vs tff | "
+          "speed-up local(best) vs TFF fed_avg |")
+    print("|---|---|---:|---:|---:|---|---:|---:|---:|")
     summary = summaries[metric] = {}
     for task, algo in seen:
       tff_s = get(task, algo, "tff", None, metric)
       on = get(task, algo, "local", "on", metric)
       off = get(task, algo, "local", "off", metric)
       best = min([x for x in (on, off) if x is not None], default=None)
-      old = get(task, algo, "f5507fb", None, metric)
       bwfa = (get(task, "fedavg (tff.learning)", "tff.learning", None, metric)
               if algo == "fedavg" else None)
       auto = next((r["jit_auto_resolves_to"] for r in rows if r["task"] == task
                    and r.get("jit_auto_resolves_to") not in ("", None)), None)
       auto_s = "-" if auto is None else (
           "on" if auto is True else "off" if auto is False else str(auto))
-      summary[(task, algo)] = dict(tff=tff_s, best=best, old=old, bwfa=bwfa)
+      summary[(task, algo)] = dict(tff=tff_s, best=best, bwfa=bwfa)
       print(f"| {task} | {algo} | {fmt(tff_s)} | {fmt(on)} | {fmt(off)} | {auto_s} | "
-            f"{fmt(old)} | {fmt(bwfa)} | {speedup(tff_s, best)} | {speedup(old, tff_s)} | "
+            f"{fmt(bwfa)} | {speedup(tff_s, best)} | "
             f"{speedup(bwfa, best)} |")
 
   print("\n### Targets\n")
@@ -739,12 +659,6 @@ def print_tables(rows: List[Dict[str, Any]], matmul: float, matmul_n: int):
       if need is not None and sp is not None:
         print(f"- [{label}] {task} {algo}: local(best jit) is {sp:.2f}x faster than tff "
               f"(target >= {need:g}x): {'MET' if sp >= need else 'NOT MET'}")
-    for (task, algo), x in summary.items():
-      if x["old"] is not None and x["tff"] is not None:
-        print(f"- [{label}] {task} {algo}: tff {x['tff']:.3f} s vs f5507fb {x['old']:.3f} s"
-              f" per round (target: tff no slower): "
-              f"{'MET' if x['tff'] <= x['old'] else 'NOT MET'} "
-              f"(tff/f5507fb = {x['tff'] / x['old']:.2f})")
 
 
 def write_csv(path: str, rows: List[Dict[str, Any]]):
@@ -891,38 +805,6 @@ def main(argv=None):
         add(row)
       per_task[task_name]["schedule"] = sampled_rounds
       del task, data
-
-    old_tasks = [t for t in args.tasks if t in BASELINE_TASKS]
-    old_algos = [a for a in args.algorithms if a in ("fedavg", "fedgroup")]
-    if "f5507fb" in args.baselines and old_tasks and old_algos:
-      commit = args.baseline_commit
-      log(f"== {commit}: exporting with git archive ...")
-      commit_dir = export_commit(commit)
-      try:
-        for task_name in old_tasks:
-          options = data_options(task_name, args)
-          log(f"-- {commit} / {task_name} / {', '.join(old_algos)} (subprocess)")
-          try:
-            results = measure_old(commit_dir, commit, task_name, options, args, old_algos,
-                                  per_task[task_name]["schedule"])
-          except Exception as e:  # noqa: BLE001
-            log(f"   FAILED: {e}")
-            for algorithm in old_algos:
-              add(dict(task=task_name, algorithm=algorithm, runner="f5507fb", jit="n/a",
-                       status="error", note=str(e)[-500:]))
-            continue
-          waited = results.pop("quiet_waited_s", 0.0)
-          QUIET.budget_s -= waited
-          QUIET.waited_s += waited
-          for algorithm in old_algos:
-            row = dict(task=task_name, algorithm=algorithm, runner="f5507fb", jit="n/a",
-                       code=f"commit {commit} (git archive)",
-                       note=f"git archive {commit}; old API in a subprocess")
-            row.update(results[algorithm])
-            add(row)
-            log(f"   {algorithm}: median {row['median_s_per_round']:.3f} s/round")
-      finally:
-        shutil.rmtree(commit_dir, ignore_errors=True)
   finally:
     from tff_cluster import runtime
     runtime.stop()

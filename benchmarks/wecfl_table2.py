@@ -58,7 +58,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from fedgroup_table3 import (completed_summary, diverged_cell, diverged_summary,
+from _sweep import (completed_summary, diverged_cell, diverged_summary,
                              load_recorded, mean_std, registered_algorithms,
                              run_one,  # run_one: run or reuse a run
                              save_markdown, save_recorded, truncated)

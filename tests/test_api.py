@@ -7,7 +7,7 @@ import tensorflow as tf
 
 import tasks
 from tests.test_runners import ALL_CLIENTS, PARITY_CASES
-from tff_cluster import algorithms, api, experiment, models
+from tff_cluster import api, experiment, models, registry
 from tff_cluster.task import DataOptions
 
 SCE = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -27,7 +27,7 @@ def _options(algo):
   return {k: v for k, v in PARITY_CASES[algo][0].items() if k != "_config"}
 
 
-@pytest.mark.parametrize("algo", sorted(algorithms.ALGORITHMS))
+@pytest.mark.parametrize("algo", sorted(registry.ALGORITHMS))
 def test_every_algorithm_runs_through_the_process(algo, data):
   p = api.build(algo, model_fn, SCE, client_lr=0.02, local_epochs=1, batch_size=10,
                 seed=3, **_options(algo))
@@ -75,7 +75,7 @@ def test_process_equals_the_training_loop(data):
   config = experiment.TrainingConfig(rounds=3, clients_per_round=data.num_clients,
                                      local_epochs=2, batch_size=10, client_lr=0.05, seed=7,
                                      runner="local")
-  driver = algorithms.get_algorithm("fedavg").make_driver(task, data, config)
+  driver = registry.get_algorithm("fedavg").make_driver(task, data, config)
   rows = []
 
   class Rows:

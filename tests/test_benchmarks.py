@@ -13,7 +13,7 @@ from tests.conftest import REPO_ROOT
 
 sys.path.insert(0, os.path.join(REPO_ROOT, "benchmarks"))
 import cflmgd_table2  # noqa: E402
-import fedgroup_table3  # noqa: E402
+import _sweep  # noqa: E402
 import pfedmo_table2  # noqa: E402
 import wecfl_table2  # noqa: E402
 from tff_cluster import checkpoint  # noqa: E402
@@ -21,20 +21,20 @@ from tff_cluster import checkpoint  # noqa: E402
 
 @pytest.fixture
 def recorded(tmp_path, monkeypatch):
-  monkeypatch.setattr(fedgroup_table3, "RECORDED", str(tmp_path / "recorded"))
+  monkeypatch.setattr(_sweep, "RECORDED", str(tmp_path / "recorded"))
   return tmp_path
 
 
 def test_recorded_files_name_known_methods_and_fractions():
-  for row in fedgroup_table3.load_recorded("wecfl_table2"):
+  for row in _sweep.load_recorded("wecfl_table2"):
     assert row["setting"] in wecfl_table2.TASKS and row["method"] in wecfl_table2.METHODS
     if not row.get("diverged_round"):
       assert 0 < float(row["accuracy"]) <= 1 and 0 < float(row["macro_f1"]) <= 1
-  for row in fedgroup_table3.load_recorded("cflmgd_table2"):
+  for row in _sweep.load_recorded("cflmgd_table2"):
     assert row["method"] in cflmgd_table2.METHODS
     if not row.get("diverged_round"):
       assert 0 < float(row["final_accuracy"]) <= 1
-  for row in fedgroup_table3.load_recorded("pfedmo_table2"):
+  for row in _sweep.load_recorded("pfedmo_table2"):
     assert row["setting"] in pfedmo_table2.SETTINGS and row["method"] in pfedmo_table2.METHODS
     if not row.get("diverged_round"):
       assert 0 < float(row["global_accuracy"]) <= 1
@@ -42,14 +42,14 @@ def test_recorded_files_name_known_methods_and_fractions():
 
 def test_save_recorded_replaces_rows_with_the_same_key(recorded):
   fields = ("method", "seed", "value")
-  fedgroup_table3.save_recorded("t", [dict(method="A", seed=0, value=1),
+  _sweep.save_recorded("t", [dict(method="A", seed=0, value=1),
                                       dict(method="A", seed=1, value=2)], ("method", "seed"),
                                 fields)
-  fedgroup_table3.save_recorded("t", [dict(method="A", seed=1, value=3)], ("method", "seed"),
+  _sweep.save_recorded("t", [dict(method="A", seed=1, value=3)], ("method", "seed"),
                                 fields)
-  rows = fedgroup_table3.load_recorded("t")
+  rows = _sweep.load_recorded("t")
   assert [(r["seed"], r["value"]) for r in rows] == [("0", "1"), ("1", "3")]
-  assert not os.path.exists(os.path.join(fedgroup_table3.RECORDED, "t.csv.tmp"))
+  assert not os.path.exists(os.path.join(_sweep.RECORDED, "t.csv.tmp"))
 
 
 def _finished_run(directory, accuracy, seconds):
@@ -61,7 +61,7 @@ def _finished_run(directory, accuracy, seconds):
 
 def test_cflmgd_table_merges_recorded_seeds_with_runs_on_disk(recorded, monkeypatch):
   out = recorded / "runs"
-  fedgroup_table3.save_recorded(
+  _sweep.save_recorded(
       "cflmgd_table2", [dict(method="IFCA", seed=0, final_accuracy=0.90, seconds_per_round=10),
                         dict(method="IFCA", seed=1, final_accuracy=0.10, seconds_per_round=99)],
       cflmgd_table2.RECORD_KEY, cflmgd_table2.RECORD_FIELDS)
@@ -70,30 +70,36 @@ def test_cflmgd_table_merges_recorded_seeds_with_runs_on_disk(recorded, monkeypa
   text = cflmgd_table2.write_table(args)
   assert ("| IFCA | uniform averaging, lr 0.1, no decay | 0,1 | 92.00 ± 2.82 | 92.60 ± 0.27 "
           "| 11.0 | – |") in text  # std 2.828..., cut
-  with open(os.path.join(fedgroup_table3.RECORDED, "cflmgd_table2.csv"), newline="") as f:
+  with open(os.path.join(_sweep.RECORDED, "cflmgd_table2.csv"), newline="") as f:
     rows = {r["seed"]: r for r in csv.DictReader(f)}
   assert float(rows["1"]["final_accuracy"]) == 0.94 and float(rows["0"]["final_accuracy"]) == 0.9
 
 
 def test_table_cells_are_cut_never_rounded_up():
-  assert fedgroup_table3.truncated(88.6575, 2) == "88.65"
-  assert fedgroup_table3.truncated(100 * 0.9457, 2) == "94.57"  # float just below: kept
-  assert fedgroup_table3.truncated(100 * 0.935970, 1) == "93.5"
-  assert fedgroup_table3.truncated(float("nan"), 1) == "–"
-  assert fedgroup_table3.mean_std([0.886575]) == "88.65"
-  assert fedgroup_table3.mean_std([0.9, 0.94]) == "92.00 ± 2.82"  # sample std 2.828...
-  assert fedgroup_table3.fmt([0.9, 0.94]) == "92.0 ± 2.8"
-  assert fedgroup_table3.mean_std([None]) == "–"
+  assert _sweep.truncated(88.6575, 2) == "88.65"
+  assert _sweep.truncated(100 * 0.9457, 2) == "94.57"  # float just below: kept
+  assert _sweep.truncated(100 * 0.935970, 1) == "93.5"
+  assert _sweep.truncated(float("nan"), 1) == "–"
+  assert _sweep.mean_std([0.886575]) == "88.65"
+  assert _sweep.mean_std([0.9, 0.94]) == "92.00 ± 2.82"  # sample std 2.828...
+  assert _sweep.fmt([0.9, 0.94]) == "92.0 ± 2.8"
+  assert _sweep.mean_std([None]) == "–"
 
 
 def test_pfedmo_table_merges_recorded_seeds_with_runs_on_disk(recorded):
   out = recorded / "runs"
-  fedgroup_table3.save_recorded(
+  _sweep.save_recorded(
       "pfedmo_table2",
       [dict(setting="lenet5", method="FedNAG", seed=0, global_accuracy=0.90,
             personal_accuracy=0.80, seconds_per_round=1.0),
        dict(setting="lenet5", method="FedAvg", seed=0, global_accuracy=0.5,
-            personal_accuracy="", seconds_per_round=2.0)],
+            personal_accuracy="", seconds_per_round=2.0),
+       # A cell re-entered from an earlier README (seed -1): superseded by real
+       # seeds of the same method (FedNAG), shown alone otherwise (FedProx).
+       dict(setting="lenet5", method="FedNAG", seed=-1, global_accuracy=0.10,
+            personal_accuracy=0.10, seconds_per_round=9.0),
+       dict(setting="lenet5", method="FedProx", seed=-1, global_accuracy=0.7,
+            personal_accuracy="", seconds_per_round=1.0)],
       pfedmo_table2.RECORD_KEY, pfedmo_table2.RECORD_FIELDS)
   run = pfedmo_table2.run_dir(str(out), "lenet5", "FedNAG", 1)
   os.makedirs(run)
@@ -108,7 +114,8 @@ def test_pfedmo_table_merges_recorded_seeds_with_runs_on_disk(recorded):
   # global: 0.90, 0.94 -> 92.00 ± 2.82 (std 2.828..., cut); personal: 0.80, 0.86 -> 83.00 ± 4.24
   assert "| FedNAG | 0,1 | 92.00 ± 2.82 | 83.00 ± 4.24 | 95.04 | 2.00 | – |" in text
   assert "| FedAvg | 0 | 50.00 | – | 93.31 | 2.00 | – |" in text
-  rows = {(r["method"], r["seed"]): r for r in fedgroup_table3.load_recorded("pfedmo_table2")}
+  assert "| FedProx | -1 | 70.00 | – |" in text
+  rows = {(r["method"], r["seed"]): r for r in _sweep.load_recorded("pfedmo_table2")}
   assert float(rows[("FedNAG", "1")]["global_accuracy"]) == 0.94
   assert float(rows[("FedNAG", "1")]["personal_accuracy"]) == 0.86
 
@@ -146,30 +153,30 @@ def test_a_diverged_run_is_shown_as_diverged_and_recorded(recorded):
   text = cflmgd_table2.write_table(args)
   assert "| FedAvg decay 0.99 | one model, lr 0.1 decay 0.99 | 0,1 | diverged at round 7 (1/2 seeds) |" \
       in text
-  rows = {r["seed"]: r for r in fedgroup_table3.load_recorded("cflmgd_table2")}
+  rows = {r["seed"]: r for r in _sweep.load_recorded("cflmgd_table2")}
   assert rows["1"]["diverged_round"] == "7" and rows["1"]["final_accuracy"] == ""
-  assert fedgroup_table3.diverged_cell([9, 7], 3) == "diverged at round 7 (2/3 seeds)"
+  assert _sweep.diverged_cell([9, 7], 3) == "diverged at round 7 (2/3 seeds)"
 
 
 def test_run_one_resumes_a_run_with_checkpoints_and_restarts_one_without(tmp_path, monkeypatch):
   """An interrupted run whose summary has no `checkpoint_round` (written before
   the field was recorded) still continues from its checkpoints, not from scratch."""
   calls = []
-  monkeypatch.setattr(fedgroup_table3, "_resume", lambda d, r: calls.append(("resume", d)) or {})
-  monkeypatch.setattr(fedgroup_table3, "_run",
+  monkeypatch.setattr(_sweep, "_resume", lambda d, r: calls.append(("resume", d)) or {})
+  monkeypatch.setattr(_sweep, "_run",
                       lambda cmd, d, r, what: calls.append(("run", d)) or {})
   run = tmp_path / "run"
   os.makedirs(run / "checkpoints")
   with open(run / "summary.json", "w") as f:
     json.dump({"completed": False, "reason": "interrupted", "rounds_completed": 28}, f)
-  fedgroup_table3.run_one([], str(run), 0, "local", None)
+  _sweep.run_one([], str(run), 0, "local", None)
   assert calls == [("run", str(run))]  # no checkpoint file: a fresh run
   (run / "checkpoints" / "round-000020.npz").write_bytes(b"x")
   (run / "checkpoints" / "round-000020.npz.tmp").write_bytes(b"x")
   assert checkpoint.rounds(str(run)) == [20]  # the .tmp file is not a checkpoint
-  fedgroup_table3.run_one([], str(run), 0, "local", None)
+  _sweep.run_one([], str(run), 0, "local", None)
   assert calls[-1] == ("resume", str(run))
   with open(run / "summary.json", "w") as f:
     json.dump({"completed": True}, f)
-  assert fedgroup_table3.run_one([], str(run), 0, "local", None) == {"completed": True}
+  assert _sweep.run_one([], str(run), 0, "local", None) == {"completed": True}
   assert len(calls) == 2

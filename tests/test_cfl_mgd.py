@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 import tasks
-from tff_cluster import algorithms, experiment, local_training
+from tff_cluster import experiment, local_training, registry
 from tff_cluster.algorithms.cfl_mgd import CFLMGDDefinition
 from tff_cluster.task import DataOptions
 
@@ -123,7 +123,7 @@ def _two_option_two_steps(task, runner, lr, beta, momenta):
   config = experiment.TrainingConfig(rounds=1, clients_per_round=1, local_steps=2,
                                      local_epochs=None, batch_size=1, client_lr=lr, seed=0,
                                      runner=runner)
-  driver = algorithms.get_algorithm("cfl_mgd").make_driver(
+  driver = registry.get_algorithm("cfl_mgd").make_driver(
       task, task.load_data(None), config, num_groups=1, cfl_mgd_beta=beta)
   driver.setup()
   state = driver.runner.numpy_state(driver.state)
@@ -224,9 +224,9 @@ def test_option_two_with_beta_zero_is_ifca_with_uniform_averaging(small, init, l
   with the same learning-rate schedule and IFCA's initialisations."""
   task, data = small
   config = _steps_config(lr_decay=lr_decay)
-  mgd = algorithms.get_algorithm("cfl_mgd").make_driver(task, data, config, num_groups=3,
+  mgd = registry.get_algorithm("cfl_mgd").make_driver(task, data, config, num_groups=3,
                                                         cfl_mgd_beta=0.0, **INITS[init])
-  ifca = algorithms.get_algorithm("ifca").make_driver(task, data, config, num_groups=3,
+  ifca = registry.get_algorithm("ifca").make_driver(task, data, config, num_groups=3,
                                                       ifca_agg="uniform", **INITS[init])
   mgd.setup()
   ifca.setup()
@@ -241,9 +241,9 @@ def test_option_two_with_beta_zero_is_ifca_with_uniform_averaging(small, init, l
 def test_one_cluster_with_beta_zero_is_fedavg_on_equal_work(small):
   task, data = small
   config = _steps_config()  # 4 steps of 10 examples each: equal FedAvg weights
-  mgd = algorithms.get_algorithm("cfl_mgd").make_driver(task, data, config, num_groups=1,
+  mgd = registry.get_algorithm("cfl_mgd").make_driver(task, data, config, num_groups=1,
                                                         cfl_mgd_beta=0.0)
-  fedavg = algorithms.get_algorithm("fedavg").make_driver(task, data, config)
+  fedavg = registry.get_algorithm("fedavg").make_driver(task, data, config)
   mgd.setup()
   fedavg.setup()
   start = [np.asarray(w[0]) for w in mgd.runner.numpy_state(mgd.state)["models"]]
@@ -257,7 +257,7 @@ def test_one_cluster_with_beta_zero_is_fedavg_on_equal_work(small):
 def test_option_one_participants_take_their_cluster_buffer(small):
   task, data = small
   config = _steps_config(local_steps=1)
-  driver = algorithms.get_algorithm("cfl_mgd").make_driver(
+  driver = registry.get_algorithm("cfl_mgd").make_driver(
       task, data, config, num_groups=2, cfl_mgd_option="gradient", cfl_mgd_beta=0.9)
   driver.setup()
   sampled = np.array([0, 3, 5, 8])

@@ -17,7 +17,7 @@ import tasks
 from tests.conftest import REPO_ROOT
 from tests.helpers import (SMALL_ARGS, assert_workers_gone, main_in_process,
                            read_metrics_csv, run_watching_workers)
-from tff_cluster import algorithms, experiment, local_training
+from tff_cluster import experiment, local_training, registry
 from tff_cluster.evaluation import Evaluator
 from tff_cluster.results import ResultsWriter
 from tff_cluster.task import DataOptions
@@ -25,7 +25,7 @@ from tff_cluster.task import DataOptions
 SCRIPT = str(REPO_ROOT / "run_experiment.py")
 TIMING = ("round_seconds", "eval_seconds")
 ALL_TASKS = sorted(tasks.registry())
-ALL_ALGOS = sorted(algorithms.ALGORITHMS)
+ALL_ALGOS = sorted(registry.ALGORITHMS)
 
 
 _main = main_in_process
@@ -309,7 +309,7 @@ def test_recorded_accuracy_matches_brute_force_predict(tmp_path):
   data = task.load_data(DataOptions(seed=2, num_clients=20))
   config = experiment.TrainingConfig(rounds=2, clients_per_round=5, local_epochs=1,
                                      batch_size=10, client_lr=0.05, seed=2)
-  runner = algorithms.get_algorithm("fedavg").make_driver(task, data, config)
+  runner = registry.get_algorithm("fedavg").make_driver(task, data, config)
   writer = ResultsWriter(str(tmp_path / "out"), experiment.BASE_COLUMNS,
                          tensorboard=False)
   try:

@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 import tasks
+from tff_cluster.data import client_data
 from tff_cluster.data.client_data import from_client_data, to_client_data
 from tff_cluster.data.federated import DataError, FederatedData
 from tff_cluster.task import DataOptions
@@ -20,7 +21,7 @@ def data():
 
 @pytest.mark.tff
 def test_round_trip_keeps_every_client_and_array(data):
-  back = from_client_data(data.train_client_data(), data.test_client_data(),
+  back = from_client_data(client_data.train_client_data(data), client_data.test_client_data(data),
                           num_classes=data.num_classes)
   assert back.client_ids == data.client_ids
   for c in data.client_ids:
@@ -31,7 +32,7 @@ def test_round_trip_keeps_every_client_and_array(data):
 
 @pytest.mark.tff
 def test_client_data_elements_and_ids(data):
-  cd = data.train_client_data()
+  cd = client_data.train_client_data(data)
   assert sorted(cd.client_ids) == sorted(data.client_ids)
   c = data.client_ids[3]
   rows = list(cd.create_tf_dataset_for_client(c).as_numpy_iterator())
@@ -42,7 +43,7 @@ def test_client_data_elements_and_ids(data):
 
 @pytest.mark.tff
 def test_serializable_dataset_fn_runs_inside_tf_function_and_tff(data):
-  cd = data.train_client_data()
+  cd = client_data.train_client_data(data)
   c = data.client_ids[2]
 
   @tf.function
@@ -92,4 +93,4 @@ def test_bad_ids_are_refused(data):
   other = FederatedData(["b"], {"b": data.train[data.client_ids[1]]},
                         {"b": data.test[data.client_ids[1]]}, 10)
   with pytest.raises(DataError, match="no test data"):
-    from_client_data(only_train.train_client_data(), other.test_client_data())
+    from_client_data(client_data.train_client_data(only_train), client_data.test_client_data(other))

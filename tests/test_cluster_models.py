@@ -8,7 +8,7 @@ import tensorflow as tf
 
 import tasks
 from tests.conftest import SHARED_DATA
-from tff_cluster import algorithms, evaluation, experiment, local_training, models
+from tff_cluster import evaluation, experiment, local_training, models, registry
 from tff_cluster.algorithms import cfl, wecfl
 from tff_cluster.algorithms.ifca import IFCADriver
 from tff_cluster.task import DataOptions
@@ -70,9 +70,8 @@ def test_match_labels_renames_new_centres_to_the_nearest_old_cluster():
 
 def test_last_dense_indices_point_at_the_last_dense_layer():
   model = models.fmnist_cnn_torch_bn()
-  kernel, bias = wecfl.last_dense_indices(model)
+  kernel, bias = local_training.last_dense_indices(model)
   weights = model.get_weights()
-  from tff_cluster import local_training
   ordered = [v.numpy() for v in local_training.model_variables(model)]
   assert ordered[kernel].shape == (1568, 10) and ordered[bias].shape == (10,)
   assert len(ordered) == len(weights)
@@ -99,7 +98,7 @@ def _config(**kw):
 
 
 def _run(task, data, algo, config, **options):
-  driver = algorithms.get_algorithm(algo).make_driver(task, data, config, **options)
+  driver = registry.get_algorithm(algo).make_driver(task, data, config, **options)
   experiment.run_training(task, data, config, driver, None, progress=False)
   return driver
 
@@ -107,7 +106,7 @@ def _run(task, data, algo, config, **options):
 def test_wecfl_recovers_well_separated_clusters_with_data_weights(small, monkeypatch):
   task, data = small
   config = _config()
-  driver = algorithms.get_algorithm("wecfl").make_driver(task, data, config, num_groups=2)
+  driver = registry.get_algorithm("wecfl").make_driver(task, data, config, num_groups=2)
   driver.setup()
   sizes = np.asarray(data.num_train_samples(), float)
   np.testing.assert_allclose([float(driver.fresh_client_state("train", k)["weight"])
@@ -137,7 +136,7 @@ def test_wecfl_recovers_well_separated_clusters_with_data_weights(small, monkeyp
 def test_fesem_uses_uniform_kmeans_weights_and_its_centre_option(small, monkeypatch):
   task, data = small
   for center, expect_uniform in (("uniform", True), ("data", False)):
-    driver = algorithms.get_algorithm("fesem").make_driver(
+    driver = registry.get_algorithm("fesem").make_driver(
         task, data, _config(), num_groups=2, fesem_center=center)
     assert driver.kmeans_weights == "uniform"
     a = driver.aggregation_weights()
@@ -159,7 +158,7 @@ def test_wecfl_features_by_hand(small):
               "fc": [0.0] * 180 + [1.0] * 3 + [2.0] * 30 + [3.0] * 10,
               "all": [0.0] * 180 + [1.0] * 3 + [2.0] * 30 + [3.0] * 10}
   for features, values in expected.items():
-    driver = algorithms.get_algorithm("wecfl").make_driver(
+    driver = registry.get_algorithm("wecfl").make_driver(
         mlp, data, _config(), num_groups=2, wecfl_features=features)
     np.testing.assert_array_equal(driver.feature(weights), values)
   # The FMNIST CNN: its only Dense layer is the classifier, so fc is the
@@ -170,7 +169,7 @@ def test_wecfl_features_by_hand(small):
   weights = [np.full(s.shape, float(i)) for i, s in enumerate(spec)]
   kernel, bias = 8, 9  # conv, BN scale/offset x 2, then the Dense kernel and bias
   assert [tuple(spec[i].shape) for i in (kernel, bias)] == [(1568, 10), (10,)]
-  feats = {f: algorithms.get_algorithm("wecfl").make_driver(
+  feats = {f: registry.get_algorithm("wecfl").make_driver(
       cnn, data, _config(), num_groups=2, wecfl_features=f).feature(weights)
       for f in ("last_layer", "fc", "all")}
   np.testing.assert_array_equal(feats["last_layer"], np.full(15680, 8.0))
@@ -180,7 +179,7 @@ def test_wecfl_features_by_hand(small):
 
 def test_wecfl_one_step_is_the_nearest_current_cluster_model(small):
   task, data = small
-  driver = algorithms.get_algorithm("wecfl").make_driver(
+  driver = registry.get_algorithm("wecfl").make_driver(
       task, data, _config(), num_groups=2, wecfl_kmeans="one_step", wecfl_features="all")
   driver.setup()
   base = driver._models()[0]
@@ -198,7 +197,7 @@ def test_wecfl_ari_on_fmnist_clusterwise_dir_k10_seed0():
                                      local_epochs=None, batch_size=32, client_lr=0.001,
                                      client_momentum=0.9, client_state="persist", seed=0,
                                      runner="local")
-  driver = algorithms.get_algorithm("wecfl").make_driver(task, data, config, num_groups=10)
+  driver = registry.get_algorithm("wecfl").make_driver(task, data, config, num_groups=10)
   driver.setup()
   from tff_cluster import clustering
   scores = []
@@ -214,7 +213,7 @@ def test_wecfl_ari_on_fmnist_clusterwise_dir_k10_seed0():
 
 def _cfl(small, **options):
   task, data = small
-  driver = algorithms.get_algorithm("cfl").make_driver(task, data, _config(), **options)
+  driver = registry.get_algorithm("cfl").make_driver(task, data, _config(), **options)
   driver.setup()
   return driver
 
@@ -338,7 +337,7 @@ def test_ifca_fedavg_warm_shares_all_but_the_last_layer_and_forces_equal_groups(
                       ifca_warm_rounds=2, ifca_forced_rounds=1)
   driver.setup()
   m = driver._models()
-  kernel, bias = wecfl.last_dense_indices(task.model_fn())
+  kernel, bias = local_training.last_dense_indices(task.model_fn())
   for layer in range(len(m[0])):
     same = all(np.array_equal(m[0][layer], m[j][layer]) for j in range(3))
     if layer == bias:  # each cluster's own draw: Keras' zeros, so equal, not warm

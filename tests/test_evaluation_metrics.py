@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 import tasks
-from tff_cluster import algorithms, evaluation, experiment, local_training, models
+from tff_cluster import evaluation, experiment, local_training, models, registry
 from tff_cluster.data.federated import FederatedData
 from tff_cluster.evaluation import CHOOSE_BY_TEST_LOSS, Evaluator
 from tff_cluster.results import ResultsWriter, summarize
@@ -153,7 +153,7 @@ def test_two_round_run_writes_both_columns(tmp_path):
   config = experiment.TrainingConfig(rounds=2, clients_per_round=3, batch_size=10,
                                      client_lr=0.02, seed=1, runner="local",
                                      local_epochs=1)
-  driver = algorithms.get_algorithm("fedavg").make_driver(task, data, config)
+  driver = registry.get_algorithm("fedavg").make_driver(task, data, config)
   writer = ResultsWriter(str(tmp_path), [*experiment.BASE_COLUMNS, *driver.extra_columns],
                          tensorboard=False)
   summary = experiment.run_training(task, data, config, driver, writer, progress=False)

@@ -47,7 +47,7 @@ def _dataset(data, k, seed, epochs=EPOCHS):
 def _round_datasets(data, round_num, clients):
   # Fresh datasets each call: a shuffled dataset replays the same batches
   # only when rebuilt from its seed.
-  return [_dataset(data, k, experiment.client_seed(0, round_num, k)) for k in clients]
+  return [_dataset(data, k, local_training.client_seed(0, round_num, k)) for k in clients]
 
 
 def _flat(model_weights):

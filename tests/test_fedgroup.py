@@ -9,7 +9,7 @@ import tensorflow as tf
 import tasks
 from tff_cluster import clustering, experiment, local_training, models
 from tff_cluster.algorithms import fedgroup
-from tff_cluster.algorithms.definition import round_params
+from tff_cluster.core.definition import round_params
 from tff_cluster.data.synthetic import generate_synthetic
 from tff_cluster.task import DataOptions, TaskSpec
 
@@ -194,7 +194,7 @@ def test_newcomer_trains_from_its_chosen_group_and_lands_there(rule, runner):
   # setting (7 steps), its shuffle seeded apart from the round's training.
   start = state["aux_model"] if rule == "paper" else driver.w0
   x, y = data.train[data.client_ids[cold]]
-  pre = local_training.work_dataset(x, y, driver.pretrain_work, experiment.client_seed(
+  pre = local_training.work_dataset(x, y, driver.pretrain_work, local_training.client_seed(
       0, fedgroup.NEWCOMER_SHUFFLE_BASE + round_num, cold))
   pre_delta, _ = _local(list(start), pre)
   # Point the target group's direction along the pre-training update and the
@@ -218,7 +218,7 @@ def test_newcomer_trains_from_its_chosen_group_and_lands_there(rule, runner):
   # Its round's update was computed from w_target and is the target's only one.
   group_start = [layer[target] for layer in state["group_models"]]
   train = local_training.work_dataset(x, y, config.local_work,
-                                      experiment.client_seed(0, round_num, cold))
+                                      local_training.client_seed(0, round_num, cold))
   delta, _ = _local(group_start, train)
   for l, layer in enumerate(new):
     np.testing.assert_allclose(layer[target], group_start[l] + delta[l], atol=1e-5)

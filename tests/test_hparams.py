@@ -7,7 +7,7 @@ import math
 import pytest
 
 import run_experiment
-from tff_cluster import algorithms
+from tff_cluster import registry
 from tff_cluster import hparams as hp
 
 
@@ -48,10 +48,10 @@ def test_defaults_per_task_then_task_then_declaration():
 
 
 def test_shared_names_are_declared_once():
-  declared = algorithms.all_hparams()
+  declared = registry.all_hparams()
   assert declared["num_groups"] is hp.NUM_GROUPS  # FedGroup uses the shared declaration
   assert declared["mu"].name == "mu"
-  for spec in algorithms.ALGORITHMS.values():
+  for spec in registry.ALGORITHMS.values():
     names = [d.name for d in spec.hparams]
     assert len(names) == len(set(names)), spec.name
 
@@ -59,7 +59,7 @@ def test_shared_names_are_declared_once():
 def test_cli_flags_are_exactly_the_declarations():
   """run_experiment.py hand-writes no algorithm or training flag."""
   defined = {f.name for f in run_experiment.FLAGS.get_flags_for_module(run_experiment)}
-  declared = {d.name for d in (*hp.TRAINING, hp.RUNNER, hp.JIT)} | set(algorithms.all_hparams())
+  declared = {d.name for d in (*hp.TRAINING, hp.RUNNER, hp.JIT)} | set(registry.all_hparams())
   assert defined == declared | set(run_experiment._GENERAL)
 
 

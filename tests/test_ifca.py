@@ -7,7 +7,7 @@ import tensorflow as tf
 from tests.test_fedgroup import LR, _data, _datasets, _local, _mclr, _spec
 from tff_cluster import local_training, models
 from tff_cluster.algorithms import ifca
-from tff_cluster.algorithms.definition import round_params
+from tff_cluster.core.definition import round_params
 from tff_cluster.evaluation import CHOOSE_BY_TEST_LOSS, Evaluator
 
 

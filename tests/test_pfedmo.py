@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 import tasks
-from tff_cluster import algorithms, experiment, local_training, models
+from tff_cluster import experiment, local_training, models, registry
 from tff_cluster.algorithms.pfedmo import (PFedMoDefinition, personalise,
                                            running_max_scores, soft_cross_entropy)
 from tff_cluster.data.federated import FederatedData
@@ -203,7 +203,7 @@ def _run(task, data, algo, rounds=3, runner="local", **options):
   config = experiment.TrainingConfig(rounds=rounds, clients_per_round=data.num_clients,
                                      local_epochs=None, local_steps=6, batch_size=10,
                                      client_lr=0.05, seed=2, runner=runner)
-  driver = algorithms.get_algorithm(algo).make_driver(task, data, config, **options)
+  driver = registry.get_algorithm(algo).make_driver(task, data, config, **options)
   experiment.run_training(task, data, config, driver, progress=False)
   return driver, driver.runner.numpy_state(driver.state)
 
@@ -276,10 +276,10 @@ def test_pfedmo_refuses_partial_participation_and_client_momentum(workers):
   config = experiment.TrainingConfig(rounds=1, clients_per_round=2, local_epochs=1,
                                      batch_size=10, client_lr=0.05)
   with pytest.raises(ValueError, match="clients_per_round=2 for pfedmo"):
-    algorithms.get_algorithm("pfedmo").make_driver(task, data, config)
+    registry.get_algorithm("pfedmo").make_driver(task, data, config)
   config = dataclasses.replace(config, clients_per_round=4, client_momentum=0.9)
   with pytest.raises(ValueError, match="client_momentum for fednag"):
-    algorithms.get_algorithm("fednag").make_driver(task, data, config)
+    registry.get_algorithm("fednag").make_driver(task, data, config)
 
 
 def test_cli_defaults_to_every_worker_and_writes_both_accuracies(tmp_path, capsys):
@@ -379,7 +379,7 @@ def test_two_workers_over_four_aggregations_equal_the_papers_equations(rule):
   config = experiment.TrainingConfig(rounds=4, clients_per_round=2, local_epochs=None,
                                      local_steps=3, batch_size=20, client_lr=0.3, seed=0,
                                      runner="local")
-  driver = algorithms.get_algorithm("pfedmo").make_driver(
+  driver = registry.get_algorithm("pfedmo").make_driver(
       task, data, config, nag_momentum=0.5, pfedmo_pi=0.8, score_batch=6, pfedmo_model=rule)
   driver.w0 = w0
   driver.setup()

@@ -25,7 +25,7 @@ from tests.helpers import (SMALL_ARGS, assert_one_line_error, assert_workers_gon
 from tests.test_fedprox_nist import write_leaf
 from tests.test_runners import ALL_CLIENTS, OWN_MOMENTUM, PARITY_CASES
 from tests.test_sent140_csv import CLI_CASES as SENT140_CLI_CASES
-from tff_cluster import algorithms, checkpoint, experiment
+from tff_cluster import checkpoint, experiment, registry
 from tff_cluster import hparams as hp
 from tff_cluster.results import ResultsWriter
 from tff_cluster.task import DataOptions
@@ -65,7 +65,7 @@ def _train(task, data, algo, runner, rounds, run_dir, resume=None):
     config = dataclasses.replace(config, client_momentum=0.0)
   if algo in ALL_CLIENTS:
     config = dataclasses.replace(config, clients_per_round=data.num_clients)
-  driver = algorithms.get_algorithm(algo).make_driver(task, data, config, **options)
+  driver = registry.get_algorithm(algo).make_driver(task, data, config, **options)
   writer = ResultsWriter(str(run_dir), [*experiment.BASE_COLUMNS, *driver.extra_columns],
                          overwrite=True, tensorboard=False,
                          resume_rows=None if resume is None else resume["rows"])
@@ -77,7 +77,7 @@ def _train(task, data, algo, runner, rounds, run_dir, resume=None):
 
 
 @pytest.mark.parametrize("runner", ["tff", "local"])
-@pytest.mark.parametrize("algo", sorted(algorithms.ALGORITHMS))
+@pytest.mark.parametrize("algo", sorted(registry.ALGORITHMS))
 def test_resume_from_a_checkpoint_gives_the_same_run(algo, runner, small_clusters, tmp_path):
   task, data = small_clusters
   rows, summary, (weights, client_model) = _train(task, data, algo, runner, 4,
@@ -420,10 +420,10 @@ def _flag_cases():
   cases = []
   for decl in (*hp.TRAINING, hp.RUNNER, hp.JIT):
     cases += [("fedavg", decl.name, v) for v in _invalid_values(decl)]
-  for name, decl in sorted(algorithms.all_hparams().items()):
-    algo = next(a for a, spec in sorted(algorithms.ALGORITHMS.items())
+  for name, decl in sorted(registry.all_hparams().items()):
+    algo = next(a for a, spec in sorted(registry.ALGORITHMS.items())
                 if any(d.name == name for d in spec.hparams))
-    spec_decl = next(d for d in algorithms.ALGORITHMS[algo].hparams if d.name == name)
+    spec_decl = next(d for d in registry.ALGORITHMS[algo].hparams if d.name == name)
     cases += [(algo, name, v) for v in _invalid_values(spec_decl)]
   return cases
 
@@ -635,7 +635,7 @@ def test_a_signal_whose_exception_is_swallowed_still_stops_the_run_after_that_ro
   and its closing summary names the checkpoint a resume continues from."""
   task, data = small_clusters
   config = _config(6, "local")
-  driver = algorithms.get_algorithm("fedavg").make_driver(task, data, config)
+  driver = registry.get_algorithm("fedavg").make_driver(task, data, config)
   real = driver.run_round
 
   def run_round(round_num, sampled):
@@ -669,7 +669,7 @@ def test_a_signal_whose_exception_surfaces_transformed_still_closes_as_interrupt
   as another exception (e.g. a TypeError): the run is still 'interrupted'."""
   task, data = small_clusters
   config = _config(3, "local")
-  driver = algorithms.get_algorithm("fedavg").make_driver(task, data, config)
+  driver = registry.get_algorithm("fedavg").make_driver(task, data, config)
   calls = {"n": 0}
   real = driver.run_round
 

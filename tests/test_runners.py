@@ -12,7 +12,7 @@ import tensorflow as tf
 
 import tasks
 from tests.conftest import REPO_ROOT
-from tff_cluster import algorithms, experiment, local_training, models
+from tff_cluster import experiment, local_training, models, registry
 from tff_cluster.algorithms import fedavg
 from tff_cluster.results import ResultsWriter
 from tff_cluster.runners import local_runner
@@ -95,7 +95,7 @@ RTOL, ATOL = 1e-4, 1e-6
 
 
 def test_every_algorithm_has_a_parity_case():
-  assert set(PARITY_CASES) == set(algorithms.ALGORITHMS), (
+  assert set(PARITY_CASES) == set(registry.ALGORITHMS), (
       "every registered algorithm needs a runner parity case in PARITY_CASES")
 
 
@@ -126,7 +126,7 @@ def _run(task, data, algo, options, runner, tmp_path, solver):
       "rounds": ROUNDS, "batch_size": 10, "client_lr": 0.02,
       "clients_per_round": data.num_clients if algo in ALL_CLIENTS else 8,
       "seed": 1, "runner": runner, **solver, **options.pop("_config", {})})
-  driver = algorithms.get_algorithm(algo).make_driver(task, data, config, **options)
+  driver = registry.get_algorithm(algo).make_driver(task, data, config, **options)
   columns = [*experiment.BASE_COLUMNS, *driver.extra_columns]
   writer = ResultsWriter(str(tmp_path / runner), columns, tensorboard=False)
   summary = experiment.run_training(task, data, config, driver, writer, progress=False)
@@ -346,7 +346,7 @@ def test_runners_reject_out_of_range_keys(runner, cluster_data):
   task, data = cluster_data
   config = experiment.TrainingConfig(rounds=1, clients_per_round=2, local_epochs=1,
                                      batch_size=10, client_lr=0.01, runner=runner)
-  driver = algorithms.get_algorithm("fedgroup").make_driver(task, data, config,
+  driver = registry.get_algorithm("fedgroup").make_driver(task, data, config,
                                                             num_groups=2)
   state = driver.definition.initial_state(experiment.initial_weights(task, 0))
   with pytest.raises(ValueError, match=r"invalid client keys \[2\]; valid: 0..1"):
@@ -397,15 +397,15 @@ def _python(code: str) -> str:
 def test_declarations_import_without_tensorflow():
   out = _python("""
       import sys
-      from tff_cluster import algorithms, hparams
-      algorithms.all_hparams()
+      from tff_cluster import hparams, registry
+      registry.all_hparams()
       print(sorted(m for m in ("tensorflow", "tensorflow_federated") if m in sys.modules))
       """)
   assert out.strip() == "[]"
 
 
 def flags_of(algo):
-  return {d.name for d in algorithms.get_algorithm(algo).hparams}
+  return {d.name for d in registry.get_algorithm(algo).hparams}
 
 
 def test_definitions_and_local_runner_import_no_tff(tmp_path):
@@ -418,7 +418,7 @@ def test_definitions_and_local_runner_import_no_tff(tmp_path):
       f"'--num_clients=12', {per_round(algo)}'--local_epochs=1', "
       f"'--progress=false', '--output_dir={tmp_path / algo}'"
       f"{', ' + repr('--num_groups=2') if 'num_groups' in flags_of(algo) else ''}]) == 0"
-      for algo in sorted(algorithms.ALGORITHMS))
+      for algo in sorted(registry.ALGORITHMS))
   out = _python(f"""
       import sys, warnings
       warnings.simplefilter("ignore")

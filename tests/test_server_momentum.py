@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 import tasks
-from tff_cluster import algorithms, experiment
+from tff_cluster import experiment, registry
 from tff_cluster.algorithms.server_momentum import ServerMomentumDefinition
 from tff_cluster.task import DataOptions
 
@@ -98,7 +98,7 @@ def small():
 
 
 def _final(task, data, algo, config, **options):
-  driver = algorithms.get_algorithm(algo).make_driver(task, data, config, **options)
+  driver = registry.get_algorithm(algo).make_driver(task, data, config, **options)
   experiment.run_training(task, data, config, driver, None, progress=False)
   return [np.asarray(w) for w in driver.runner.numpy_state(driver.state)["model"]]
 
@@ -138,7 +138,7 @@ def test_mime_lite_tff_runner_matches_tffs_build_weighted_mime_lite(small):
   import tensorflow_federated as tff
   task, data = small
   config = _config(runner="tff", client_lr=0.05)
-  driver = algorithms.get_algorithm("mime_lite").make_driver(task, data, config,
+  driver = registry.get_algorithm("mime_lite").make_driver(task, data, config,
                                                              mime_momentum=0.5)
   driver.setup()
   sampled = np.array([0, 2, 3, 5])
@@ -230,7 +230,7 @@ def test_mime_rounds_equal_the_update_rules_worked_in_numpy(algo, form):
   config = experiment.TrainingConfig(rounds=2, clients_per_round=2, local_epochs=None,
                                      local_steps=3, batch_size=16, client_lr=0.4, seed=0,
                                      runner="local")
-  driver = algorithms.get_algorithm(algo).make_driver(
+  driver = registry.get_algorithm(algo).make_driver(
       task, data, config, mime_momentum=0.6, server_lr=0.9, mime_momentum_form=form)
   driver.setup()
   expected = _numpy_mime(driver.w0, [train["a"], train["b"]], 0.4, 0.6, 0.9, form,
@@ -259,4 +259,4 @@ def test_mime_refuses_batchnorm_models():
   config = experiment.TrainingConfig(rounds=1, clients_per_round=1, local_epochs=1,
                                      batch_size=4, client_lr=0.1, runner="local")
   with pytest.raises(ValueError, match="BatchNorm"):
-    algorithms.get_algorithm("mime").make_driver(task, data, config)
+    registry.get_algorithm("mime").make_driver(task, data, config)

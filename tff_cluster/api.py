@@ -43,7 +43,12 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 
-from tff_cluster import algorithms, models
+from tff_cluster import experiment, local_training, models, registry, stack
+from tff_cluster import hparams as hp
+from tff_cluster.data.client_data import from_client_data
+from tff_cluster.evaluation import Evaluator
+from tff_cluster.task import TaskSpec
+from tff_cluster.models import loss_kind  # noqa: F401  (public)
 from tff_cluster.data.federated import FederatedData
 
 _PROCESS_IDS = itertools.count()
@@ -78,31 +83,7 @@ class ProcessOutput:
   client_results: Dict[str, Dict[str, Any]]
 
 
-def loss_kind(loss) -> str:
-  """The library's loss kind for a Keras loss object, name or kind."""
-  if isinstance(loss, str):
-    names = {models.SPARSE_CE_LOGITS: models.SPARSE_CE_LOGITS,
-             models.BINARY_PROBS: models.BINARY_PROBS}
-    if loss in names:
-      return names[loss]
-    raise ValueError(f"unsupported loss {loss!r}; valid: {models.SPARSE_CE_LOGITS!r}, "
-                     f"{models.BINARY_PROBS!r}, or a Keras SparseCategoricalCrossentropy"
-                     "(from_logits=True) / BinaryCrossentropy(from_logits=False) object")
-  import tensorflow as tf
-  config = loss.get_config() if hasattr(loss, "get_config") else {}
-  if isinstance(loss, tf.keras.losses.SparseCategoricalCrossentropy) and \
-      config.get("from_logits"):
-    return models.SPARSE_CE_LOGITS
-  if isinstance(loss, tf.keras.losses.BinaryCrossentropy) and not config.get("from_logits"):
-    return models.BINARY_PROBS
-  raise ValueError(f"unsupported loss {type(loss).__name__}({config}); valid: "
-                   "SparseCategoricalCrossentropy(from_logits=True) or "
-                   "BinaryCrossentropy(from_logits=False) (or their kinds "
-                   f"{models.SPARSE_CE_LOGITS!r}, {models.BINARY_PROBS!r})")
-
-
 def _check_model_fn(model_fn):
-  from tff_cluster import stack
   if stack.keras_problem() is not None:
     raise ImportError(stack.keras_problem())
   import tensorflow as tf
@@ -157,10 +138,7 @@ class Process:
                lr_decay: float = 1.0, client_momentum: float = 0.0,
                client_state: str = "persist", jit: str = "auto", evaluate: bool = True,
                rounds: int = 100, **hparams):
-    from tff_cluster import hparams as hp
-    from tff_cluster import local_training
-    from tff_cluster.task import TaskSpec
-    spec = algorithms.get_algorithm(algo)  # KeyError names the valid algorithms
+    spec = registry.get_algorithm(algo)  # KeyError names the valid algorithms
     declared = {d.name: d for d in spec.hparams}
     unknown = sorted(set(hparams) - set(declared))
     if unknown:
@@ -180,7 +158,6 @@ class Process:
     if runner not in hp.RUNNERS:
       raise ValueError(f"invalid runner={runner!r}; valid: {', '.join(hp.RUNNERS)}")
     if runner == "tff":
-      from tff_cluster import stack
       stack.require_tff()
     model = _check_model_fn(model_fn)
     self.algo = algo
@@ -218,7 +195,6 @@ class Process:
     if isinstance(client_data, FederatedData):
       return client_data
     if isinstance(client_data, (tuple, list)) and len(client_data) == 2:
-      from tff_cluster.data.client_data import from_client_data
       return from_client_data(client_data[0], client_data[1])
     raise TypeError(f"client data must be a FederatedData or a (train, test) pair of TFF "
                     f"ClientData, got {type(client_data).__name__}")
@@ -228,7 +204,6 @@ class Process:
   def initialize(self, client_data) -> ProcessState:
     """Builds the runner on `client_data` and runs the algorithm's set-up (cold
     start). Returns the first state."""
-    from tff_cluster import experiment
     data = self._as_federated_data(client_data)
     if self._driver is not None:
       raise RuntimeError("this process is already initialized; build a new process "
@@ -244,13 +219,12 @@ class Process:
       driver.w0 = [np.array(w) for w in self._initial_weights]
     driver.setup()
     self._driver, self._data = driver, data
-    from tff_cluster.evaluation import Evaluator
     self._evaluator = Evaluator(self._task.model_fn, self.loss, data)
     self._latest = ProcessState(self._id, 0, driver.snapshot())
     return self._latest
 
   def _task_driver(self, data, config):
-    spec = algorithms.get_algorithm(self.algo)
+    spec = registry.get_algorithm(self.algo)
     return spec.make_driver(self._task, data, config, **self._options)
 
   def _check_state(self, state) -> None:
@@ -341,7 +315,6 @@ class Process:
     """Test metrics of `state` on the test data of `client_data` (default the
     data given to initialize; other data must have the same client ids when
     the algorithm assigns models per client)."""
-    from tff_cluster.evaluation import Evaluator
     self._restore(state)
     weights, client_model = self._driver.eval_models()
     evaluator = self._evaluator

@@ -81,6 +81,37 @@ def model_family(model: tf.keras.Model) -> str:
   return "dense"
 
 
+def dense_indices(model: tf.keras.Model, last_only: bool = False) -> List[int]:
+  """Indices, in the model's weight list (trainable first), of the weights of
+  its Dense layers in layer order, each [kernel] or [kernel, bias]; with
+  `last_only`, of the last Dense layer alone."""
+  variables = model_variables(model)
+  dense = [layer for layer in _all_layers(model)
+           if isinstance(layer, tf.keras.layers.Dense)]
+  if not dense:
+    raise ValueError(f"model {model.name!r} has no Dense layer")
+  out = []
+  for layer in dense[-1:] if last_only else dense:
+    for weight in layer.weights:
+      found = [i for i, var in enumerate(variables) if var is weight]
+      if not found:
+        raise ValueError("a Dense layer's weights are not among the model's weights")
+      out.append(found[0])
+  return out
+
+
+def last_dense_indices(model: tf.keras.Model) -> List[int]:
+  """Indices of the weights of the model's last Dense layer: [kernel] or
+  [kernel, bias]."""
+  return dense_indices(model, last_only=True)
+
+
+def last_dense_kernel_index(model: tf.keras.Model) -> int:
+  """Index of the kernel of the model's last Dense layer (WeCFL's clustering
+  feature in the authors' code)."""
+  return last_dense_indices(model)[0]
+
+
 def _all_layers(model):
   for layer in model.layers:
     yield layer
@@ -90,6 +121,13 @@ def _all_layers(model):
 
 # ---------------------------------------------------------------------------
 # A client's local schedule.
+
+
+def client_seed(seed: int, round_num: int, client_index: int) -> int:
+  """Seed of one client's data shuffle in one round (stable, collision-free)."""
+  return int(np.random.SeedSequence([seed, round_num, client_index])
+             .generate_state(1)[0] & 0x7FFFFFFF)
+
 
 
 @dataclasses.dataclass(frozen=True)

@@ -65,6 +65,26 @@ def num_correct(kind: str, y_true: tf.Tensor, y_pred: tf.Tensor) -> tf.Tensor:
               tf.float32))
 
 
+def loss_kind(loss) -> str:
+  """The library's loss kind for a Keras loss object, name or kind."""
+  if isinstance(loss, str):
+    if loss in LOSSES:
+      return loss
+    raise ValueError(f"unsupported loss {loss!r}; valid: {SPARSE_CE_LOGITS!r}, "
+                     f"{BINARY_PROBS!r}, or a Keras SparseCategoricalCrossentropy"
+                     "(from_logits=True) / BinaryCrossentropy(from_logits=False) object")
+  config = loss.get_config() if hasattr(loss, "get_config") else {}
+  if isinstance(loss, tf.keras.losses.SparseCategoricalCrossentropy) and \
+      config.get("from_logits"):
+    return SPARSE_CE_LOGITS
+  if isinstance(loss, tf.keras.losses.BinaryCrossentropy) and not config.get("from_logits"):
+    return BINARY_PROBS
+  raise ValueError(f"unsupported loss {type(loss).__name__}({config}); valid: "
+                   "SparseCategoricalCrossentropy(from_logits=True) or "
+                   "BinaryCrossentropy(from_logits=False) (or their kinds "
+                   f"{SPARSE_CE_LOGITS!r}, {BINARY_PROBS!r})")
+
+
 def count_trainable(model: tf.keras.Model) -> int:
   """Number of trainable parameters (scalars) of a built model."""
   return int(sum(int(np.prod(v.shape)) for v in model.trainable_variables))

@@ -40,6 +40,9 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import numpy as np
 
+from tff_cluster import plot, stack
+from tff_cluster.checkpoint import atomic_write_bytes
+
 RESULT_FILES = ("config.json", "metrics.csv", "metrics.jsonl", "summary.json",
                 "accuracy.png", "groups.csv")
 TENSORBOARD_DIR = "tensorboard"
@@ -121,7 +124,6 @@ def json_record(value: Any) -> Any:
 def write_json(path: str, value: Any) -> None:
   """Atomically (temporary file, fsync, rename): a reader never sees half a file.
   Non-finite numbers become null, listed under "nonfinite" (`json_record`)."""
-  from tff_cluster.checkpoint import atomic_write_bytes
   text = json.dumps(json_record(value), indent=2, sort_keys=True, allow_nan=False) + "\n"
   atomic_write_bytes(path, text.encode())
 
@@ -218,7 +220,6 @@ def library_versions() -> Dict[str, Any]:
   """Python's and the installed numpy, TensorFlow, Keras, tf_keras and TFF
   versions (None: not installed) and TF_USE_LEGACY_KERAS, read from the package
   metadata (nothing is imported)."""
-  from tff_cluster import stack
   return stack.versions()
 
 
@@ -277,7 +278,6 @@ class ResultsWriter:
     self.config: Optional[Dict[str, Any]] = None
     csv_path = os.path.join(path, "metrics.csv")
     jsonl_path = os.path.join(path, "metrics.jsonl")
-    from tff_cluster.checkpoint import atomic_write_bytes
     raw = [_plain(r) for r in (resume_rows or [])]
     self._resume_rounds = (None if resume_rows is None else
                            {int(r["round"]) for r in raw})
@@ -356,7 +356,6 @@ class ResultsWriter:
     self._append(self._groups_file, _csv_line([int(round_num), *cells]))
 
   def _open_groups(self, client_ids: List[str]) -> None:
-    from tff_cluster.checkpoint import atomic_write_bytes
     header = ["round", *client_ids]
     path = os.path.join(self.path, "groups.csv")
     kept = []
@@ -387,7 +386,6 @@ class ResultsWriter:
     settings), else `title`. A failure to draw is a warning, never an error."""
     if not any(r.get("test_accuracy") is not None for r in self._raw_rows):
       return None
-    from tff_cluster import plot
     rows = [{k: (float(v) if isinstance(v, (int, float)) else None)
              for k, v in r.items()} for r in self._raw_rows]
     run = plot.Run(self.path, dict(self.config or {}), list(self.columns), rows)

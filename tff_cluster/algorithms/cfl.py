@@ -42,7 +42,7 @@ from typing import Dict
 
 import numpy as np
 
-from tff_cluster import clustering, experiment
+from tff_cluster import clustering, driver
 from tff_cluster.algorithms import wecfl
 
 WEIGHTINGS = ("uniform", "data")
@@ -54,7 +54,7 @@ class CFLDriver(wecfl.ClusterModelsDriver):
 
   checkpoint_attrs = ("assignment", "_summary", "splits", "refused")
 
-  def __init__(self, task, data, config: experiment.TrainingConfig, *, num_groups: int = 5,
+  def __init__(self, task, data, config: driver.TrainingConfig, *, num_groups: int = 5,
                cfl_eps1: float = 0.4, cfl_eps2: float = 1.6, cfl_warmup_rounds: int = 20,
                cfl_weighting: str = "uniform"):
     if cfl_weighting not in WEIGHTINGS:
@@ -118,5 +118,5 @@ class CFLDriver(wecfl.ClusterModelsDriver):
             "cfl_refused": self.refused, **self._norms}
 
 
-def make_driver(task, data, config: experiment.TrainingConfig, **options):
+def make_driver(task, data, config: driver.TrainingConfig, **options):
   return CFLDriver(task, data, config, **options)

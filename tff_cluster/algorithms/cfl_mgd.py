@@ -51,8 +51,9 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
-from tff_cluster import experiment, local_training
-from tff_cluster.algorithms.definition import ClientOutput, Definition, flat_norm
+from tff_cluster import driver, local_training
+from tff_cluster.core import cluster_ops
+from tff_cluster.core.definition import ClientOutput, Definition, flat_norm
 from tff_cluster.algorithms.ifca import IFCADriver, argmin_cluster
 
 OPTIONS = ("model", "gradient")
@@ -104,12 +105,7 @@ class CFLMGDDefinition(Definition):
     return self.option == "gradient" and self.buffer == "client"
 
   def initial_state(self, initial_weights):
-    if not isinstance(initial_weights[0], (list, tuple)):
-      initial_weights = [initial_weights] * self.k
-    if len(initial_weights) != self.k:
-      raise ValueError(f"need {self.k} initial models, got {len(initial_weights)}")
-    models = [np.stack([np.asarray(m[layer]) for m in initial_weights])
-              for layer in range(len(initial_weights[0]))]
+    models = cluster_ops.stack_models(initial_weights, self.k)
     return collections.OrderedDict(
         models=models,
         momenta=[np.zeros_like(w, np.float32) for w in models[:self.num_trainable]])
@@ -146,11 +142,7 @@ class CFLMGDDefinition(Definition):
       losses = tf.zeros([self.k], tf.float32)
     else:
       models = list(received["models"])
-      losses = []
-      for j in range(self.k):
-        loss_sum, count = trainer.loss([w[j] for w in models], data, self.loss_batches)
-        losses.append(tf.math.divide_no_nan(loss_sum, count))
-      losses = tf.stack(losses)
+      losses = cluster_ops.cluster_losses(trainer, models, data, self.k, self.loss_batches)
       cluster = argmin_cluster(losses)
       if mode == "assign":
         return ClientOutput(collections.OrderedDict(num_clients=tf.constant(1.0)),
@@ -159,7 +151,7 @@ class CFLMGDDefinition(Definition):
       start_momenta = ([] if self.client_buffers else
                        [tf.gather(u, cluster) for u in received["momenta"]])
     onehot = tf.one_hot(cluster, self.k, dtype=tf.float32)
-    scatter = lambda t: tf.tensordot(onehot, t, axes=0)  # noqa: E731
+    scatter = lambda t: cluster_ops.scatter(onehot, t)  # noqa: E731
     result = collections.OrderedDict(cluster=cluster, losses=losses)
     if self.option == "model":
       velocity = list(start_momenta)
@@ -191,14 +183,8 @@ class CFLMGDDefinition(Definition):
 
   def _per_cluster(self, counts, sums, old, divisor=None):
     """sums / divisor where the cluster has members, else `old`."""
-    has = counts > 0
-    divisor = counts if divisor is None else divisor
-    safe = tf.where(divisor > 0, divisor, 1.0)
-    out = []
-    for s, o in zip(sums, old):
-      shape = tf.concat([[self.k], tf.ones([tf.rank(o) - 1], tf.int32)], 0)
-      out.append(tf.where(tf.reshape(has, shape), s / tf.reshape(safe, shape), o))
-    return out
+    return cluster_ops.per_cluster_mean(sums, counts if divisor is None else divisor, old,
+                                        has=counts > 0)
 
   def server_update(self, state, summed, mode):
     if mode == "assign":
@@ -238,7 +224,7 @@ class CFLMGDDriver(IFCADriver):
   """IFCA's host side (initial models, argmin estimates, evaluation) around
   CFL-MGD's definition."""
 
-  def __init__(self, task, data, config: experiment.TrainingConfig, *, num_groups: int = 5,
+  def __init__(self, task, data, config: driver.TrainingConfig, *, num_groups: int = 5,
                cfl_mgd_option: str = "model", cfl_mgd_beta: float = 0.9,
                cfl_mgd_buffer: str = "client", grad_avg_norm: str = "total",
                ifca_loss_batches: int = 0, cfl_mgd_grad_batches: int = 1,
@@ -276,5 +262,5 @@ class CFLMGDDriver(IFCADriver):
     return row
 
 
-def make_driver(task, data, config: experiment.TrainingConfig, **options):
+def make_driver(task, data, config: driver.TrainingConfig, **options):
   return CFLMGDDriver(task, data, config, **options)

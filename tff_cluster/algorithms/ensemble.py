@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tff_cluster import evaluation, experiment
+from tff_cluster import driver, evaluation
 from tff_cluster.algorithms.fedavg import FedAvgDefinition
 
 VOTES = tuple(evaluation.ENSEMBLE_VOTES)
@@ -29,14 +29,14 @@ VOTES = tuple(evaluation.ENSEMBLE_VOTES)
 SHUFFLE_STRIDE = 1_000_003
 
 
-class EnsembleDriver(experiment.Driver):
+class EnsembleDriver(driver.Driver):
   """R independent FedAvg/FedProx runs (see the module docstring).
 
   `state` is the list of the R members' server states; `client_states` keys
   member r's client k as r * N + k.
   """
 
-  def __init__(self, task, data, config: experiment.TrainingConfig, *,
+  def __init__(self, task, data, config: driver.TrainingConfig, *,
                ensemble_size: int = 1, ensemble_vote: str = "logits", mu: float = 0.0,
                client_weighting: str = "processed"):
     if ensemble_vote not in VOTES:
@@ -56,7 +56,7 @@ class EnsembleDriver(experiment.Driver):
       return self.w0
     seed = int(np.random.SeedSequence([self.config.seed, 31, r]).generate_state(1)[0]
                & 0x7FFFFFFF)
-    return experiment.initial_weights(self.task, seed)
+    return driver.initial_weights(self.task, seed)
 
   def setup(self):
     self.state = [self.runner.put_state(self.definition.initial_state(self.member_weights(r)))
@@ -80,7 +80,7 @@ class EnsembleDriver(experiment.Driver):
       loss += float(out.summed["loss_sum"])
       weight += float(out.summed["weight"])
     self.state = states
-    model_bytes = self.num_params * experiment.BYTES_PER_PARAMETER
+    model_bytes = self.num_params * driver.BYTES_PER_PARAMETER
     return {"train_loss": loss / max(weight, 1.0),
             "bytes_down": self.size * len(sampled) * model_bytes,
             "bytes_up": self.size * len(sampled) * model_bytes}
@@ -90,5 +90,5 @@ class EnsembleDriver(experiment.Driver):
     return models, evaluation.ENSEMBLE_VOTES[self.vote]
 
 
-def make_driver(task, data, config: experiment.TrainingConfig, **options):
+def make_driver(task, data, config: driver.TrainingConfig, **options):
   return EnsembleDriver(task, data, config, **options)

@@ -23,8 +23,8 @@ from typing import Callable, List, Optional
 import numpy as np
 import tensorflow as tf
 
-from tff_cluster import experiment, local_training
-from tff_cluster.algorithms.definition import (ClientOutput, Definition,
+from tff_cluster import driver, local_training, models, stack
+from tff_cluster.core.definition import (ClientOutput, Definition,
                                                weighted_mean_update)
 
 
@@ -92,10 +92,10 @@ class FedAvgDefinition(Definition):
         list(state["model"]), list(summed["update"]), summed["weight"]))
 
 
-class FedAvgDriver(experiment.Driver):
+class FedAvgDriver(driver.Driver):
   """One global model for every client."""
 
-  def __init__(self, task, data, config: experiment.TrainingConfig, mu: float = 0.0,
+  def __init__(self, task, data, config: driver.TrainingConfig, mu: float = 0.0,
                client_weighting: str = "processed"):
     super().__init__(task, data, config,
                      lambda specs, num_trainable, **solver: FedAvgDefinition(
@@ -109,10 +109,7 @@ class FedAvgDriver(experiment.Driver):
   def run_round(self, round_num, sampled):
     out = self.train_clients("train", self.state, sampled, round_num)
     self.state = out.state
-    model_bytes = self.num_params * experiment.BYTES_PER_PARAMETER
-    return {"train_loss": float(out.summed["loss_sum"] / max(out.summed["weight"], 1.0)),
-            "bytes_down": len(sampled) * model_bytes,
-            "bytes_up": len(sampled) * model_bytes}
+    return self.training_row(out.summed, len(sampled), weight_key="weight")
 
   def model_weights(self) -> List[np.ndarray]:
     return list(self.runner.numpy_state(self.state)["model"])
@@ -121,7 +118,7 @@ class FedAvgDriver(experiment.Driver):
     return [self.model_weights()], np.zeros(self.data.num_clients, np.int64)
 
 
-def make_driver(task, data, config: experiment.TrainingConfig,
+def make_driver(task, data, config: driver.TrainingConfig,
                 client_weighting: str = "processed") -> FedAvgDriver:
   return FedAvgDriver(task, data, config, mu=0.0, client_weighting=client_weighting)
 
@@ -135,7 +132,7 @@ def build_fedavg(model_fn: Callable[[], tf.keras.Model], loss,
   Args:
     model_fn: builds a fresh built Keras model (called inside TFF computations).
     loss: `tff_cluster.models` loss kind, or the Keras loss object it names
-      (`tff_cluster.api.loss_kind`).
+      (`tff_cluster.models.loss_kind`).
     element_spec: element spec of a client's batched dataset (`{'x', 'y'}`).
     initial_weights: starting weights, trainable then non-trainable; default
       the model's own initializer under `seed`.
@@ -152,14 +149,12 @@ def build_fedavg(model_fn: Callable[[], tf.keras.Model], loss,
   `{'client_work': {'loss_sum', 'num_examples'}, ...}`. The client work is
   `FedAvgDefinition`'s local update, the one both runners execute.
   """
-  from tff_cluster import stack
   stack.require_tff()
   import tensorflow_federated as tff  # the definition itself needs no TFF
 
   from tff_cluster import runtime, tff_types
 
-  from tff_cluster.api import loss_kind
-  loss = loss_kind(loss)
+  loss = models.loss_kind(loss)
   if client_lr <= 0:
     raise ValueError(f"client_lr must be > 0, got {client_lr}")
   if initial_weights is None:

@@ -70,8 +70,9 @@ from typing import Callable, Dict, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tff_cluster import clustering, experiment, local_training
-from tff_cluster.algorithms.definition import ClientOutput, Definition, flat_norm
+from tff_cluster import clustering, driver, local_training
+from tff_cluster.core import cluster_ops
+from tff_cluster.core.definition import ClientOutput, Definition, flat_norm
 
 COLD_STARTS = ("default", "rcc", "rac", "rac_once")
 MEASURES = ("edc", "madc")
@@ -108,13 +109,13 @@ def scatter_to_group(delta: Sequence[tf.Tensor], weight: tf.Tensor,
   group-wise weighted aggregation with one federated sum.
   """
   onehot = tf.one_hot(group, num_groups, dtype=tf.float32)
-  sums = [tf.tensordot(onehot, weight * d, axes=0) for d in delta]
+  sums = [cluster_ops.scatter(onehot, weight * d) for d in delta]
   return sums, onehot * weight
 
 
 def _row_shape(rows: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
   """Shape broadcasting an [m] vector against an [m, ...] stack."""
-  return tf.concat([tf.shape(rows), tf.ones([tf.rank(w) - 1], tf.int32)], 0)
+  return cluster_ops.row_shape(tf.shape(rows)[0], w)
 
 
 def authors_inter_group_step(group_models: Sequence[tf.Tensor], eta: float,
@@ -153,10 +154,9 @@ def group_server_update(group_models: Sequence[tf.Tensor],
   members (sampled members this round or `group_active`); all groups if none.
   """
   has_members = weight_sums > 0
-  new_models = []
-  for w, s in zip(group_models, update_sums):
-    denom = tf.reshape(tf.where(has_members, weight_sums, 1.0), _row_shape(weight_sums, w))
-    new_models.append(w + s / denom)  # s is zero where the group had no member
+  means = cluster_ops.per_cluster_mean(update_sums, weight_sums,
+                                       [tf.zeros_like(w) for w in group_models])
+  new_models = [w + m for w, m in zip(group_models, means)]
   if group_agg_lr > 0:
     if group_agg_rule == "alg2":
       new_models = clustering.inter_group_step(new_models, group_agg_lr)
@@ -330,7 +330,7 @@ def build_fedgroup(model_fn: Callable[[], tf.keras.Model], loss: str, element_sp
   Returns `FedGroupComputations(definition, pretrain, newcomer, warm)`; each is
   a federated computation `(state, params, datasets[, keys]) -> (state, summed,
   per-client results)` (see `tff_runner.build_round`), with
-  `params = tff_cluster.algorithms.definition.round_params(lr)`:
+  `params = tff_cluster.core.definition.round_params(lr)`:
     pretrain: one pre-training per client from the auxiliary model; results
       hold each client's update (group cold start, `definition.cold_start_state`);
     newcomer: clients not yet in a group pre-train and pick their group; the
@@ -393,12 +393,12 @@ def pretrain_work(batch_size: int, pretrain_iters: Optional[int],
   return local_training.LocalWork(batch_size, steps=pretrain_iters or DEFAULT_PRETRAIN_ITERS)
 
 
-class FedGroupDriver(experiment.Driver):
+class FedGroupDriver(driver.Driver):
   """Group cold start, then FedGroup rounds; holds each client's group."""
 
   checkpoint_attrs = ("assignment", "pretrained", "newcomers", "_rng", "_summary")
 
-  def __init__(self, task, data, config: experiment.TrainingConfig, *,
+  def __init__(self, task, data, config: driver.TrainingConfig, *,
                num_groups: int = 5, measure: str = "edc", pretrain_scale: float = 20.0,
                pretrain_iters: Optional[int] = None, pretrain_epochs: Optional[int] = None,
                group_agg_lr: float = 0.0, group_agg_rule: str = "alg2",
@@ -408,7 +408,7 @@ class FedGroupDriver(experiment.Driver):
       raise ValueError(f"invalid --measure={measure}; valid: {', '.join(MEASURES)}")
     if cold_start not in COLD_STARTS:
       raise ValueError(f"invalid --cold_start={cold_start}; valid: {', '.join(COLD_STARTS)}")
-    experiment.check_num_groups(num_groups, data)
+    driver.check_num_groups(num_groups, data)
     if not 0 <= newcomer_fraction < 1:
       raise ValueError(f"invalid --newcomer_fraction={newcomer_fraction}; valid: [0, 1)")
     self.pretrain_work = pretrain_work(config.batch_size, pretrain_iters, pretrain_epochs)
@@ -459,9 +459,7 @@ class FedGroupDriver(experiment.Driver):
     self.extra_columns = (
         ["test_accuracy_assigned", "mean_update_norm", "group_discrepancy",
          "num_cold_clients", "num_assigned"]
-        + [f"group_{j}_accuracy" for j in range(num_groups)]
-        + [f"group_{j}_size" for j in range(num_groups)]
-        + (["ari", "purity"] if data.true_clusters is not None else []))
+        + self.group_columns(num_groups) + self.score_columns())
 
   def _describe_pretrain(self) -> str:
     w = self.pretrain_work
@@ -485,7 +483,7 @@ class FedGroupDriver(experiment.Driver):
     self.state = self.runner.put_state(self.definition.cold_start_state(self.w0, deltas,
                                                                         labels))
     seconds = time.perf_counter() - t0
-    model_bytes = self.num_params * experiment.BYTES_PER_PARAMETER
+    model_bytes = self.num_params * driver.BYTES_PER_PARAMETER
     self._summary.update(
         cold_start_seconds=seconds,
         cold_start_clients=int(len(chosen)),
@@ -522,17 +520,14 @@ class FedGroupDriver(experiment.Driver):
                              keys=[int(g) for g in self.assignment[sampled]])
     self.state = out.state
     after = self.runner.numpy_state(self.state)["group_models"]
-    s = out.summed
-    model_bytes = self.num_params * experiment.BYTES_PER_PARAMETER
-    return {
-        "train_loss": float(s["loss_sum"] / max(s["num_examples"], 1.0)),
-        "mean_update_norm": float(s["update_norm_sum"] / s["num_clients"]),
-        "group_discrepancy": group_discrepancy(before, after, out.results),
-        "num_cold_clients": int(len(cold)),
-        "num_assigned": int((self.assignment >= 0).sum()),
-        "bytes_down": int(len(sampled) * model_bytes + len(cold) * (1 + self.m) * model_bytes),
-        "bytes_up": int(len(sampled) * model_bytes),
-    }
+    # Each cold client also downloaded the auxiliary model and the m directions.
+    row = self.training_row(out.summed, len(sampled))
+    row["bytes_down"] += int(len(cold) * (1 + self.m) * self.num_params
+                             * driver.BYTES_PER_PARAMETER)
+    row.update(group_discrepancy=group_discrepancy(before, after, out.results),
+               num_cold_clients=int(len(cold)),
+               num_assigned=int((self.assignment >= 0).sum()))
+    return row
 
   def _models(self):
     state = self.runner.numpy_state(self.state)
@@ -544,20 +539,9 @@ class FedGroupDriver(experiment.Driver):
     return self._models(), client_model
 
   def round_eval_metrics(self, result):
-    out = {"test_accuracy_assigned": assigned_accuracy(result, self.assignment)}
-    for j in range(self.m):
-      out[f"group_{j}_accuracy"] = result.group_accuracy(self.assignment, j)
-      out[f"group_{j}_size"] = int((self.assignment == j).sum())
-    out.update(self._cluster_scores())
-    return out
-
-  def _cluster_scores(self):
-    truth = self.data.true_clusters
-    assigned = self.assignment >= 0
-    if truth is None or not assigned.any():
-      return {}
-    return {"ari": clustering.adjusted_rand_index(truth[assigned], self.assignment[assigned]),
-            "purity": clustering.purity(truth[assigned], self.assignment[assigned])}
+    return {"test_accuracy_assigned": assigned_accuracy(result, self.assignment),
+            **self.group_metrics(result, self.m, self.assignment, self.assignment),
+            **self.cluster_scores(self.assignment)}
 
   def summary(self):
     out = dict(self._summary)
@@ -565,7 +549,7 @@ class FedGroupDriver(experiment.Driver):
                                zip(self.data.client_ids, self.assignment)}
     out["group_sizes"] = [int((self.assignment == j).sum()) for j in range(self.m)]
     out["num_groups"] = self.m
-    out.update(self._cluster_scores())
+    out.update(self.cluster_scores(self.assignment))
     return out
 
 
@@ -610,6 +594,6 @@ def group_discrepancy(before, after, results) -> float:
   return float(np.mean(distances))
 
 
-def make_driver(task, data, config: experiment.TrainingConfig, **options):
+def make_driver(task, data, config: driver.TrainingConfig, **options):
   """FedGroup (no proximal term); options are the `--num_groups` etc. flags."""
   return FedGroupDriver(task, data, config, mu=0.0, **options)

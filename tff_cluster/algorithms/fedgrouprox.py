@@ -8,7 +8,7 @@ Sent140 (FedProx's recommendations).
 
 from __future__ import annotations
 
-from tff_cluster import experiment
+from tff_cluster import driver
 from tff_cluster.algorithms import fedgroup
 
 
@@ -21,7 +21,7 @@ def build_fedgrouprox(model_fn, loss, element_spec, num_groups: int, mu: float,
   return fedgroup.build_fedgroup(model_fn, loss, element_spec, num_groups, mu=mu, **options)
 
 
-def make_driver(task, data, config: experiment.TrainingConfig, mu: float, **options):
+def make_driver(task, data, config: driver.TrainingConfig, mu: float, **options):
   if mu <= 0:
     raise ValueError(f"invalid --mu={mu} for fedgrouprox; valid: a number > 0")
   return fedgroup.FedGroupDriver(task, data, config, mu=mu, **options)

@@ -8,7 +8,7 @@ local work here (no stragglers / variable local work). The definition is
 
 from __future__ import annotations
 
-from tff_cluster import experiment
+from tff_cluster import driver
 from tff_cluster.algorithms import fedavg
 
 
@@ -19,6 +19,6 @@ def build_fedprox(model_fn, loss, element_spec, initial_weights, client_lr: floa
                              client_lr, mu=mu, server_optimizer=server_optimizer)
 
 
-def make_driver(task, data, config: experiment.TrainingConfig, mu: float,
+def make_driver(task, data, config: driver.TrainingConfig, mu: float,
                 client_weighting: str = "processed"):
   return fedavg.FedAvgDriver(task, data, config, mu=mu, client_weighting=client_weighting)

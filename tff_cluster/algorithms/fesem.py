@@ -10,13 +10,13 @@ The cluster models are (`--fesem_center`):
 
 from __future__ import annotations
 
-from tff_cluster import experiment
+from tff_cluster import driver
 from tff_cluster.algorithms import wecfl
 
 CENTERS = ("uniform", "data")
 
 
-def make_driver(task, data, config: experiment.TrainingConfig, *,
+def make_driver(task, data, config: driver.TrainingConfig, *,
                 fesem_center: str = "uniform", **options):
   if fesem_center not in CENTERS:
     raise ValueError(f"invalid --fesem_center={fesem_center}; valid: {', '.join(CENTERS)}")

@@ -48,8 +48,10 @@ Evaluation (`--ifca_eval`):
     (the authors' protocol for their separate test machines; on clients that
     also train it chooses with the labels it is scored on).
   Test-only clients (no training data) always take their lowest-test-loss
-  model. ARI, purity and the group sizes count the assigned choices of the
-  clients with training data, under either option.
+  model. ARI and purity count the assigned choices of the clients with
+  training data under either option; the group sizes count what groups.csv
+  shows: those assigned choices (assigned), or every client's evaluated model
+  (test_loss).
 """
 
 from __future__ import annotations
@@ -62,8 +64,10 @@ from typing import Callable, Dict, Optional
 import numpy as np
 import tensorflow as tf
 
-from tff_cluster import clustering, experiment, local_training
-from tff_cluster.algorithms.definition import ClientOutput, Definition, flat_norm
+from tff_cluster import clustering, driver, local_training
+from tff_cluster.evaluation import Evaluator
+from tff_cluster.core import cluster_ops
+from tff_cluster.core.definition import ClientOutput, Definition, flat_norm
 from tff_cluster.algorithms.fedavg import client_weight, with_weight_spec
 
 INITS = ("random", "good_init", "fedavg_warm")
@@ -114,13 +118,7 @@ class IFCADefinition(Definition):
   def initial_state(self, initial_weights):
     """`initial_weights`: one weight list per cluster (K lists of arrays), or
     one model's weight list (every cluster starts there: all argmins tie)."""
-    if not isinstance(initial_weights[0], (list, tuple)):
-      initial_weights = [initial_weights] * self.k
-    if len(initial_weights) != self.k:
-      raise ValueError(f"need {self.k} initial models, got {len(initial_weights)}")
-    return collections.OrderedDict(models=[
-        np.stack([np.asarray(m[layer]) for m in initial_weights])
-        for layer in range(len(initial_weights[0]))])
+    return collections.OrderedDict(models=cluster_ops.stack_models(initial_weights, self.k))
 
   def num_keys(self, mode):
     return self.k if mode == "forced" else 0
@@ -142,13 +140,6 @@ class IFCADefinition(Definition):
     return with_weight_spec(super().client_state_spec(mode),
                             "samples" if self.aggregation == "samples" else "processed")
 
-  def _losses(self, trainer, models, data):
-    means = []
-    for j in range(self.k):
-      loss_sum, count = trainer.loss([w[j] for w in models], data, self.loss_batches)
-      means.append(tf.math.divide_no_nan(loss_sum, count))
-    return tf.stack(means)
-
   def client_work(self, trainer, selected, received, client_state, data, mode):
     if mode == "forced":
       start = list(selected)[:-1]
@@ -156,7 +147,7 @@ class IFCADefinition(Definition):
       losses = tf.zeros([self.k], tf.float32)
     else:
       models = list(received["models"])
-      losses = self._losses(trainer, models, data)
+      losses = cluster_ops.cluster_losses(trainer, models, data, self.k, self.loss_batches)
       cluster = argmin_cluster(losses)
       if mode == "assign":
         return ClientOutput(collections.OrderedDict(num_clients=tf.constant(1.0)),
@@ -170,7 +161,7 @@ class IFCADefinition(Definition):
                              "samples" if self.aggregation == "samples" else "processed")
     onehot = tf.one_hot(cluster, self.k, dtype=tf.float32)
     summed = collections.OrderedDict(
-        update_sums=[tf.tensordot(onehot, weight * d, axes=0) for d in out.delta],
+        update_sums=[cluster_ops.scatter(onehot, weight * d) for d in out.delta],
         weight_sums=onehot * weight, loss_sum=out.loss_sum, num_examples=out.num_examples,
         update_norm_sum=flat_norm(out.delta), num_clients=tf.constant(1.0))
     result = collections.OrderedDict(cluster=cluster, losses=losses, loss_sum=out.loss_sum)
@@ -179,13 +170,10 @@ class IFCADefinition(Definition):
   def server_update(self, state, summed, mode):
     if mode == "assign":
       return state
-    weights = summed["weight_sums"]
-    has = weights > 0
-    new = []
-    for w, s in zip(state["models"], summed["update_sums"]):
-      shape = tf.concat([tf.shape(weights), tf.ones([tf.rank(w) - 1], tf.int32)], 0)
-      new.append(w + s / tf.reshape(tf.where(has, weights, 1.0), shape))
-    return collections.OrderedDict(models=new)
+    models = list(state["models"])
+    means = cluster_ops.per_cluster_mean(summed["update_sums"], summed["weight_sums"],
+                                         [tf.zeros_like(w) for w in models])
+    return collections.OrderedDict(models=[w + m for w, m in zip(models, means)])
 
 
 def build_ifca(model_fn: Callable[[], tf.keras.Model], loss: str, element_spec,
@@ -207,7 +195,7 @@ def build_ifca(model_fn: Callable[[], tf.keras.Model], loss: str, element_spec,
                       for mode in definition.modes}
 
 
-class IFCADriver(experiment.Driver):
+class IFCADriver(driver.Driver):
   """K cluster models; each round's clients estimate their cluster and train it."""
 
   checkpoint_attrs = ("assignment", "_rng", "_summary", "_forced_rng")
@@ -215,7 +203,7 @@ class IFCADriver(experiment.Driver):
   # client's argmin included (not -1 for "no assignment yet").
   groups_mask_unassigned = False
 
-  def __init__(self, task, data, config: experiment.TrainingConfig, *, num_groups: int = 5,
+  def __init__(self, task, data, config: driver.TrainingConfig, *, num_groups: int = 5,
                ifca_init: str = "random", ifca_agg: str = "uniform",
                ifca_loss_batches: int = 0, ifca_good_init_threshold: Optional[float] = None,
                ifca_warm_rounds: int = 20, ifca_forced_rounds: int = 20,
@@ -230,7 +218,7 @@ class IFCADriver(experiment.Driver):
                        "integers >= 0")
     self.warm_rounds = int(ifca_warm_rounds) if ifca_init == "fedavg_warm" else 0
     self.forced_rounds = int(ifca_forced_rounds) if ifca_init == "fedavg_warm" else 0
-    experiment.check_num_groups(num_groups, data)
+    driver.check_num_groups(num_groups, data)
     self.k = num_groups
     self._ifca_options = dict(aggregation=ifca_agg, loss_batches=ifca_loss_batches)
     super().__init__(task, data, config, self.make_definition)
@@ -243,11 +231,8 @@ class IFCADriver(experiment.Driver):
     self._scored = None  # the assigned choices of the latest evaluation
     self._summary: Dict[str, object] = {}
     self.extra_columns = (
-        ["mean_update_norm", "num_assigned"]
-        + [f"group_{j}_accuracy" for j in range(num_groups)]
-        + [f"group_{j}_size" for j in range(num_groups)]
-        + [f"group_{j}_round_clients" for j in range(num_groups)]
-        + (["ari", "purity"] if data.true_clusters is not None else []))
+        ["mean_update_norm", "num_assigned"] + self.group_columns(num_groups)
+        + [f"group_{j}_round_clients" for j in range(num_groups)] + self.score_columns())
 
   def make_definition(self, specs, num_trainable, **solver):
     """The algorithm's `Definition` (a subclass may run another on IFCA's host side)."""
@@ -255,7 +240,7 @@ class IFCADriver(experiment.Driver):
 
   def _draw(self, attempt: int):
     """K independent initializations, seeded by (--seed, attempt, cluster)."""
-    return [experiment.initial_weights(
+    return [driver.initial_weights(
         self.task, int(np.random.SeedSequence([self.config.seed, 17, attempt, j])
                        .generate_state(1)[0] & 0x7FFFFFFF)) for j in range(self.k)]
 
@@ -264,7 +249,7 @@ class IFCADriver(experiment.Driver):
     state = self.definition.initial_state(self._draw(0))
     attempts = 1
     if self.init == "good_init" and self.k > 1:
-      clients = experiment.sample_clients(self._rng, self.data.training_clients(),
+      clients = driver.sample_clients(self._rng, self.data.training_clients(),
                                           self.config.clients_per_round)
       best, best_share = state, -1.0
       for attempt in range(GOOD_INIT_ATTEMPTS):
@@ -296,15 +281,14 @@ class IFCADriver(experiment.Driver):
     """fedavg_warm: `warm_rounds` rounds of one model (every client in cluster
     0 of a state whose clusters all hold w0), then every cluster copies it
     except the last Dense layer, which keeps its own draw."""
-    from tff_cluster.algorithms.wecfl import last_dense_indices
     single = self.definition.initial_state(self.w0)
     for i in range(self.warm_rounds):
-      clients = experiment.sample_clients(self._rng, self.data.training_clients(),
+      clients = driver.sample_clients(self._rng, self.data.training_clients(),
                                           self.config.clients_per_round)
       out = self.train_clients("forced", single, clients, 1, keys=np.zeros(len(clients)),
                                persist=False, shuffle_round=WARM_SHUFFLE_BASE + i)
       single = self.runner.numpy_state(out.state)
-    keep = set(last_dense_indices(self.task.model_fn()))  # its kernel and bias
+    keep = set(local_training.last_dense_indices(self.task.model_fn()))  # kernel, bias
     models = [np.asarray(w) for w in self.runner.numpy_state(state)["models"]]
     warm = [np.asarray(w)[0] for w in single["models"]]
     self._summary["warm_rounds"] = self.warm_rounds
@@ -325,15 +309,8 @@ class IFCADriver(experiment.Driver):
     self.state = out.state
     clusters = np.array([int(r["cluster"]) for r in out.results])
     self.assignment[sampled] = clusters
-    s = out.summed
-    model_bytes = self.num_params * experiment.BYTES_PER_PARAMETER
-    row = {
-        "train_loss": float(s["loss_sum"] / max(s["num_examples"], 1.0)),
-        "mean_update_norm": float(s["update_norm_sum"] / s["num_clients"]),
-        "num_assigned": int((self.assignment >= 0).sum()),
-        "bytes_down": int(len(sampled) * self.k * model_bytes),
-        "bytes_up": int(len(sampled) * model_bytes),
-    }
+    row = self.training_row(out.summed, len(sampled), models_down=self.k)
+    row["num_assigned"] = int((self.assignment >= 0).sum())
     counts = np.bincount(clusters, minlength=self.k)
     row.update({f"group_{j}_round_clients": int(counts[j]) for j in range(self.k)})
     return row
@@ -346,7 +323,7 @@ class IFCADriver(experiment.Driver):
     models = self._models()
     self._scored = self.assigned_models(models)
     if self.eval_mode == "test_loss":
-      return models, experiment.CHOOSE_BY_TEST_LOSS
+      return models, driver.CHOOSE_BY_TEST_LOSS
     return models, self._scored
 
   def assigned_models(self, models) -> np.ndarray:
@@ -358,7 +335,6 @@ class IFCADriver(experiment.Driver):
     fresh = np.flatnonzero((out < 0) & (self.data.num_train_samples() > 0))
     if len(fresh):
       if self._train_losses is None:
-        from tff_cluster.evaluation import Evaluator
         self._train_losses = Evaluator(self.task.model_fn, self.task.loss, self.data,
                                        split="train")
       losses = np.stack([self._train_losses.mean_losses(w)[fresh] for w in models])
@@ -371,22 +347,10 @@ class IFCADriver(experiment.Driver):
     # Group sizes count what groups.csv shows: the assigned choices, or under
     # test_loss the evaluation's.
     shown = scored if self.eval_mode == "assigned" else tested
-    out = {}
-    for j in range(self.k):
-      out[f"group_{j}_accuracy"] = result.group_accuracy(tested, j)
-      out[f"group_{j}_size"] = int((shown == j).sum())
-    out.update(self._cluster_scores(scored))
-    return out
-
-  def _cluster_scores(self, chosen):
-    """ARI and purity against the true clusters over the clients with an
-    assigned model (never the test-only clients' test-loss choices)."""
-    truth = self.data.true_clusters
-    known = chosen >= 0
-    if truth is None or not known.any():
-      return {}
-    return {"ari": clustering.adjusted_rand_index(truth[known], chosen[known]),
-            "purity": clustering.purity(truth[known], chosen[known])}
+    # ARI and purity: the clients with an assigned model (never the test-only
+    # clients' test-loss choices).
+    return {**self.group_metrics(result, self.k, tested, shown),
+            **self.cluster_scores(scored)}
 
   def summary(self):
     out = dict(self._summary)
@@ -396,5 +360,5 @@ class IFCADriver(experiment.Driver):
     return out
 
 
-def make_driver(task, data, config: experiment.TrainingConfig, **options):
+def make_driver(task, data, config: driver.TrainingConfig, **options):
   return IFCADriver(task, data, config, **options)

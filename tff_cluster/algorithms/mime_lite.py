@@ -47,8 +47,8 @@ import collections
 import numpy as np
 import tensorflow as tf
 
-from tff_cluster import experiment
-from tff_cluster.algorithms.definition import ClientOutput, Definition
+from tff_cluster import driver, local_training
+from tff_cluster.core.definition import ClientOutput, Definition
 from tff_cluster.algorithms.fedavg import FedAvgDriver
 
 
@@ -179,7 +179,6 @@ def build_mime(model_fn, loss: str, element_spec, mime_momentum: float = 0.9,
   runner's; see `tff_runner.build_round`): each round, `gradient` then `train`
   over the same clients; the state is `definition.initial_state(w0)`.
   Returns (definition, computations)."""
-  from tff_cluster import local_training
   from tff_cluster.runners import tff_runner
   model = model_fn()
   definition = MimeDefinition(local_training.weights_type_spec(model),
@@ -197,7 +196,6 @@ def build_mime_lite(model_fn, loss: str, element_spec, mime_momentum: float = 0.
   Returns (definition, computations). (TFF's own process is
   `tff.learning.algorithms.build_weighted_mime_lite`; a test holds the two
   to the same weights.)"""
-  from tff_cluster import local_training
   from tff_cluster.runners import tff_runner
   model = model_fn()
   definition = MimeLiteDefinition(local_training.weights_type_spec(model),
@@ -213,10 +211,10 @@ class MimeLiteDriver(FedAvgDriver):
 
   definition_class = MimeLiteDefinition
 
-  def __init__(self, task, data, config: experiment.TrainingConfig, *,
+  def __init__(self, task, data, config: driver.TrainingConfig, *,
                mime_momentum: float = 0.9, server_lr: float = 1.0,
                mime_momentum_form: str = "tff"):
-    experiment.Driver.__init__(
+    driver.Driver.__init__(
         self, task, data, config,
         lambda specs, num_trainable, **solver: self.definition_class(
             specs, num_trainable, mime_momentum=mime_momentum, server_lr=server_lr,
@@ -236,8 +234,7 @@ class MimeDriver(MimeLiteDriver):
 
   definition_class = MimeDefinition
 
-  def __init__(self, task, data, config: experiment.TrainingConfig, **options):
-    from tff_cluster import local_training
+  def __init__(self, task, data, config: driver.TrainingConfig, **options):
     if local_training.has_batch_statistics(task.model_fn()):
       raise ValueError("--algo=mime takes a gradient at the round's start x on every local "
                        "batch, which would move BatchNorm statistics twice; valid: a model "
@@ -254,9 +251,9 @@ class MimeDriver(MimeLiteDriver):
     return row
 
 
-def make_driver(task, data, config: experiment.TrainingConfig, **options):
+def make_driver(task, data, config: driver.TrainingConfig, **options):
   return MimeLiteDriver(task, data, config, **options)
 
 
-def make_mime_driver(task, data, config: experiment.TrainingConfig, **options):
+def make_mime_driver(task, data, config: driver.TrainingConfig, **options):
   return MimeDriver(task, data, config, **options)

@@ -84,8 +84,10 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
-from tff_cluster import experiment
-from tff_cluster.algorithms.definition import ClientOutput, Definition
+from tff_cluster import driver, local_training
+from tff_cluster.evaluation import Evaluator
+from tff_cluster.runners.factory import make_runner
+from tff_cluster.core.definition import ClientOutput, Definition
 from tff_cluster.data.federated import FederatedData
 
 AGG_WEIGHTS = ("data", "uniform")
@@ -269,7 +271,6 @@ def build_pfedmo(model_fn, loss: str, element_spec, num_workers: int, agg_weight
   `tff_runner.build_round`); the state is `definition.initial_state(w0)`.
   Call `represent` over the public set, then `train` over the N workers
   (keys: their indices), every round. Returns (definition, computations)."""
-  from tff_cluster import local_training
   from tff_cluster.runners import tff_runner
   model = model_fn()
   definition = PFedMoDefinition(
@@ -305,7 +306,7 @@ def scoring_inputs(data: FederatedData, size: int, seed: int) -> np.ndarray:
   return xs[rows]
 
 
-class PFedMoDriver(experiment.Driver):
+class PFedMoDriver(driver.Driver):
   """pFedMo / FedNAG host side: every worker every round, keyed by its index.
 
   Per-round trace (trainable weights): `personalisation_gap` = ||x_+ - x_bar||,
@@ -316,7 +317,7 @@ class PFedMoDriver(experiment.Driver):
   extra_columns = ("global_test_accuracy", "global_test_loss", "mean_score",
                    "personalisation_gap", "rep_distance")
 
-  def __init__(self, task, data, config: experiment.TrainingConfig, *,
+  def __init__(self, task, data, config: driver.TrainingConfig, *,
                nag_momentum: float = 0.5, pfedmo_pi: float = 1.0,
                agg_weights: str = "data", score_batch: int = 64,
                public_fraction: float = 0.1, pfedmo_model: str = "eq12",
@@ -348,14 +349,13 @@ class PFedMoDriver(experiment.Driver):
     self.public_description = None
     self.rep_runner = None
     if representation:
-      from tff_cluster import runners
       x, y, self.public_description = public_data(data, public_fraction, config.seed)
       public = FederatedData(["public"], {"public": (x, y)},
                              {"public": (x[:0], y[:0])}, data.num_classes,
                              description="public set")
       seed = int(np.random.SeedSequence([config.seed, RUNNER_SEED_TAG])
                  .generate_state(1)[0] & 0x7FFFFFFF)
-      self.rep_runner = runners.make_runner(config.runner, self.definition, task.model_fn,
+      self.rep_runner = make_runner(config.runner, self.definition, task.model_fn,
                                             task.loss, public, seed, config.jit,
                                             modes=("represent",))
     self._evaluator = None
@@ -376,19 +376,19 @@ class PFedMoDriver(experiment.Driver):
                                 self.config.local_work, self.config.lr_at(round_num))
       self.state = rep.state  # runners of one kind share the state's form
       if not np.isfinite(rep.summed["loss_sum"]):
-        raise experiment.Diverged(round_num, what="the representation model's loss")
+        raise driver.Diverged(round_num, what="the representation model's loss")
     out = self.train_clients("train", self.state, sampled, round_num,
                              keys=[int(k) for k in sampled])
     self.state = out.state
-    model_bytes = self.num_params * experiment.BYTES_PER_PARAMETER
+    model_bytes = self.num_params * driver.BYTES_PER_PARAMETER
     trainable = int(sum(np.size(w) for w in self.w0[:self.definition.num_trainable]))
     n = len(sampled)
     # Down: x_{i+} and y_{i+} (and x_r and B for the score); up: x_i, y_i (and l_i).
-    down = n * (model_bytes + trainable * experiment.BYTES_PER_PARAMETER)
-    up = n * (model_bytes + trainable * experiment.BYTES_PER_PARAMETER)
+    down = n * (model_bytes + trainable * driver.BYTES_PER_PARAMETER)
+    up = n * (model_bytes + trainable * driver.BYTES_PER_PARAMETER)
     if self.representation:
       down += n * (model_bytes + self.definition.score_x.nbytes)
-      up += n * experiment.BYTES_PER_PARAMETER
+      up += n * driver.BYTES_PER_PARAMETER
     state = self._numpy()
     n_train = self.definition.num_trainable
     gap = _norm([a - b for a, b in zip(state["model"][:n_train], state["x_bar"][:n_train])])
@@ -409,7 +409,6 @@ class PFedMoDriver(experiment.Driver):
     return models, np.arange(self.data.num_clients)
 
   def round_eval_metrics(self, result):
-    from tff_cluster.evaluation import Evaluator
     if self._evaluator is None:
       self._evaluator = Evaluator(self.task.model_fn, self.task.loss, self.data)
     glob = self._evaluator.evaluate([self.global_model()],
@@ -427,10 +426,10 @@ def _norm(tensors) -> float:
                            for t in tensors)))
 
 
-def make_driver(task, data, config: experiment.TrainingConfig, **options) -> PFedMoDriver:
+def make_driver(task, data, config: driver.TrainingConfig, **options) -> PFedMoDriver:
   return PFedMoDriver(task, data, config, **options)
 
 
-def make_fednag_driver(task, data, config: experiment.TrainingConfig,
+def make_fednag_driver(task, data, config: driver.TrainingConfig,
                        **options) -> PFedMoDriver:
   return PFedMoDriver(task, data, config, pfedmo_pi=0.0, representation=False, **options)

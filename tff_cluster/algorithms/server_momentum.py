@@ -33,8 +33,8 @@ import collections
 import numpy as np
 import tensorflow as tf
 
-from tff_cluster import experiment
-from tff_cluster.algorithms.definition import ClientOutput
+from tff_cluster import driver, local_training
+from tff_cluster.core.definition import ClientOutput
 from tff_cluster.algorithms.fedavg import FedAvgDefinition, FedAvgDriver
 
 KINDS = ("fedavgm", "fedmom", "slowmo")
@@ -107,7 +107,6 @@ def build_server_momentum(model_fn, loss: str, element_spec, kind: str,
   """The TFF computation `{'train': ...}` of FedAvgM / FedMom / SlowMo
   (`kind`), the `tff` runner's (see `tff_runner.build_round`); the state is
   `definition.initial_state(w0)`. Returns (definition, computations)."""
-  from tff_cluster import local_training
   from tff_cluster.runners import tff_runner
   model = model_fn()
   definition = ServerMomentumDefinition(
@@ -120,10 +119,10 @@ def build_server_momentum(model_fn, loss: str, element_spec, kind: str,
 class ServerMomentumDriver(FedAvgDriver):
   """FedAvg's host side over a server-momentum definition."""
 
-  def __init__(self, task, data, config: experiment.TrainingConfig, *, kind: str,
+  def __init__(self, task, data, config: driver.TrainingConfig, *, kind: str,
                server_lr: float = 1.0, server_momentum: float = 0.9,
                client_weighting: str = "processed"):
-    experiment.Driver.__init__(
+    driver.Driver.__init__(
         self, task, data, config,
         lambda specs, num_trainable, **solver: ServerMomentumDefinition(
             specs, num_trainable, kind, server_lr=server_lr,
@@ -132,6 +131,6 @@ class ServerMomentumDriver(FedAvgDriver):
 
 
 def driver_factory(kind: str):
-  def make_driver(task, data, config: experiment.TrainingConfig, **options):
+  def make_driver(task, data, config: driver.TrainingConfig, **options):
     return ServerMomentumDriver(task, data, config, kind=kind, **options)
   return make_driver

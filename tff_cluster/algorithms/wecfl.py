@@ -56,52 +56,13 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tff_cluster import clustering, experiment, local_training
-from tff_cluster.algorithms.definition import ClientOutput, Definition, flat_norm
+from tff_cluster import clustering, driver, local_training
+from tff_cluster.core import cluster_ops
+from tff_cluster.core.definition import ClientOutput, Definition, flat_norm
 
 FEATURES = ("last_layer", "fc", "all")
 KMEANS = ("refit", "one_step")
 WEIGHTINGS = ("data", "uniform")
-
-
-def dense_indices(model: tf.keras.Model, last_only: bool = False) -> List[int]:
-  """Indices, in the model's weight list (trainable first), of the weights of
-  its Dense layers in layer order, each [kernel] or [kernel, bias]; with
-  `last_only`, of the last Dense layer alone."""
-  variables = local_training.model_variables(model)
-  dense = [layer for layer in _layers(model) if isinstance(layer, tf.keras.layers.Dense)]
-  if not dense:
-    raise ValueError(f"model {model.name!r} has no Dense layer")
-  out = []
-  for layer in dense[-1:] if last_only else dense:
-    for weight in layer.weights:
-      found = [i for i, var in enumerate(variables) if var is weight]
-      if not found:
-        raise ValueError("a Dense layer's weights are not among the model's weights")
-      out.append(found[0])
-  return out
-
-
-def last_dense_indices(model: tf.keras.Model) -> List[int]:
-  """Indices of the weights of the model's last Dense layer: [kernel] or
-  [kernel, bias]."""
-  return dense_indices(model, last_only=True)
-
-
-def last_dense_kernel_index(model: tf.keras.Model) -> int:
-  """Index of the kernel of the model's last Dense layer (WeCFL's clustering
-  feature in the authors' code)."""
-  return last_dense_indices(model)[0]
-
-
-def _layers(model):
-  out = []
-  for layer in model.layers:
-    if isinstance(layer, tf.keras.Model):
-      out.extend(_layers(layer))
-    else:
-      out.append(layer)
-  return out
 
 
 class ClusterModelsDefinition(Definition):
@@ -132,13 +93,8 @@ class ClusterModelsDefinition(Definition):
 
   def initial_state(self, initial_weights):
     """`initial_weights`: one model (every cluster starts there) or K models."""
-    if not isinstance(initial_weights[0], (list, tuple)):
-      initial_weights = [initial_weights] * self.k
-    if len(initial_weights) != self.k:
-      raise ValueError(f"need {self.k} initial models, got {len(initial_weights)}")
     return collections.OrderedDict(
-        models=[np.stack([np.asarray(m[layer]) for m in initial_weights])
-                for layer in range(len(initial_weights[0]))],
+        models=cluster_ops.stack_models(initial_weights, self.k),
         cluster_weight=np.zeros(self.k, np.float32))
 
   def num_keys(self, mode):
@@ -172,7 +128,7 @@ class ClusterModelsDefinition(Definition):
       onehot = selected
       a = client_state["weight"]
       summed = collections.OrderedDict(
-          model_sums=[tf.tensordot(onehot, a * w, axes=0) for w in client_state["model"]],
+          model_sums=[cluster_ops.scatter(onehot, a * w) for w in client_state["model"]],
           weight_sums=onehot * a)
       result = collections.OrderedDict(cluster=tf.argmax(onehot, output_type=tf.int32))
       return ClientOutput(summed, result, client_state)
@@ -190,11 +146,7 @@ class ClusterModelsDefinition(Definition):
       return state
     weights = summed["weight_sums"]
     has = weights > 0
-    safe = tf.where(has, weights, 1.0)
-    models = []
-    for w, s in zip(state["models"], summed["model_sums"]):
-      shape = tf.concat([[self.k], tf.ones([tf.rank(w) - 1], tf.int32)], 0)
-      models.append(tf.where(tf.reshape(has, shape), s / tf.reshape(safe, shape), w))
+    models = cluster_ops.per_cluster_mean(summed["model_sums"], weights, list(state["models"]))
     return collections.OrderedDict(
         models=models, cluster_weight=tf.where(has, weights, state["cluster_weight"]))
 
@@ -233,17 +185,17 @@ def build_cluster_models(model_fn: Callable[[], tf.keras.Model], loss: str, elem
 build_wecfl = build_cluster_models
 
 
-class ClusterModelsDriver(experiment.Driver):
+class ClusterModelsDriver(driver.Driver):
   """Host side shared by WeCFL, FeSEM and CFL: cluster models, each client's
   cluster (`assignment`), the two calls per round. Subclasses choose the new
   clusters (`choose`) and the averaging weights (`aggregation_weights`)."""
 
   checkpoint_attrs = ("assignment", "_summary")
 
-  def __init__(self, task, data, config: experiment.TrainingConfig, *, num_groups: int,
+  def __init__(self, task, data, config: driver.TrainingConfig, *, num_groups: int,
                mu: float = 0.0, min_round_clients: Optional[int] = None):
     self.mu = float(mu)
-    experiment.check_num_groups(num_groups, data)
+    driver.check_num_groups(num_groups, data)
     training = data.num_training_clients
     need = num_groups if min_round_clients is None else min_round_clients
     if config.clients_per_round < need:
@@ -260,11 +212,8 @@ class ClusterModelsDriver(experiment.Driver):
     sizes = np.asarray(data.num_train_samples(), np.float64)
     self.data_weight = sizes / sizes.sum()
     self._summary: Dict[str, object] = {}
-    self.extra_columns = (
-        ["mean_update_norm", "num_changed"]
-        + [f"group_{j}_accuracy" for j in range(num_groups)]
-        + [f"group_{j}_size" for j in range(num_groups)]
-        + (["ari", "purity"] if data.true_clusters is not None else []))
+    self.extra_columns = (["mean_update_norm", "num_changed"]
+                          + self.group_columns(num_groups) + self.score_columns())
 
   # -- to override -----------------------------------------------------------
 
@@ -308,15 +257,8 @@ class ClusterModelsDriver(experiment.Driver):
     agg = self.train_clients("aggregate", out.state, sampled, round_num, keys=new)
     self.state = agg.state
     self.assignment[sampled] = new
-    s = out.summed
-    model_bytes = self.num_params * experiment.BYTES_PER_PARAMETER
-    row = {
-        "train_loss": float(s["loss_sum"] / max(s["num_examples"], 1.0)),
-        "mean_update_norm": float(s["update_norm_sum"] / s["num_clients"]),
-        "num_changed": changed,
-        "bytes_down": int(len(sampled) * model_bytes),
-        "bytes_up": int(len(sampled) * model_bytes),
-    }
+    row = self.training_row(out.summed, len(sampled))
+    row["num_changed"] = changed
     row.update(self.round_extras())
     return row
 
@@ -327,16 +269,8 @@ class ClusterModelsDriver(experiment.Driver):
     # Group accuracy: the clients tested with model j (test-only clients by
     # their own choice); sizes and the scores against the true clusters: the
     # clients with an assignment (test-only clients have none).
-    out = {}
-    for j in range(self.k):
-      out[f"group_{j}_accuracy"] = result.group_accuracy(result.client_model, j)
-      out[f"group_{j}_size"] = int((self.assignment == j).sum())
-    truth = self.data.true_clusters
-    assigned = self.assignment >= 0
-    if truth is not None and assigned.any():
-      out["ari"] = clustering.adjusted_rand_index(truth[assigned], self.assignment[assigned])
-      out["purity"] = clustering.purity(truth[assigned], self.assignment[assigned])
-    return out
+    return {**self.group_metrics(result, self.k, result.client_model, self.assignment),
+            **self.cluster_scores(self.assignment)}
 
   def summary(self):
     out = dict(self._summary)
@@ -349,7 +283,7 @@ class ClusterModelsDriver(experiment.Driver):
 class WeCFLDriver(ClusterModelsDriver):
   """WeCFL / FeSEM (see the module docstring)."""
 
-  def __init__(self, task, data, config: experiment.TrainingConfig, *, num_groups: int = 5,
+  def __init__(self, task, data, config: driver.TrainingConfig, *, num_groups: int = 5,
                wecfl_features: str = "last_layer", wecfl_kmeans: str = "refit",
                kmeans_weights: str = "data", center_weights: str = "data",
                wecfl_mu: float = 0.0):
@@ -364,9 +298,9 @@ class WeCFLDriver(ClusterModelsDriver):
     self.center_weights = center_weights
     super().__init__(task, data, config, num_groups=num_groups, mu=wecfl_mu)
     if wecfl_features == "last_layer":
-      self._feature_indices = [last_dense_kernel_index(task.model_fn())]
+      self._feature_indices = [local_training.last_dense_kernel_index(task.model_fn())]
     elif wecfl_features == "fc":
-      self._feature_indices = dense_indices(task.model_fn())
+      self._feature_indices = local_training.dense_indices(task.model_fn())
     self._summary.update(wecfl_features=wecfl_features, wecfl_kmeans=wecfl_kmeans,
                          kmeans_weights=kmeans_weights, center_weights=center_weights)
     self._inertia = float("nan")
@@ -405,5 +339,5 @@ class WeCFLDriver(ClusterModelsDriver):
     return {"kmeans_objective": self._inertia}
 
 
-def make_driver(task, data, config: experiment.TrainingConfig, **options):
+def make_driver(task, data, config: driver.TrainingConfig, **options):
   return WeCFLDriver(task, data, config, **options)

@@ -17,6 +17,7 @@ from typing import Dict, Optional, Sequence
 
 import numpy as np
 
+from tff_cluster import stack
 from tff_cluster.data.federated import Arrays, DataError, FederatedData
 
 
@@ -24,7 +25,6 @@ def to_client_data(client_ids: Sequence[str], split: Dict[str, Arrays],
                    x_key: str = "x", y_key: str = "y"):
   """A TFF `ClientData` over `split` (client id -> (x, y)); elements
   `{x_key: x_row, y_key: y_row}`, in each client's stored order."""
-  from tff_cluster import stack
   stack.require_tff()
   import tensorflow as tf
   import tensorflow_federated as tff
@@ -66,6 +66,17 @@ def _arrays(dataset, x_key: str, y_key: str, client_id: str) -> Arrays:
   if not xs:
     return np.zeros((0,)), np.zeros((0,), np.int64)
   return np.stack(xs), np.asarray(ys)
+
+
+def train_client_data(data: FederatedData):
+  """`data`'s training data as a TFF `ClientData` (elements `{'x': ..., 'y': ...}`;
+  the reverse is `from_client_data`)."""
+  return to_client_data(data.client_ids, data.train)
+
+
+def test_client_data(data: FederatedData):
+  """`data`'s test data as a TFF `ClientData` (the same client ids)."""
+  return to_client_data(data.client_ids, data.test)
 
 
 def from_client_data(train, test=None, num_classes: Optional[int] = None,

@@ -22,6 +22,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from tff_cluster import stack
 from tff_cluster.data.federated import DataError, FederatedData
 
 EMNIST_URL = ("https://storage.googleapis.com/tff-datasets-public/"
@@ -66,7 +67,6 @@ def client_data_to_federated(train_cd, test_cd, num_classes: int,
 
 def require_tff_reader(what: str) -> None:
   """A `DataError` (one line) where TFF, whose reader these files need, is missing."""
-  from tff_cluster import stack
   problem = stack.tff_problem()
   if problem is not None:
     raise DataError(f"reading TFF's {what} needs TensorFlow Federated, which this stack "

@@ -2,9 +2,10 @@
 
 A `FederatedData` holds each client's train and test arrays in memory (numpy),
 in a fixed client order, plus each client's ground-truth cluster when the
-partition defines one. `train_client_data()` / `test_client_data()` give the
-same data as `tff.simulation.datasets.ClientData` for TFF pipelines; the
-algorithms read the arrays directly to build their per-round datasets.
+partition defines one. `tff_cluster.data.client_data.train_client_data(data)`
+and `test_client_data(data)` give the same data as
+`tff.simulation.datasets.ClientData` for TFF pipelines; the algorithms read the
+arrays directly to build their per-round datasets.
 """
 
 from __future__ import annotations
@@ -98,20 +99,6 @@ class FederatedData:
     return FederatedData(list(client_ids), {c: self.train[c] for c in client_ids},
                          {c: self.test[c] for c in client_ids}, self.num_classes,
                          clusters, self.description, public=self.public)
-
-  def train_client_data(self) -> "tff.simulation.datasets.ClientData":
-    """Training data as a TFF `ClientData` (elements `{'x': ..., 'y': ...}`;
-    the reverse is `tff_cluster.data.client_data.from_client_data`)."""
-    return _to_client_data(self.client_ids, self.train)
-
-  def test_client_data(self) -> "tff.simulation.datasets.ClientData":
-    """Test data as a TFF `ClientData` (same client ids as the training data)."""
-    return _to_client_data(self.client_ids, self.test)
-
-
-def _to_client_data(client_ids, split):
-  from tff_cluster.data.client_data import to_client_data  # imports TF and TFF
-  return to_client_data(client_ids, split)
 
 
 def split_train_test(x: np.ndarray, y: np.ndarray, rng: np.random.Generator,

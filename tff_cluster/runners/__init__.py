@@ -1,62 +1,11 @@
-"""Runners: how a `Definition`'s round is executed.
+"""Runners: how a `Definition`'s round is executed (see `base`).
 
-* `tff` (`tff_runner.TffRunner`): TFF computations on TFF's C++ runtime, the
-  reference; the only module of the library that imports TFF for training.
-* `local` (`local_runner.LocalRunner`): the same functions in-process, the
-  client loop a `tf.while_loop` (XLA-compiled where that pays), on a GPU when
-  TensorFlow sees one.
+* `local_runner.LocalRunner`: in-process, the client loop a `tf.while_loop`
+  (XLA-compiled where that pays), on a GPU when TensorFlow sees one.
+* `tff_runner.TffRunner`: TFF computations on TFF's C++ runtime, the reference;
+  the only runner that imports TFF. `tff_runner.build_computations` gives an
+  algorithm's computations to TFF pipelines.
 
-Both implement `run(mode, state, clients, round_num, work, lr, keys,
-client_states) -> RoundOutput`, given the same client batches, and parity
-tests hold them to the same numbers.
+`factory.make_runner(name, ...)` picks one. This package's `__init__` imports
+nothing, so the runners import `base` without a cycle.
 """
-
-from __future__ import annotations
-
-from typing import Any, List, NamedTuple, Optional
-
-from tff_cluster.hparams import RUNNERS
-
-
-class RoundOutput(NamedTuple):
-  """state: the new server state (runner's representation; `numpy_state`
-  converts); summed: the clients' summed values (numpy); results: one numpy
-  structure per client; client_states: one new state per client (opaque to
-  the caller), or None."""
-  state: Any
-  summed: Any
-  results: List[Any]
-  client_states: Optional[List[Any]]
-
-
-def to_numpy(structure):
-  """A nested structure with every tensor as a numpy array."""
-  import numpy as np
-  import tensorflow as tf
-  return tf.nest.map_structure(np.asarray, structure)
-
-
-def check_keys(keys, num_keys: int, num_clients: int) -> None:
-  """One key per client, each in 0..num_keys-1 (else one clear ValueError)."""
-  if keys is None or len(keys) != num_clients:
-    raise ValueError(f"need one key per client ({num_clients}), got "
-                     f"{None if keys is None else len(keys)}")
-  bad = [int(k) for k in keys if not 0 <= int(k) < num_keys]
-  if bad:
-    raise ValueError(f"invalid client keys {bad}; valid: 0..{num_keys - 1}")
-
-
-def make_runner(name: str, definition, model_fn, loss: str, data, seed: int,
-                jit: str = "auto", modes=None):
-  """The runner `name` ('tff' or 'local') for `definition` on `data`; `modes`:
-  the definition's modes it will run (default all; the tff runner builds
-  their computations up front)."""
-  if name == "tff":
-    from tff_cluster import stack
-    stack.require_tff()
-    from tff_cluster.runners import tff_runner
-    return tff_runner.TffRunner(definition, model_fn, loss, data, seed, modes=modes)
-  if name == "local":
-    from tff_cluster.runners import local_runner
-    return local_runner.LocalRunner(definition, model_fn, loss, data, seed, jit=jit)
-  raise ValueError(f"invalid --runner={name}; valid: {', '.join(RUNNERS)}")

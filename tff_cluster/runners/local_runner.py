@@ -31,9 +31,9 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tff_cluster import experiment, local_training
-from tff_cluster.algorithms.definition import round_params
-from tff_cluster.runners import RoundOutput, check_keys, to_numpy
+from tff_cluster import local_training
+from tff_cluster.core.definition import round_params
+from tff_cluster.runners.base import RoundOutput, check_keys, to_numpy
 
 JIT_CHOICES = ("auto", "on", "off")
 
@@ -219,7 +219,7 @@ class LocalRunner:
     clients = [int(k) for k in clients]
     batches = local_training.stacked_padded_batches(
         self._sizes[clients], self._offsets[clients], work,
-        [experiment.client_seed(self._seed, round_num, k) for k in clients],
+        [local_training.client_seed(self._seed, round_num, k) for k in clients],
         self._max_steps(work))
     if d.num_keys(mode):
       check_keys(keys, d.num_keys(mode), len(clients))

@@ -31,9 +31,9 @@ stack.require_tff()  # one line naming the install routes, not a ModuleNotFoundE
 
 import tensorflow_federated as tff  # noqa: E402
 
-from tff_cluster import experiment, local_training, runtime, tff_types
-from tff_cluster.algorithms.definition import round_params
-from tff_cluster.runners import RoundOutput, check_keys, to_numpy
+from tff_cluster import local_training, models, runtime, tff_types
+from tff_cluster.core.definition import round_params
+from tff_cluster.runners.base import RoundOutput, check_keys, to_numpy
 
 PARAMS_SPEC = collections.OrderedDict(lr=tf.TensorSpec([], tf.float32))
 KEY_TYPE = tff.TensorType(np.int32, [1])
@@ -47,13 +47,12 @@ def build_round(definition, mode: str, model_fn, loss: str, element_spec):
     mode: one of `definition.modes`.
     model_fn: builds a fresh built Keras model (called inside computations).
     loss: `tff_cluster.models` loss kind, or the Keras loss object it names
-      (`tff_cluster.api.loss_kind`).
+      (`tff_cluster.models.loss_kind`).
     element_spec: element spec of a client's batched dataset (`{'x', 'y'}`).
 
   Keys are `int32[1]` per client, in 0..K-1 with K = `definition.num_keys(mode)`.
   """
-  from tff_cluster.api import loss_kind
-  loss = loss_kind(loss)  # a Keras loss object or a kind; anything else: ValueError
+  loss = models.loss_kind(loss)  # a Keras loss object or a kind; anything else: ValueError
   runtime.install()
   d = definition
   state_type = tff_types.to_tff_type(d.state_spec())
@@ -207,7 +206,7 @@ class TffRunner:
     for k in clients:
       x, y = self._data.train[self._data.client_ids[k]]
       out.append(local_training.work_dataset(
-          x, y, work, experiment.client_seed(self._seed, round_num, int(k))))
+          x, y, work, local_training.client_seed(self._seed, round_num, int(k))))
     return out
 
   def run(self, mode: str, state, clients: Sequence[int], round_num: int,

@@ -1,0 +1,159 @@
+"""Algorithm registry: `--algo` name -> its module and options.
+
+Importing this module imports neither TensorFlow nor TFF: the CLI builds its
+flags and checks from the declarations here before any heavy import. Each
+algorithm lives in its own module (named by `AlgorithmSpec.module`) with
+
+  * a `Definition` subclass: plain TF functions for its server state, what a
+    client receives, the client work, what is summed and the server update
+    (`tff_cluster.core.definition`);
+  * a driver (`make_driver(task, data, config, runner, **hparams)`): the
+    host-side logic between rounds (keys, assignments, cold starts, metrics);
+  * `build_*`: its TFF computations for research pipelines.
+
+Both runners (`tff_cluster.runners`) execute the same definition.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Dict, Tuple
+
+from tff_cluster import hparams as hp
+from tff_cluster.hparams import HParam
+from tff_cluster.options import (  # noqa: F401  (the declarations, by name)
+    AGG_WEIGHTS, CFL_HPARAMS, CFL_MGD_HPARAMS, CLIENT_WEIGHTING, ENSEMBLE_VOTE,
+    FEDGROUP_HPARAMS, FESEM_HPARAMS, IFCA_HPARAMS, MIME_HPARAMS, MIME_MOMENTUM,
+    MIME_MOMENTUM_FORM, MU_POSITIVE, NAG_MOMENTUM, PFEDMO_HPARAMS, SERVER_LR,
+    SERVER_MOMENTUM, SERVER_MOMENTUM_HPARAMS, WECFL_HPARAMS, WECFL_SHARED)
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgorithmSpec:
+  """One `--algo`.
+
+  Attributes:
+    name: the `--algo` value.
+    description: one line for `--help`.
+    module: the module with `make_driver`: a name without a dot is a module
+      under `tff_cluster.algorithms`; a dotted name is imported as it is (an
+      algorithm of your own package, added with `register`).
+    hparams: its own hyper-parameters (beyond `hparams.TRAINING`), declared once;
+      shared concepts use the shared declarations of `tff_cluster.hparams`.
+    all_clients: every client takes part in every round (cross-silo); the
+      CLI's --clients_per_round then defaults to all of them.
+  """
+  name: str
+  description: str
+  module: str
+  hparams: Tuple[HParam, ...] = ()
+  all_clients: bool = False
+
+  def load(self):
+    if "." in self.module:
+      return importlib.import_module(self.module)
+    return importlib.import_module(f"tff_cluster.algorithms.{self.module}")
+
+  def make_driver(self, task, data, config, **options):
+    """The host-side driver of this algorithm on `config.runner`."""
+    return self.load().make_driver(task, data, config, **options)
+
+
+ALGORITHMS: Dict[str, AlgorithmSpec] = {
+    spec.name: spec for spec in [
+        AlgorithmSpec("fedavg", "FedAvg: weighted averaging of local SGD models",
+                      "fedavg", hparams=(CLIENT_WEIGHTING,)),
+        AlgorithmSpec("fedprox", "FedProx: FedAvg with proximal term (mu/2)||w - w_t||^2",
+                      "fedprox", hparams=(hp.MU, CLIENT_WEIGHTING)),
+        AlgorithmSpec("fedgroup", "FedGroup: EDC/MADC group cold start, group-wise "
+                      "FedAvg, newcomer cold start", "fedgroup",
+                      hparams=FEDGROUP_HPARAMS),
+        AlgorithmSpec("fedgrouprox", "FedGrouProx: FedGroup with proximal term "
+                      "(mu/2)||w - w_group||^2", "fedgrouprox",
+                      hparams=(MU_POSITIVE, *FEDGROUP_HPARAMS)),
+        AlgorithmSpec("ifca", "IFCA: K cluster models, clients pick the lowest-loss "
+                      "one and train it", "ifca", hparams=IFCA_HPARAMS),
+        AlgorithmSpec("cfl_mgd", "CFL-MGD: IFCA's cluster estimates with momentum "
+                      "(option II: local momentum steps; option I: averaged buffers)",
+                      "cfl_mgd", hparams=CFL_MGD_HPARAMS),
+        AlgorithmSpec("wecfl", "WeCFL: clients train their cluster model; weighted "
+                      "K-Means on the trained models; weighted cluster means", "wecfl",
+                      hparams=WECFL_HPARAMS),
+        AlgorithmSpec("fesem", "FeSEM: WeCFL with uniform K-Means weights", "fesem",
+                      hparams=FESEM_HPARAMS),
+        AlgorithmSpec("fedavg_plus", "FedAvg+: --ensemble_size independent FedAvg runs, "
+                      "combined at test time", "ensemble",
+                      hparams=(hp.ENSEMBLE_SIZE, ENSEMBLE_VOTE, CLIENT_WEIGHTING)),
+        AlgorithmSpec("fedprox_plus", "FedProx+: --ensemble_size independent FedProx "
+                      "runs, combined at test time", "ensemble",
+                      hparams=(hp.MU, hp.ENSEMBLE_SIZE, ENSEMBLE_VOTE, CLIENT_WEIGHTING)),
+        AlgorithmSpec("fedavgm", "FedAvgM: FedAvg with heavy-ball server momentum",
+                      "fedavgm", hparams=SERVER_MOMENTUM_HPARAMS),
+        AlgorithmSpec("fedmom", "FedMom: FedAvg with Nesterov server momentum", "fedmom",
+                      hparams=SERVER_MOMENTUM_HPARAMS),
+        AlgorithmSpec("slowmo", "SlowMo: slow momentum on the averaged local progress",
+                      "slowmo", hparams=SERVER_MOMENTUM_HPARAMS),
+        AlgorithmSpec("mime_lite", "MimeLite: local steps with the server's fixed momentum "
+                      "(TFF's build_weighted_mime_lite with SGDM)", "mime_lite",
+                      hparams=MIME_HPARAMS),
+        AlgorithmSpec("mime", "Mime: MimeLite's steps with a control variate (an extra "
+                      "exchange of full-batch gradients every round)", "mime",
+                      hparams=MIME_HPARAMS),
+        AlgorithmSpec("pfedmo", "pFedMo: local NAG; a representation model trained on "
+                      "public data personalises each worker's model and momentum",
+                      "pfedmo", hparams=PFEDMO_HPARAMS, all_clients=True),
+        AlgorithmSpec("fednag", "FedNAG: local NAG, weighted means of models and look-ahead "
+                      "points (pFedMo with pi = 0)", "fednag",
+                      hparams=(NAG_MOMENTUM, AGG_WEIGHTS), all_clients=True),
+        AlgorithmSpec("cfl", "CFL: a cluster tree, bipartitions by the cosine "
+                      "similarity of the members' updates (--num_groups: most clusters)",
+                      "cfl", hparams=CFL_HPARAMS),
+    ]
+}
+
+
+def register(name: str, spec: AlgorithmSpec) -> None:
+  """Adds an algorithm defined outside `tff_cluster.algorithms` (docs/extending.md).
+
+  `spec.name` must be `name` and `spec.module` a full dotted module path; a
+  name already taken, or an option declared by another algorithm with another
+  type or choices, is refused with a `ValueError` of one line. Register before
+  `run_experiment` is imported for the CLI to know its flags (it reads the
+  registry once, at import); `tff_cluster.api.build` sees it at once.
+  """
+  if name in ALGORITHMS:
+    raise ValueError(f"algorithm {name!r} is already registered; choose another name")
+  if spec.name != name:
+    raise ValueError(f"register({name!r}, spec): spec.name is {spec.name!r}, not {name!r}")
+  if "." not in spec.module:
+    raise ValueError(f"algorithm {name!r}: module {spec.module!r} must be a full dotted "
+                     "path (package.module)")
+  ALGORITHMS[name] = spec
+  try:
+    all_hparams()
+  except ValueError:
+    del ALGORITHMS[name]
+    raise
+
+
+def get_algorithm(name: str) -> AlgorithmSpec:
+  if name not in ALGORITHMS:
+    raise KeyError(f"unknown algorithm {name!r}; valid: {', '.join(sorted(ALGORITHMS))}")
+  return ALGORITHMS[name]
+
+
+def all_hparams() -> Dict[str, HParam]:
+  """Every declared algorithm hyper-parameter by name (one flag each).
+
+  Two algorithms may declare the same name only with the same type and
+  choices (a shared concept, e.g. `num_groups`); the CLI flag takes the first
+  declaration's default and help.
+  """
+  out: Dict[str, HParam] = {}
+  for spec in ALGORITHMS.values():
+    for decl in spec.hparams:
+      first = out.setdefault(decl.name, decl)
+      if (first.type, first.choices) != (decl.type, decl.choices):
+        raise ValueError(f"--{decl.name} is declared twice with different types")
+  return out
