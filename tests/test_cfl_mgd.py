@@ -1,14 +1,13 @@
 """CFL-MGD: hand-computed rounds of options I and II, and its reductions to IFCA and FedAvg."""
 
-import collections
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import tasks
-from tff_cluster import experiment, local_training, registry
-from tff_cluster.algorithms.cfl_mgd import CFLMGDDefinition
+from tff_cluster import experiment, registry
+from tff_cluster.algorithms import cfl_mgd
 from tff_cluster.task import DataOptions
 
 
@@ -29,13 +28,24 @@ class FakeTrainer:
     return self.grad, tf.constant(4.0)
 
 
+def _cfl(spec, k, *, num_clients, **given):
+  """CFL-MGD's definition with one trainable weight and K = k; `given` by the
+  definition's names (option, beta, buffer, norm), the rest the declared
+  defaults."""
+  flags = {"option": "cfl_mgd_option", "beta": "cfl_mgd_beta", "buffer": "cfl_mgd_buffer",
+           "norm": "grad_avg_norm"}
+  options = registry.get_algorithm("cfl_mgd").options(
+      num_groups=k, **{flags[n]: v for n, v in given.items()})
+  return cfl_mgd.make_definition(spec, 1, options, num_clients=num_clients)
+
+
 def _f32(structure):
   return tf.nest.map_structure(lambda a: tf.constant(a, tf.float32), structure)
 
 
 def test_option_one_scales_by_eta_over_all_clients_and_averages_buffers():
   spec = [tf.TensorSpec([2], tf.float32)]
-  d = CFLMGDDefinition(spec, 1, 2, option="gradient", beta=0.5, num_clients=4)
+  d = _cfl(spec, 2, option="gradient", beta=0.5, num_clients=4)
   state = d.initial_state([[np.array([0., 0.])], [np.array([1., 1.])]])
   received = d.broadcast(_f32(state), {"lr": tf.constant(0.2)}, "train")
   clients = [  # (losses per cluster, gradient, previous u_i)
@@ -59,7 +69,7 @@ def test_option_one_scales_by_eta_over_all_clients_and_averages_buffers():
   np.testing.assert_allclose(new["momenta"][0].numpy()[0], (us[0] + us[1]) / 2, rtol=1e-6)
   np.testing.assert_allclose(new["momenta"][0].numpy()[1], [0., 0.])
   # --grad_avg_norm=members divides by the cluster's 2 members instead.
-  d2 = CFLMGDDefinition(spec, 1, 2, option="gradient", beta=0.5, num_clients=4,
+  d2 = _cfl(spec, 2, option="gradient", beta=0.5, num_clients=4,
                         norm="members")
   new2 = d2.server_update(_f32(state), total, "train")
   np.testing.assert_allclose(new2["models"][0].numpy()[0], -0.2 / 2 * (us[0] + us[1]),
@@ -68,7 +78,7 @@ def test_option_one_scales_by_eta_over_all_clients_and_averages_buffers():
 
 def test_option_one_server_buffer_starts_from_the_cluster_buffer():
   spec = [tf.TensorSpec([1], tf.float32)]
-  d = CFLMGDDefinition(spec, 1, 2, option="gradient", beta=0.5, buffer="server",
+  d = _cfl(spec, 2, option="gradient", beta=0.5, buffer="server",
                        num_clients=2)
   assert d.client_state_spec("train") is None
   state = d.initial_state([[np.array([0.])], [np.array([1.])]])
@@ -81,7 +91,7 @@ def test_option_one_server_buffer_starts_from_the_cluster_buffer():
 
 def test_argmin_ties_go_to_the_lowest_cluster():
   spec = [tf.TensorSpec([1], tf.float32)]
-  d = CFLMGDDefinition(spec, 1, 3, option="gradient", beta=0.0, num_clients=1,
+  d = _cfl(spec, 3, option="gradient", beta=0.0, num_clients=1,
                        buffer="server")
   state = d.initial_state([[np.array([0.])], [np.array([1.])], [np.array([2.])]])
   received = d.broadcast(_f32(state), {"lr": tf.constant(1.0)}, "train")
@@ -286,7 +296,7 @@ def test_momentum_reaches_tolerance_in_fewer_rounds_on_least_squares():
       return [tf.constant(h * (weights[0].numpy() - target), tf.float32)], tf.constant(1.0)
 
   def rounds_to_tolerance(beta):
-    d = CFLMGDDefinition(spec, 1, 1, option="gradient", beta=beta, num_clients=1)
+    d = _cfl(spec, 1, option="gradient", beta=beta, num_clients=1)
     state = _f32(d.initial_state([np.zeros(5)]))
     u = [tf.zeros([5])]
     for t in range(1, 3001):

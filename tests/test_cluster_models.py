@@ -10,7 +10,7 @@ import tasks
 from tests.conftest import SHARED_DATA
 from tff_cluster import evaluation, experiment, local_training, models, registry
 from tff_cluster.algorithms import cfl, wecfl
-from tff_cluster.algorithms.ifca import IFCADriver
+from tff_cluster.algorithms import ifca
 from tff_cluster.task import DataOptions
 
 
@@ -24,7 +24,8 @@ def _specs(*shapes):
 
 def test_aggregate_is_the_weighted_mean_of_all_weights_and_empty_clusters_keep_theirs():
   # Two weights: a trainable [2] and a non-trainable [1] (think BatchNorm's mean).
-  d = wecfl.ClusterModelsDefinition(_specs([2], [1]), num_trainable=1, num_clusters=3)
+  d = wecfl.ClusterModelsDefinition(_specs([2], [1]), num_trainable=1, num_clusters=3,
+                                    mu=0.0)
   state = d.initial_state([[np.array([9., 9.]), np.array([7.])],
                            [np.array([1., 1.]), np.array([1.])],
                            [np.array([5., 5.]), np.array([5.])]])
@@ -333,8 +334,8 @@ def test_ifca_fedavg_warm_shares_all_but_the_last_layer_and_forces_equal_groups(
   task, data = small
   task = dataclasses.replace(task, model_fn=lambda: models.mlp(60, 8, 10))
   config = _config(clients_per_round=7)
-  driver = IFCADriver(task, data, config, num_groups=3, ifca_init="fedavg_warm",
-                      ifca_warm_rounds=2, ifca_forced_rounds=1)
+  driver = ifca.make_driver(task, data, config, num_groups=3, ifca_init="fedavg_warm",
+                            ifca_warm_rounds=2, ifca_forced_rounds=1)
   driver.setup()
   m = driver._models()
   kernel, bias = local_training.last_dense_indices(task.model_fn())

@@ -10,9 +10,8 @@ tff = pytest.importorskip("tensorflow_federated", reason="needs the TFF stack")
 
 import tensorflow as tf  # noqa: E402
 
-from tff_cluster import experiment, local_training, models  # noqa: E402
+from tff_cluster import local_training, models  # noqa: E402
 from tff_cluster.algorithms.fedavg import build_fedavg  # noqa: E402
-from tff_cluster.algorithms.fedprox import build_fedprox  # noqa: E402
 from tff_cluster.data.synthetic import NUM_CLASSES, NUM_FEATURES, generate_synthetic  # noqa: E402
 
 BATCH = 10
@@ -140,8 +139,8 @@ def test_fedprox_is_weighted_mean_of_proximal_sgd_with_less_drift(setup):
   data, init, element_spec = setup
   clients = [1, 3, 5, 6]
   mu = 1.0
-  prox = build_fedprox(_model, models.SPARSE_CE_LOGITS, element_spec, init, LR, mu=mu)
-  plain = build_fedprox(_model, models.SPARSE_CE_LOGITS, element_spec, init, LR, mu=0.0)
+  prox = build_fedavg(_model, models.SPARSE_CE_LOGITS, element_spec, init, LR, mu=mu)
+  plain = build_fedavg(_model, models.SPARSE_CE_LOGITS, element_spec, init, LR, mu=0.0)
   got = {}
   for name, process in (("prox", prox), ("plain", plain)):
     output = process.next(process.initialize(), _round_datasets(data, 1, clients))
@@ -172,4 +171,4 @@ def test_rejects_bad_hyper_parameters(setup):
   with pytest.raises(ValueError, match="client_lr"):
     build_fedavg(_model, models.SPARSE_CE_LOGITS, element_spec, init, 0.0)
   with pytest.raises(ValueError, match="mu"):
-    build_fedprox(_model, models.SPARSE_CE_LOGITS, element_spec, init, LR, mu=-0.1)
+    build_fedavg(_model, models.SPARSE_CE_LOGITS, element_spec, init, LR, mu=-0.1)

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 import tasks
-from tff_cluster import clustering, experiment, local_training, models
+from tff_cluster import api, clustering, experiment, local_training, models
 from tff_cluster.algorithms import fedgroup
 from tff_cluster.core.definition import round_params
 from tff_cluster.data.synthetic import generate_synthetic
@@ -80,7 +80,7 @@ def test_server_update_hand_example():
   sums = [tf.constant([[1 * 2.0 + 3 * 6.0], [0.0]])]
   weights = tf.constant([4.0, 0.0])
   new_models, new_updates, aux, active = fedgroup.group_server_update(
-      models_, updates, sums, weights, 0.0)
+      models_, updates, sums, weights, 0.0, None, "alg2")
   np.testing.assert_allclose(new_models[0].numpy(), [[1.0 + 5.0], [5.0]])
   # Group 1 had no member: it keeps its model and its previous latest update.
   np.testing.assert_allclose(new_updates[0].numpy(), [[5.0], [0.25]])
@@ -88,7 +88,8 @@ def test_server_update_hand_example():
   np.testing.assert_allclose(active.numpy(), [1.0, 0.0])
   np.testing.assert_allclose(aux[0].numpy(), [6.0])
   _, _, aux, active = fedgroup.group_server_update(
-      models_, updates, sums, weights, 0.0, group_active=tf.constant([0.0, 1.0]))
+      models_, updates, sums, weights, 0.0, group_active=tf.constant([0.0, 1.0]),
+      group_agg_rule="alg2")
   np.testing.assert_allclose(active.numpy(), [1.0, 1.0])
   np.testing.assert_allclose(aux[0].numpy(), [(6.0 + 5.0) / 2])
 
@@ -99,7 +100,7 @@ def test_server_update_applies_inter_group_step():
   models_ = [tf.constant(flat[:, :1]), tf.constant(flat[:, 1:])]
   zeros = [tf.zeros_like(t) for t in models_]
   new_models, new_updates, _, _ = fedgroup.group_server_update(
-      models_, zeros, zeros, tf.constant([1.0, 1.0, 0.0]), 0.3)
+      models_, zeros, zeros, tf.constant([1.0, 1.0, 0.0]), 0.3, None, "alg2")
   expected = clustering.inter_group_step_np(flat.astype(np.float64), 0.3)
   got = np.concatenate([t.numpy() for t in new_models], axis=1)
   np.testing.assert_allclose(got, expected, atol=1e-5)
@@ -124,13 +125,14 @@ def test_round_is_groupwise_fedavg():
   """Each group's new model = FedAvg of its own members only (unequal sizes)."""
   data = _data(6)
   m = 3
-  comps = fedgroup.build_fedgroup(_mclr, models.SPARSE_CE_LOGITS, _spec(data), m)
+  _, comps = api.computations("fedgroup", _mclr, models.SPARSE_CE_LOGITS, _spec(data),
+                              dict(num_groups=m))
   state = _random_state(m)
   clients = [0, 1, 2, 3, 4]
   groups = [0, 0, 1, 0, 1]  # group 2 has no sampled member
   datasets = _datasets(data, clients, seed=5)
   keys = [np.array([g], np.int32) for g in groups]
-  new_state, summed, returned = comps.warm(state, round_params(LR), datasets, keys)
+  new_state, summed, returned = comps["warm"](state, round_params(LR), datasets, keys)
   assert [int(r["group"]) for r in returned] == groups
   for j in range(m):
     start = [layer[j] for layer in state["group_models"]]
@@ -267,7 +269,7 @@ def _eta_update(rule, members):
   models_ = _eta_models()
   zeros = [tf.zeros_like(t) for t in models_]
   new, _, _, _ = fedgroup.group_server_update(models_, zeros, zeros, tf.constant(members),
-                                              0.5, group_agg_rule=rule)
+                                              0.5, None, group_agg_rule=rule)
   return np.concatenate([t.numpy() for t in new], axis=1)
 
 

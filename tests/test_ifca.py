@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from tests.test_fedgroup import LR, _data, _datasets, _local, _mclr, _spec
-from tff_cluster import local_training, models
+from tff_cluster import api, local_training, models
 from tff_cluster.algorithms import ifca
 from tff_cluster.core.definition import round_params
 from tff_cluster.evaluation import CHOOSE_BY_TEST_LOSS, Evaluator
@@ -33,8 +33,8 @@ def _mean_loss(weights, dataset):
 @pytest.mark.parametrize("aggregation", ["uniform", "num_examples"])
 def test_a_round_averages_each_cluster_over_the_clients_that_chose_it(aggregation):
   data = _data(4)
-  definition, comps = ifca.build_ifca(_mclr, models.SPARSE_CE_LOGITS, _spec(data), 3,
-                                      aggregation=aggregation)
+  definition, comps = api.computations("ifca", _mclr, models.SPARSE_CE_LOGITS, _spec(data),
+                                       dict(num_groups=3, ifca_agg=aggregation))
   rng = np.random.default_rng(0)
   w0 = local_training.get_weights(_mclr())
   starts = [[w + rng.normal(0, s, w.shape).astype(np.float32) for w in w0]
@@ -82,8 +82,8 @@ def test_one_full_batch_is_the_loss_on_every_pass_of_the_schedule():
   spec = datasets[0].element_spec
   losses = {}
   for batches in (0, 1):
-    definition, comps = ifca.build_ifca(_mclr, models.SPARSE_CE_LOGITS, spec, 2,
-                                        loss_batches=batches)
+    definition, comps = api.computations("ifca", _mclr, models.SPARSE_CE_LOGITS, spec,
+                                         dict(num_groups=2, ifca_loss_batches=batches))
     _, _, results = comps["assign"](definition.initial_state(starts), round_params(LR),
                                     datasets)
     losses[batches] = np.array([np.asarray(r["losses"]) for r in results])

@@ -48,17 +48,17 @@ def test_eq_12_identity_and_its_special_cases():
   rng = np.random.default_rng(0)
   x_bar, y_bar, x_r, y_r = (tf.constant(rng.normal(size=5), tf.float32) for _ in range(4))
   for c in (0.0, 0.3, 1.0):
-    x_plus, y_plus = personalise(c, x_bar, y_bar, x_r, y_r)
+    x_plus, y_plus = personalise(c, x_bar, y_bar, x_r, y_r, "eq12")
     np.testing.assert_allclose(x_plus, x_bar + c * ((x_r - x_bar) - (y_r - y_bar)),
                                rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(y_plus, (1 - c) * y_bar + c * y_r, rtol=1e-5, atol=1e-6)
-  x_plus, y_plus = personalise(0.0, x_bar, y_bar, x_r, y_r)  # pi s = 0: FedNAG
+  x_plus, y_plus = personalise(0.0, x_bar, y_bar, x_r, y_r, "eq12")  # pi s = 0: FedNAG
   np.testing.assert_allclose(x_plus, x_bar, atol=1e-6)
   np.testing.assert_allclose(y_plus, y_bar, atol=1e-6)
   # gamma = 0: x = y at aggregation time (x_bar = y_bar, x_r = y_r). Eq. 12
   # then gives x+ = x_bar whatever the score (the representation terms
   # cancel), and y+ = (1 - c) x_bar + c x_r, which a gamma = 0 step ignores.
-  x_plus, y_plus = personalise(0.4, x_bar, x_bar, x_r, x_r)
+  x_plus, y_plus = personalise(0.4, x_bar, x_bar, x_r, x_r, "eq12")
   np.testing.assert_allclose(x_plus, x_bar, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(y_plus, 0.6 * x_bar + 0.4 * x_r, rtol=1e-5, atol=1e-6)
 
@@ -85,7 +85,7 @@ def test_server_update_by_hand():
   """Two workers with a_i = (1/4, 3/4), one 2-vector weight, pi = 0.5."""
   spec = [tf.TensorSpec([2], tf.float32)]
   d = PFedMoDefinition(spec, 1, 2, [0.25, 0.75], np.zeros((1, 2), np.float32),
-                       nag_momentum=0.5, pi=0.5)
+                       nag_momentum=0.5, pi=0.5, representation=True, model_rule="eq12")
   state = tf.nest.map_structure(lambda a: tf.constant(a, tf.float32),
                                 d.initial_state([np.zeros(2)]))
   state["rep_x"] = [tf.constant([1.0, 2.0])]

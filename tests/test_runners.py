@@ -222,10 +222,10 @@ def test_fedavg_learning_process_equals_the_tff_runner():
                                 0.01, mu=0.3)
   from tff_cluster.runners import tff_runner
   specs = local_training.weights_type_spec(model_fn())
-  runner = tff_runner.TffRunner(fedavg.FedAvgDefinition(specs, 2, mu=0.3), model_fn,
+  runner = tff_runner.TffRunner(fedavg.FedAvgDefinition(specs, 2, mu=0.3, weighting="processed"), model_fn,
                                 models.SPARSE_CE_LOGITS, data, seed=0)
   state = process.next(process.initialize(), runner.datasets(clients, 1, work)).state
-  out = runner.run("train", fedavg.FedAvgDefinition(specs, 2).initial_state(init), clients,
+  out = runner.run("train", fedavg.FedAvgDefinition(specs, 2, mu=0.0, weighting="processed").initial_state(init), clients,
                    1, work, 0.01)
   lp = process.get_model_weights(state)
   for a, b in zip(list(lp.trainable) + list(lp.non_trainable), out.state["model"]):

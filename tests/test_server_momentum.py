@@ -24,7 +24,7 @@ def _summed(mean_delta, lr=0.1, clients=2):
 
 
 def _two_rounds(kind, deltas, lrs=(0.1, 0.1), **kw):
-  d = ServerMomentumDefinition(SPEC, 1, kind, **kw)
+  d = ServerMomentumDefinition(SPEC, 1, kind, weighting="processed", **kw)
   state = tf.nest.map_structure(lambda a: tf.constant(a, tf.float32),
                                 d.initial_state([np.array([1.0, -1.0])]))
   out = []
@@ -67,7 +67,7 @@ def test_fedmom_by_hand():
   the rule is the one two public implementations that cite it write (v the
   averaged-model sequence, v_0 = w_0). With v_0 = 0 instead, w_1 would be 0.75."""
   d = ServerMomentumDefinition([tf.TensorSpec([1], tf.float32)], 1, "fedmom",
-                               server_lr=1.0, server_momentum=0.5)
+                               server_lr=1.0, server_momentum=0.5, weighting="processed")
   state = tf.nest.map_structure(lambda a: tf.constant(a, tf.float32),
                                 d.initial_state([np.array([1.0])]))
   models = []

@@ -2,7 +2,7 @@
 
 Importing the package, the algorithm definitions or the `local` runner does
 not import TensorFlow Federated; the `tff` runner (`tff_cluster.runners.
-tff_runner`), the `build_*` functions and `tff_cluster.runtime` do, and
+tff_runner`), the TFF builders and `tff_cluster.runtime` do, and
 install the TFF context owned by `tff_cluster.runtime` when first used.
 """
 

@@ -8,11 +8,12 @@
     process.get_model_weights(out.state)        # one ModelWeights per model / cluster
     process.evaluate(out.state)                 # test metrics of every client
 
-(also `tff_cluster.algorithms.<name>.build(model_fn, loss, ...)`.)
-
-`build_*` in the algorithm modules keep returning the raw TFF computations (the
-`tff` runner's); this object sits on a runner (`runner='local'`, TFF-free, or
-`'tff'`) and the algorithm's host side, and checks what it is given:
+For TFF research pipelines, `computations(algo, model_fn, loss, element_spec,
+options)` returns an algorithm's definition and its raw TFF computations (the
+`tff` runner's), and `tff_cluster.algorithms.fedavg.build_fedavg` a
+`tff.learning` process. The process object sits on a runner
+(`runner='local'`, TFF-free, or `'tff'`) and the algorithm's host side, and
+checks what it is given:
 
 * `initialize(data)` takes a `FederatedData` (or a pair of TFF `ClientData`,
   train and test) and runs the algorithm's set-up, e.g. FedGroup's cold
@@ -144,10 +145,7 @@ class Process:
     if unknown:
       raise ValueError(f"unknown setting {unknown[0]!r} for {algo}; valid: "
                        f"{', '.join(sorted(declared)) or 'none'}")
-    resolved = {}
-    for name, decl in declared.items():
-      value = hparams.get(name, decl.default)
-      resolved[name] = value if value is None else decl.check(value)
+    resolved = spec.options(**hparams)  # checked, the declared defaults filled in
     if not (isinstance(client_lr, (int, float)) and client_lr > 0):
       raise ValueError(f"invalid client_lr={client_lr}; valid: a number > 0")
     if not (isinstance(rounds, int) and rounds >= 1):
@@ -225,7 +223,7 @@ class Process:
 
   def _task_driver(self, data, config):
     spec = registry.get_algorithm(self.algo)
-    return spec.make_driver(self._task, data, config, **self._options)
+    return spec.load().make_driver(self._task, data, config, self._options)
 
   def _check_state(self, state) -> None:
     if not isinstance(state, ProcessState):
@@ -335,3 +333,34 @@ class Process:
 def build(algo: str, model_fn, loss, **settings) -> Process:
   """The process of `algo` (see `Process` and the module docstring)."""
   return Process(algo, model_fn, loss, **settings)
+
+
+def computations(algo: str, model_fn, loss, element_spec, options=None, **definition_args):
+  """An algorithm's TFF computations, for TFF research pipelines.
+
+  Returns `(definition, {mode: computation})`: the algorithm's `Definition`
+  made from its `options` (a mapping of its option names to values, checked;
+  the declared defaults fill the rest) and `tff_runner.build_computations` of
+  it. Each computation is `(state, params, datasets[, keys][, client_states])
+  -> (state, summed, per-client results[, client_states])` (see
+  `tff_cluster.runners.tff_runner`); the state starts as
+  `definition.initial_state(weights)`. `definition_args` go to the
+  definition: the local solver (`momentum=...`) and what an algorithm needs
+  besides its options (CFL-MGD: `num_clients=...`). What the host does between
+  modes (cold starts, assignments) is the algorithm's driver's. The TFF stack
+  only; pFedMo, FedNAG and FedGroup build their definitions from the data:
+  run them through `build(..., runner="tff")`.
+  """
+  spec = registry.get_algorithm(algo)
+  module = spec.load()
+  if not hasattr(module, "make_definition"):
+    raise ValueError(f"{algo}'s definition is made from the data, so computations() cannot "
+                     f"build it alone; valid: build({algo!r}, ..., runner='tff')")
+  stack.require_tff()
+  from tff_cluster.runners import tff_runner
+  model = _check_model_fn(model_fn)
+  definition = module.make_definition(
+      local_training.weights_type_spec(model), len(model.trainable_variables),
+      spec.options(**dict(options or {})), **definition_args)
+  return definition, tff_runner.build_computations(definition, model_fn, models.loss_kind(loss),
+                                                   element_spec)

@@ -1,19 +1,93 @@
-"""Every algorithm's options, declared once.
+"""Every algorithm's options, declared once, and the checked object they make.
 
 Each option is one `HParam` (type, default, valid values, help, per-task
 defaults; `tff_cluster.hparams`); an algorithm's tuple of them is its
 declaration, which the registry maps to its `--algo` name and the CLI turns
-into flags. This module sits at the bottom of the layering (no TensorFlow
-import), so every layer above may read the declarations.
+into flags. `Options(declared, values)` fills the defaults, checks every value
+and refuses names the algorithm does not declare: a driver reads that one
+object and hands its `Definition` the values it needs. This module sits at the
+bottom of the layering (no TensorFlow import).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Tuple
+from typing import Any, Iterator, Mapping, Optional, Sequence, Tuple
 
 from tff_cluster import hparams as hp
-from tff_cluster.hparams import HParam
+from tff_cluster.hparams import HParam, HParamError
+
+
+class Options(Mapping):
+  """An algorithm's options: every declared `HParam`, given or defaulted, checked.
+
+  Read them as attributes (`options.num_groups`) or as a mapping; it is frozen
+  (`replace(**changes)` makes a checked copy). A default of `None` stays None
+  ("derived": the declaration's help says from what). A name the algorithm
+  does not declare is refused with one line (`HParamError`).
+  """
+
+  def __init__(self, declared: Sequence[HParam], values: Optional[Mapping[str, Any]] = None,
+               task: Optional[str] = None, task_defaults: Optional[Mapping[str, Any]] = None,
+               algo: str = ""):
+    values = dict(values or {})
+    names = [d.name for d in declared]
+    unknown = sorted(set(values) - set(names))
+    if unknown:
+      who = f"{algo} " if algo else ""
+      raise HParamError(
+          f"{who}has no option {', '.join('--' + u for u in unknown)}; valid: "
+          f"{', '.join('--' + n for n in names) or 'none'}")
+    checked = {}
+    for d in declared:
+      value = values[d.name] if d.name in values else d.default_for(task, task_defaults or {})
+      checked[d.name] = d.check(value)
+    object.__setattr__(self, "_declared", tuple(declared))
+    object.__setattr__(self, "_values", checked)
+    object.__setattr__(self, "_context", (task, task_defaults, algo))
+
+  def __getattr__(self, name: str) -> Any:
+    values = self.__dict__.get("_values", {})
+    if name in values:
+      return values[name]
+    raise AttributeError(f"no option {name!r}")
+
+  def __setattr__(self, name, value):
+    raise AttributeError("Options are frozen; use replace(**changes)")
+
+  def __getitem__(self, name: str) -> Any:
+    return self._values[name]
+
+  def __iter__(self) -> Iterator[str]:
+    return iter(self._values)
+
+  def __len__(self) -> int:
+    return len(self._values)
+
+  def __repr__(self) -> str:
+    return "Options(" + ", ".join(f"{k}={v!r}" for k, v in self._values.items()) + ")"
+
+  def replace(self, **changes) -> "Options":
+    task, task_defaults, algo = self._context
+    return Options(self._declared, {**self._values, **changes}, task, task_defaults, algo)
+
+
+def given(options: Options, name: str) -> Any:
+  """`options[name]`, which must be set: a declaration whose default is
+  "derived" from the task (e.g. `--mu`) has none outside a task."""
+  value = options[name]
+  if value is None:
+    raise HParamError(f"--{name} has no default outside a task; give it (the CLI and "
+                      "the registry take the task's)")
+  return value
+
+
+def options_of(declared: Sequence[HParam], options=None, **values) -> Options:
+  """`options` when it is an `Options` already (with `values` applied), else
+  the `Options` of `declared` from the mapping `options` and `values`."""
+  if isinstance(options, Options):
+    return options.replace(**values) if values else options
+  return Options(declared, {**dict(options or {}), **values})
 
 
 def _group(name: str, *declared: HParam) -> Tuple[HParam, ...]:
@@ -203,3 +277,11 @@ PFEDMO_HPARAMS = (
            "of the pooled training data drawn as one (it then overlaps the workers').",
            low=0, low_open=True, high=1, group="pfedmo"),
 )
+
+# The algorithms whose options are shared declarations only.
+FEDAVG_HPARAMS = (CLIENT_WEIGHTING,)
+FEDPROX_HPARAMS = (hp.MU, CLIENT_WEIGHTING)
+FEDGROUPROX_HPARAMS = (MU_POSITIVE, *FEDGROUP_HPARAMS)
+FEDAVG_PLUS_HPARAMS = (hp.ENSEMBLE_SIZE, ENSEMBLE_VOTE, CLIENT_WEIGHTING)
+FEDPROX_PLUS_HPARAMS = (hp.MU, hp.ENSEMBLE_SIZE, ENSEMBLE_VOTE, CLIENT_WEIGHTING)
+FEDNAG_HPARAMS = (NAG_MOMENTUM, AGG_WEIGHTS)

@@ -7,9 +7,13 @@ algorithm lives in its own module (named by `AlgorithmSpec.module`) with
   * a `Definition` subclass: plain TF functions for its server state, what a
     client receives, the client work, what is summed and the server update
     (`tff_cluster.core.definition`);
-  * a driver (`make_driver(task, data, config, runner, **hparams)`): the
-    host-side logic between rounds (keys, assignments, cold starts, metrics);
-  * `build_*`: its TFF computations for research pipelines.
+  * a driver (`make_driver(task, data, config, options)`, `options` the
+    algorithm's checked `tff_cluster.options.Options`): the host-side logic
+    between rounds (keys, assignments, cold starts, metrics), which hands its
+    `Definition` the option values it needs;
+  * `make_definition(weights_spec, num_trainable, options, **solver)` where a
+    definition needs nothing from the data: what
+    `tff_cluster.api.computations` turns into TFF computations.
 
 Both runners (`tff_cluster.runners`) execute the same definition.
 """
@@ -23,10 +27,11 @@ from typing import Dict, Tuple
 from tff_cluster import hparams as hp
 from tff_cluster.hparams import HParam
 from tff_cluster.options import (  # noqa: F401  (the declarations, by name)
-    AGG_WEIGHTS, CFL_HPARAMS, CFL_MGD_HPARAMS, CLIENT_WEIGHTING, ENSEMBLE_VOTE,
+    FEDAVG_HPARAMS, FEDAVG_PLUS_HPARAMS, FEDGROUPROX_HPARAMS, FEDNAG_HPARAMS, FEDPROX_HPARAMS,
+    FEDPROX_PLUS_HPARAMS, AGG_WEIGHTS, CFL_HPARAMS, CFL_MGD_HPARAMS, CLIENT_WEIGHTING, ENSEMBLE_VOTE,
     FEDGROUP_HPARAMS, FESEM_HPARAMS, IFCA_HPARAMS, MIME_HPARAMS, MIME_MOMENTUM,
     MIME_MOMENTUM_FORM, MU_POSITIVE, NAG_MOMENTUM, PFEDMO_HPARAMS, SERVER_LR,
-    SERVER_MOMENTUM, SERVER_MOMENTUM_HPARAMS, WECFL_HPARAMS, WECFL_SHARED)
+    SERVER_MOMENTUM, SERVER_MOMENTUM_HPARAMS, WECFL_HPARAMS, WECFL_SHARED, Options)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,23 +60,32 @@ class AlgorithmSpec:
       return importlib.import_module(self.module)
     return importlib.import_module(f"tff_cluster.algorithms.{self.module}")
 
-  def make_driver(self, task, data, config, **options):
-    """The host-side driver of this algorithm on `config.runner`."""
-    return self.load().make_driver(task, data, config, **options)
+  def options(self, **values) -> Options:
+    """This algorithm's `Options`: `values` checked, the declarations'
+    defaults filled in; a name it does not declare is refused."""
+    return Options(self.hparams, values, algo=self.name)
+
+  def make_driver(self, task, data, config, **values):
+    """The host-side driver of this algorithm on `config.runner`, with its
+    options `values` (checked once, here; the rest take the task's defaults,
+    then the declarations')."""
+    options = Options(self.hparams, values, task=task.name,
+                      task_defaults=dict(task.defaults or {}), algo=self.name)
+    return self.load().make_driver(task, data, config, options)
 
 
 ALGORITHMS: Dict[str, AlgorithmSpec] = {
     spec.name: spec for spec in [
         AlgorithmSpec("fedavg", "FedAvg: weighted averaging of local SGD models",
-                      "fedavg", hparams=(CLIENT_WEIGHTING,)),
+                      "fedavg", hparams=FEDAVG_HPARAMS),
         AlgorithmSpec("fedprox", "FedProx: FedAvg with proximal term (mu/2)||w - w_t||^2",
-                      "fedprox", hparams=(hp.MU, CLIENT_WEIGHTING)),
+                      "fedprox", hparams=FEDPROX_HPARAMS),
         AlgorithmSpec("fedgroup", "FedGroup: EDC/MADC group cold start, group-wise "
                       "FedAvg, newcomer cold start", "fedgroup",
                       hparams=FEDGROUP_HPARAMS),
         AlgorithmSpec("fedgrouprox", "FedGrouProx: FedGroup with proximal term "
                       "(mu/2)||w - w_group||^2", "fedgrouprox",
-                      hparams=(MU_POSITIVE, *FEDGROUP_HPARAMS)),
+                      hparams=FEDGROUPROX_HPARAMS),
         AlgorithmSpec("ifca", "IFCA: K cluster models, clients pick the lowest-loss "
                       "one and train it", "ifca", hparams=IFCA_HPARAMS),
         AlgorithmSpec("cfl_mgd", "CFL-MGD: IFCA's cluster estimates with momentum "
@@ -84,10 +98,10 @@ ALGORITHMS: Dict[str, AlgorithmSpec] = {
                       hparams=FESEM_HPARAMS),
         AlgorithmSpec("fedavg_plus", "FedAvg+: --ensemble_size independent FedAvg runs, "
                       "combined at test time", "ensemble",
-                      hparams=(hp.ENSEMBLE_SIZE, ENSEMBLE_VOTE, CLIENT_WEIGHTING)),
+                      hparams=FEDAVG_PLUS_HPARAMS),
         AlgorithmSpec("fedprox_plus", "FedProx+: --ensemble_size independent FedProx "
                       "runs, combined at test time", "ensemble",
-                      hparams=(hp.MU, hp.ENSEMBLE_SIZE, ENSEMBLE_VOTE, CLIENT_WEIGHTING)),
+                      hparams=FEDPROX_PLUS_HPARAMS),
         AlgorithmSpec("fedavgm", "FedAvgM: FedAvg with heavy-ball server momentum",
                       "fedavgm", hparams=SERVER_MOMENTUM_HPARAMS),
         AlgorithmSpec("fedmom", "FedMom: FedAvg with Nesterov server momentum", "fedmom",
@@ -105,7 +119,7 @@ ALGORITHMS: Dict[str, AlgorithmSpec] = {
                       "pfedmo", hparams=PFEDMO_HPARAMS, all_clients=True),
         AlgorithmSpec("fednag", "FedNAG: local NAG, weighted means of models and look-ahead "
                       "points (pFedMo with pi = 0)", "fednag",
-                      hparams=(NAG_MOMENTUM, AGG_WEIGHTS), all_clients=True),
+                      hparams=FEDNAG_HPARAMS, all_clients=True),
         AlgorithmSpec("cfl", "CFL: a cluster tree, bipartitions by the cosine "
                       "similarity of the members' updates (--num_groups: most clusters)",
                       "cfl", hparams=CFL_HPARAMS),

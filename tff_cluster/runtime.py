@@ -193,7 +193,7 @@ class TffRuntime:
 
 
 # The process-wide runtime. Nothing is installed at import: `install()` (called
-# by the tff runner and every `build_*`) or `start()` replaces TFF's default
+# by the tff runner and every TFF builder) or `start()` replaces TFF's default
 # context (whose worker would never be stopped) with this one. Its worker
 # starts lazily on the first computation, or eagerly with `start()`.
 _ACTIVE = TffRuntime()

@@ -6,7 +6,7 @@ tff-cluster installs on two stacks (README, "Install"):
   (or Keras 2 through the `legacy-keras` extra and TF_USE_LEGACY_KERAS=1); the
   `local` runner, the CLI and the API;
 * the TFF stack (the `tff` extra): Python 3.10/3.11, TensorFlow 2.14.1 and
-  TensorFlow Federated 0.87.0, for the `tff` runner and the `build_*` TFF
+  TensorFlow Federated 0.87.0, for the `tff` runner and the TFF
   computations.
 
 Nothing here imports TensorFlow or TFF: the checks read package metadata, so
@@ -50,7 +50,7 @@ def tff_problem() -> Optional[str]:
   if version is None or importlib.util.find_spec("tensorflow_federated") is None:
     return (f"TensorFlow Federated is not installed (Python "
             f"{sys.version_info.major}.{sys.version_info.minor}); the tff runner and "
-            f"the build_* TFF computations need {ROUTES}. The local runner needs no TFF")
+            f"the TFF computations need {ROUTES}. The local runner needs no TFF")
   if version != TFF_VERSION:
     return (f"tensorflow-federated {version} is installed, but the tff runner needs "
             f"{TFF_VERSION} (TensorFlow 2.14.1, Python 3.10/3.11): {ROUTES}. The local "

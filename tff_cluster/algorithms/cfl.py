@@ -44,8 +44,8 @@ import numpy as np
 
 from tff_cluster import clustering, driver
 from tff_cluster.algorithms import wecfl
+from tff_cluster.options import CFL_HPARAMS, Options, options_of
 
-WEIGHTINGS = ("uniform", "data")
 MIN_SPLIT_SIZE = 3  # |c| > 2
 
 
@@ -54,21 +54,17 @@ class CFLDriver(wecfl.ClusterModelsDriver):
 
   checkpoint_attrs = ("assignment", "_summary", "splits", "refused")
 
-  def __init__(self, task, data, config: driver.TrainingConfig, *, num_groups: int = 5,
-               cfl_eps1: float = 0.4, cfl_eps2: float = 1.6, cfl_warmup_rounds: int = 20,
-               cfl_weighting: str = "uniform"):
-    if cfl_weighting not in WEIGHTINGS:
-      raise ValueError(f"invalid --cfl_weighting={cfl_weighting}; valid: "
-                       f"{', '.join(WEIGHTINGS)}")
-    self.eps1, self.eps2 = float(cfl_eps1), float(cfl_eps2)
-    self.warmup = int(cfl_warmup_rounds)
-    self.weighting = cfl_weighting
-    super().__init__(task, data, config, num_groups=num_groups, min_round_clients=1)
+  def __init__(self, task, data, config: driver.TrainingConfig, options: Options):
+    self.eps1, self.eps2 = float(options.cfl_eps1), float(options.cfl_eps2)
+    self.warmup = int(options.cfl_warmup_rounds)
+    self.weighting = options.cfl_weighting
+    super().__init__(task, data, config, num_groups=options.num_groups, mu=0.0,
+                     min_round_clients=1)
     self.splits = 0
     self.refused = 0
     self._norms: Dict[str, float] = {}
     self._summary.update(cfl_eps1=self.eps1, cfl_eps2=self.eps2,
-                         cfl_warmup_rounds=self.warmup, cfl_weighting=cfl_weighting)
+                         cfl_warmup_rounds=self.warmup, cfl_weighting=self.weighting)
     self.extra_columns = [*self.extra_columns, "num_clusters", "cfl_splits", "cfl_refused",
                           "cfl_max_mean_norm", "cfl_max_update_norm"]
 
@@ -118,5 +114,11 @@ class CFLDriver(wecfl.ClusterModelsDriver):
             "cfl_refused": self.refused, **self._norms}
 
 
-def make_driver(task, data, config: driver.TrainingConfig, **options):
-  return CFLDriver(task, data, config, **options)
+def make_definition(weights_spec, num_trainable: int, options: Options,
+                    **solver) -> wecfl.ClusterModelsDefinition:
+  return wecfl.ClusterModelsDefinition(weights_spec, num_trainable, options.num_groups,
+                                       mu=0.0, **solver)
+
+
+def make_driver(task, data, config: driver.TrainingConfig, options=None, **values):
+  return CFLDriver(task, data, config, options_of(CFL_HPARAMS, options, **values))

@@ -46,19 +46,16 @@ test loss (the paper's test clients), so both evaluations agree there.
 from __future__ import annotations
 
 import collections
-from typing import Optional
 
 import numpy as np
 import tensorflow as tf
 
-from tff_cluster import driver, local_training
+from tff_cluster import driver
 from tff_cluster.core import cluster_ops
 from tff_cluster.core.definition import ClientOutput, Definition, flat_norm
 from tff_cluster.algorithms.ifca import IFCADriver, argmin_cluster
+from tff_cluster.options import CFL_MGD_HPARAMS, Options, options_of
 
-OPTIONS = ("model", "gradient")
-BUFFERS = ("client", "server")
-NORMS = ("total", "members")
 
 
 class CFLMGDDefinition(Definition):
@@ -74,21 +71,16 @@ class CFLMGDDefinition(Definition):
   modes = ("train", "assign", "forced")
 
   def __init__(self, weights_spec, num_trainable: int, num_clusters: int, *,
-               option: str = "model", beta: float = 0.9, buffer: str = "client",
-               norm: str = "total", num_clients: int = 1, loss_batches: int = 0,
-               grad_batches: int = 1, momentum: float = 0.0, persist_momentum: bool = False):
+               option: str, beta: float, buffer: str, norm: str, num_clients: int,
+               loss_batches: int, grad_batches: int, momentum: float = 0.0,
+               persist_momentum: bool = False):
+    """The `--cfl_mgd_*` options, `norm` = `--grad_avg_norm`, `loss_batches` =
+    `--ifca_loss_batches`; `num_clients`: the clients with training data (m)."""
     if momentum:
       raise ValueError("invalid --client_momentum for cfl_mgd: its momentum is "
                        "--cfl_mgd_beta; valid: --client_momentum=0")
     super().__init__(weights_spec, num_trainable)
     del persist_momentum
-    for name, value, valid in (("cfl_mgd_option", option, OPTIONS),
-                               ("cfl_mgd_buffer", buffer, BUFFERS),
-                               ("grad_avg_norm", norm, NORMS)):
-      if value not in valid:
-        raise ValueError(f"invalid --{name}={value}; valid: {', '.join(valid)}")
-    if not 0 <= beta < 1:
-      raise ValueError(f"invalid --cfl_mgd_beta={beta}; valid: 0 <= beta < 1")
     self.k = int(num_clusters)
     self.option = option
     self.beta = float(beta)
@@ -204,48 +196,18 @@ class CFLMGDDefinition(Definition):
     return collections.OrderedDict(models=models, momenta=momenta)
 
 
-def build_cfl_mgd(model_fn, loss: str, element_spec, num_clusters: int, num_clients: int,
-                  option: str = "model", beta: float = 0.9, buffer: str = "client",
-                  norm: str = "total", loss_batches: int = 0, grad_batches: int = 1):
-  """CFL-MGD's TFF computation `{'train': ...}` (the `tff` runner's; see
-  `tff_runner.build_round`); the state is `definition.initial_state([chi_1..chi_P])`.
-  Returns (definition, computations)."""
-  from tff_cluster.runners import tff_runner
-  model = model_fn()
-  definition = CFLMGDDefinition(
-      local_training.weights_type_spec(model), len(model.trainable_variables), num_clusters,
-      option=option, beta=beta, buffer=buffer, norm=norm, num_clients=num_clients,
-      loss_batches=loss_batches, grad_batches=grad_batches)
-  return definition, {"train": tff_runner.build_round(definition, "train", model_fn, loss,
-                                                      element_spec)}
-
-
 class CFLMGDDriver(IFCADriver):
   """IFCA's host side (initial models, argmin estimates, evaluation) around
   CFL-MGD's definition."""
 
-  def __init__(self, task, data, config: driver.TrainingConfig, *, num_groups: int = 5,
-               cfl_mgd_option: str = "model", cfl_mgd_beta: float = 0.9,
-               cfl_mgd_buffer: str = "client", grad_avg_norm: str = "total",
-               ifca_loss_batches: int = 0, cfl_mgd_grad_batches: int = 1,
-               ifca_init: str = "random", ifca_warm_rounds: int = 20,
-               ifca_forced_rounds: int = 20,
-               ifca_good_init_threshold: Optional[float] = None,
-               ifca_eval: str = "assigned"):
-    self._definition_options = dict(
-        option=cfl_mgd_option, beta=cfl_mgd_beta, buffer=cfl_mgd_buffer, norm=grad_avg_norm,
-        num_clients=data.num_training_clients, loss_batches=ifca_loss_batches,
-        grad_batches=cfl_mgd_grad_batches)
-    super().__init__(task, data, config, num_groups=num_groups,
-                     ifca_loss_batches=ifca_loss_batches, ifca_init=ifca_init,
-                     ifca_warm_rounds=ifca_warm_rounds, ifca_forced_rounds=ifca_forced_rounds,
-                     ifca_good_init_threshold=ifca_good_init_threshold, ifca_eval=ifca_eval)
-    self._summary.update(cfl_mgd_option=cfl_mgd_option, cfl_mgd_beta=cfl_mgd_beta,
-                         cfl_mgd_buffer=cfl_mgd_buffer, grad_avg_norm=grad_avg_norm)
+  def __init__(self, task, data, config: driver.TrainingConfig, options: Options):
+    super().__init__(task, data, config, options)
+    self._summary.update({k: options[k] for k in (
+        "cfl_mgd_option", "cfl_mgd_beta", "cfl_mgd_buffer", "grad_avg_norm")})
 
   def make_definition(self, specs, num_trainable, **solver):
-    return CFLMGDDefinition(specs, num_trainable, self.k, **self._definition_options,
-                            **solver)
+    return make_definition(specs, num_trainable, self.options,
+                           num_clients=self.data.num_training_clients, **solver)
 
   def run_round(self, round_num, sampled):
     row = super().run_round(round_num, sampled)
@@ -262,5 +224,15 @@ class CFLMGDDriver(IFCADriver):
     return row
 
 
-def make_driver(task, data, config: driver.TrainingConfig, **options):
-  return CFLMGDDriver(task, data, config, **options)
+def make_definition(weights_spec, num_trainable: int, options: Options, *, num_clients: int,
+                    **solver) -> CFLMGDDefinition:
+  """`num_clients`: the clients with training data (option I's m)."""
+  o = options
+  return CFLMGDDefinition(weights_spec, num_trainable, o.num_groups, option=o.cfl_mgd_option,
+                          beta=o.cfl_mgd_beta, buffer=o.cfl_mgd_buffer, norm=o.grad_avg_norm,
+                          num_clients=num_clients, loss_batches=o.ifca_loss_batches,
+                          grad_batches=o.cfl_mgd_grad_batches, **solver)
+
+
+def make_driver(task, data, config: driver.TrainingConfig, options=None, **values):
+  return CFLMGDDriver(task, data, config, options_of(CFL_MGD_HPARAMS, options, **values))

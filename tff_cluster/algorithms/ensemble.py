@@ -22,9 +22,9 @@ from __future__ import annotations
 import numpy as np
 
 from tff_cluster import driver, evaluation
-from tff_cluster.algorithms.fedavg import FedAvgDefinition
+from tff_cluster.algorithms import fedavg
+from tff_cluster.options import FEDAVG_PLUS_HPARAMS, FEDPROX_PLUS_HPARAMS, Options, options_of
 
-VOTES = tuple(evaluation.ENSEMBLE_VOTES)
 # Member r > 0 shuffles with round index round + r * SHUFFLE_STRIDE (its own seeds).
 SHUFFLE_STRIDE = 1_000_003
 
@@ -36,19 +36,11 @@ class EnsembleDriver(driver.Driver):
   member r's client k as r * N + k.
   """
 
-  def __init__(self, task, data, config: driver.TrainingConfig, *,
-               ensemble_size: int = 1, ensemble_vote: str = "logits", mu: float = 0.0,
-               client_weighting: str = "processed"):
-    if ensemble_vote not in VOTES:
-      raise ValueError(f"invalid --ensemble_vote={ensemble_vote}; valid: {', '.join(VOTES)}")
-    if ensemble_size < 1:
-      raise ValueError(f"invalid --ensemble_size={ensemble_size}; valid: an integer >= 1")
-    super().__init__(task, data, config,
-                     lambda specs, num_trainable, **solver: FedAvgDefinition(
-                         specs, num_trainable, mu=mu or 0.0, weighting=client_weighting,
-                         **solver))
-    self.size = int(ensemble_size)
-    self.vote = ensemble_vote
+  def __init__(self, task, data, config: driver.TrainingConfig, options: Options):
+    super().__init__(task, data, config, lambda specs, num_trainable, **solver:
+                     fedavg.make_definition(specs, num_trainable, options, **solver))
+    self.size = int(options.ensemble_size)
+    self.vote = options.ensemble_vote
     self.state = None
 
   def member_weights(self, r: int):
@@ -80,15 +72,16 @@ class EnsembleDriver(driver.Driver):
       loss += float(out.summed["loss_sum"])
       weight += float(out.summed["weight"])
     self.state = states
-    model_bytes = self.num_params * driver.BYTES_PER_PARAMETER
-    return {"train_loss": loss / max(weight, 1.0),
-            "bytes_down": self.size * len(sampled) * model_bytes,
-            "bytes_up": self.size * len(sampled) * model_bytes}
+    return self.training_row({"loss_sum": loss, "weight": weight}, len(sampled),
+                             models_down=self.size, models_up=self.size, weight_key="weight")
 
   def eval_models(self):
     models = [list(self.runner.numpy_state(s)["model"]) for s in self.state]
     return models, evaluation.ENSEMBLE_VOTES[self.vote]
 
 
-def make_driver(task, data, config: driver.TrainingConfig, **options):
-  return EnsembleDriver(task, data, config, **options)
+def make_driver(task, data, config: driver.TrainingConfig, options=None, **values):
+  """FedProx+ when the options have `mu`, else FedAvg+."""
+  given = {**dict(options or {}), **values}
+  declared = FEDPROX_PLUS_HPARAMS if "mu" in given else FEDAVG_PLUS_HPARAMS
+  return EnsembleDriver(task, data, config, options_of(declared, options, **values))

@@ -23,16 +23,10 @@ from typing import Callable, List, Optional
 import numpy as np
 import tensorflow as tf
 
-from tff_cluster import driver, local_training, models, stack
+from tff_cluster import driver, hparams, local_training, models, stack
+from tff_cluster.options import FEDAVG_HPARAMS, Options, given, options_of
 from tff_cluster.core.definition import (ClientOutput, Definition,
                                                weighted_mean_update)
-
-
-# Client weights of the averaging: the examples processed in the round
-# (n_k of FedAvg's paper: with local epochs, E x the client's data), or the
-# client's training samples whatever the local work (FedBase, where 10 local
-# steps process the same number of examples on every client).
-WEIGHTINGS = ("processed", "samples")
 
 
 def with_weight_spec(spec, weighting: str):
@@ -46,7 +40,11 @@ def with_weight_spec(spec, weighting: str):
 
 
 def client_weight(out, client_state, weighting: str):
-  """The client's averaging weight (see WEIGHTINGS)."""
+  """The client's averaging weight (`--client_weighting`): the examples
+  processed in the round (n_k of FedAvg's paper: with local epochs, E x the
+  client's data), or the client's training samples whatever the local work
+  (FedBase, where 10 local steps process the same number of examples on every
+  client)."""
   if weighting == "samples":
     return client_state["weight"]
   return out.num_examples
@@ -58,14 +56,9 @@ class FedAvgDefinition(Definition):
   Summed: `update` = sum_k n_k Delta_k, `weight` = sum_k n_k, `loss_sum`.
   """
 
-  def __init__(self, weights_spec, num_trainable: int, mu: float = 0.0,
-               weighting: str = "processed", **solver):
+  def __init__(self, weights_spec, num_trainable: int, *, mu: float, weighting: str,
+               **solver):
     super().__init__(weights_spec, num_trainable, **solver)
-    if mu < 0:
-      raise ValueError(f"invalid --mu={mu}; valid: a number >= 0")
-    if weighting not in WEIGHTINGS:
-      raise ValueError(f"invalid --client_weighting={weighting}; valid: "
-                       f"{', '.join(WEIGHTINGS)}")
     self.mu = float(mu)
     self.weighting = weighting
 
@@ -95,11 +88,9 @@ class FedAvgDefinition(Definition):
 class FedAvgDriver(driver.Driver):
   """One global model for every client."""
 
-  def __init__(self, task, data, config: driver.TrainingConfig, mu: float = 0.0,
-               client_weighting: str = "processed"):
-    super().__init__(task, data, config,
-                     lambda specs, num_trainable, **solver: FedAvgDefinition(
-                         specs, num_trainable, mu=mu, weighting=client_weighting, **solver))
+  def __init__(self, task, data, config: driver.TrainingConfig, options: Options):
+    super().__init__(task, data, config, lambda specs, num_trainable, **solver:
+                     make_definition(specs, num_trainable, options, **solver))
     self.state = None
 
   def setup(self):
@@ -118,9 +109,17 @@ class FedAvgDriver(driver.Driver):
     return [self.model_weights()], np.zeros(self.data.num_clients, np.int64)
 
 
-def make_driver(task, data, config: driver.TrainingConfig,
-                client_weighting: str = "processed") -> FedAvgDriver:
-  return FedAvgDriver(task, data, config, mu=0.0, client_weighting=client_weighting)
+def make_definition(weights_spec, num_trainable: int, options: Options,
+                    **solver) -> FedAvgDefinition:
+  """FedAvg's definition, or FedProx's when `options` has `mu`."""
+  mu = given(options, "mu") if "mu" in options else 0.0
+  return FedAvgDefinition(weights_spec, num_trainable, mu=mu,
+                          weighting=options.client_weighting, **solver)
+
+
+def make_driver(task, data, config: driver.TrainingConfig, options=None,
+                **values) -> FedAvgDriver:
+  return FedAvgDriver(task, data, config, options_of(FEDAVG_HPARAMS, options, **values))
 
 
 def build_fedavg(model_fn: Callable[[], tf.keras.Model], loss,
@@ -155,6 +154,7 @@ def build_fedavg(model_fn: Callable[[], tf.keras.Model], loss,
   from tff_cluster import runtime, tff_types
 
   loss = models.loss_kind(loss)
+  mu = hparams.MU.check(mu)  # one line naming what is valid
   if client_lr <= 0:
     raise ValueError(f"client_lr must be > 0, got {client_lr}")
   if initial_weights is None:
@@ -164,7 +164,7 @@ def build_fedavg(model_fn: Callable[[], tf.keras.Model], loss,
   model = model_fn()
   num_trainable = len(model.trainable_variables)
   definition = FedAvgDefinition(local_training.weights_type_spec(model), num_trainable,
-                                mu=mu, momentum=client_momentum)
+                                mu=mu, weighting="processed", momentum=client_momentum)
 
   def split(weights):
     return tff.learning.models.ModelWeights(trainable=list(weights[:num_trainable]),
@@ -240,16 +240,3 @@ def build_fedavg(model_fn: Callable[[], tf.keras.Model], loss,
       tff.learning.templates.ClientWorkProcess(client_init, client_next),
       tff.aggregators.MeanFactory().create(model_weights_type, tff.TensorType(np.float32)),
       tff.learning.templates.FinalizerProcess(finalizer_init, finalizer_next))
-
-
-def build_fedavg_rounds(model_fn, loss: str, element_spec, mu: float = 0.0,
-                        client_momentum: float = 0.0):
-  """The `tff` runner's computation for FedAvg/FedProx (see `tff_runner.build_round`):
-  `round(state, params, datasets) -> (state, summed, per-client results)`."""
-  from tff_cluster.runners import tff_runner
-
-  model = model_fn()
-  definition = FedAvgDefinition(local_training.weights_type_spec(model),
-                                len(model.trainable_variables), mu=mu,
-                                momentum=client_momentum)
-  return tff_runner.build_round(definition, "train", model_fn, loss, element_spec)

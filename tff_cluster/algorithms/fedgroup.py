@@ -65,7 +65,7 @@ from __future__ import annotations
 
 import collections
 import time
-from typing import Callable, Dict, Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -73,11 +73,8 @@ import tensorflow as tf
 from tff_cluster import clustering, driver, local_training
 from tff_cluster.core import cluster_ops
 from tff_cluster.core.definition import ClientOutput, Definition, flat_norm
+from tff_cluster.options import FEDGROUP_HPARAMS, Options, given, options_of
 
-COLD_STARTS = ("default", "rcc", "rac", "rac_once")
-MEASURES = ("edc", "madc")
-NEWCOMER_RULES = ("paper", "flexcfl")
-GROUP_AGG_RULES = ("alg2", "authors")
 DEFAULT_PRETRAIN_ITERS = 50
 # Newcomer pre-training shuffles are seeded by this + the round number, apart
 # from the round's own local training (seeded by the round number).
@@ -145,8 +142,8 @@ def authors_inter_group_step(group_models: Sequence[tf.Tensor], eta: float,
 def group_server_update(group_models: Sequence[tf.Tensor],
                         group_updates: Sequence[tf.Tensor],
                         update_sums: Sequence[tf.Tensor], weight_sums: tf.Tensor,
-                        group_agg_lr: float, group_active: Optional[tf.Tensor] = None,
-                        group_agg_rule: str = "alg2"):
+                        group_agg_lr: float, group_active: Optional[tf.Tensor],
+                        group_agg_rule: str):
   """Per-group weighted mean update, inter-group step, auxiliary model.
 
   Returns (new group models, new Delta w_j, new auxiliary model, new
@@ -163,8 +160,7 @@ def group_server_update(group_models: Sequence[tf.Tensor],
     elif group_agg_rule == "authors":
       new_models = authors_inter_group_step(new_models, group_agg_lr, has_members)
     else:
-      raise ValueError(f"invalid --group_agg_rule={group_agg_rule}; valid: "
-                       f"{', '.join(GROUP_AGG_RULES)}")
+      raise ValueError(f"unknown group_agg_rule {group_agg_rule!r}")
   new_updates = []
   for new, old, previous in zip(new_models, group_models, group_updates):
     mask = tf.reshape(has_members, _row_shape(weight_sums, new))
@@ -204,18 +200,11 @@ class FedGroupDefinition(Definition):
 
   modes = ("pretrain", "newcomer", "warm")
 
-  def __init__(self, weights_spec, num_trainable: int, num_groups: int, mu: float = 0.0,
-               group_agg_lr: float = 0.0, group_agg_rule: str = "alg2",
-               newcomer_rule: str = "paper", **solver):
+  def __init__(self, weights_spec, num_trainable: int, num_groups: int, *, mu: float,
+               group_agg_lr: float, group_agg_rule: str, newcomer_rule: str, **solver):
+    """`mu`: FedGrouProx's proximal coefficient (FedGroup: 0); the others are
+    the `--group_agg_lr`, `--group_agg_rule` and `--newcomer_rule` options."""
     super().__init__(weights_spec, num_trainable, **solver)
-    if num_groups < 1:
-      raise ValueError(f"invalid --num_groups={num_groups}; valid: an integer >= 1")
-    if group_agg_rule not in GROUP_AGG_RULES:
-      raise ValueError(f"invalid --group_agg_rule={group_agg_rule}; valid: "
-                       f"{', '.join(GROUP_AGG_RULES)}")
-    if newcomer_rule not in NEWCOMER_RULES:
-      raise ValueError(f"invalid --newcomer_rule={newcomer_rule}; valid: "
-                       f"{', '.join(NEWCOMER_RULES)}")
     self.m = int(num_groups)
     self.mu = float(mu)
     self.group_agg_lr = float(group_agg_lr)
@@ -306,52 +295,6 @@ class FedGroupDefinition(Definition):
     return new
 
 
-FedGroupComputations = collections.namedtuple(
-    "FedGroupComputations", ["definition", "pretrain", "newcomer", "warm"])
-
-
-def build_fedgroup(model_fn: Callable[[], tf.keras.Model], loss: str, element_spec,
-                   num_groups: int, mu: float = 0.0, group_agg_lr: float = 0.0,
-                   client_momentum: float = 0.0, group_agg_rule: str = "alg2",
-                   newcomer_rule: str = "paper") -> FedGroupComputations:
-  """FedGroup's TFF computations (the `tff` runner's), for research pipelines.
-
-  Args:
-    model_fn: builds a fresh, built Keras model.
-    loss: `tff_cluster.models` loss kind.
-    element_spec: element spec of a client's batched dataset.
-    num_groups: m.
-    mu: FedGrouProx proximal coefficient (0 = FedGroup).
-    group_agg_lr: inter-group aggregation rate eta_g (0 = off).
-    client_momentum: heavy-ball beta of local SGD (buffer reset every round).
-    group_agg_rule: 'alg2' or 'authors' (module docstring).
-    newcomer_rule: 'paper' or 'flexcfl' (module docstring).
-
-  Returns `FedGroupComputations(definition, pretrain, newcomer, warm)`; each is
-  a federated computation `(state, params, datasets[, keys]) -> (state, summed,
-  per-client results)` (see `tff_runner.build_round`), with
-  `params = tff_cluster.core.definition.round_params(lr)`:
-    pretrain: one pre-training per client from the auxiliary model; results
-      hold each client's update (group cold start, `definition.cold_start_state`);
-    newcomer: clients not yet in a group pre-train and pick their group; the
-      state is unchanged; results hold each client's group;
-    warm: keys are `int32[1]` groups 0..m-1; results hold each client's group
-      and update.
-  The initial state is `definition.initial_state(w0)`, replaced after the
-  pre-training by `definition.cold_start_state(...)`.
-  """
-  from tff_cluster.runners import tff_runner
-
-  model = model_fn()
-  definition = FedGroupDefinition(local_training.weights_type_spec(model),
-                                  len(model.trainable_variables), num_groups, mu=mu,
-                                  group_agg_lr=group_agg_lr, group_agg_rule=group_agg_rule,
-                                  newcomer_rule=newcomer_rule, momentum=client_momentum)
-  comps = {mode: tff_runner.build_round(definition, mode, model_fn, loss, element_spec)
-           for mode in definition.modes}
-  return FedGroupComputations(definition, **comps)
-
-
 def cold_start_state(w0: Sequence[np.ndarray], member_updates: Sequence[Sequence[np.ndarray]],
                      labels: np.ndarray, num_groups: int) -> Dict[str, list]:
   """Group j = mean of its members' trained models; Delta w_j = mean update.
@@ -398,29 +341,20 @@ class FedGroupDriver(driver.Driver):
 
   checkpoint_attrs = ("assignment", "pretrained", "newcomers", "_rng", "_summary")
 
-  def __init__(self, task, data, config: driver.TrainingConfig, *,
-               num_groups: int = 5, measure: str = "edc", pretrain_scale: float = 20.0,
-               pretrain_iters: Optional[int] = None, pretrain_epochs: Optional[int] = None,
-               group_agg_lr: float = 0.0, group_agg_rule: str = "alg2",
-               cold_start: str = "default", newcomer_rule: str = "paper",
-               newcomer_fraction: float = 0.0, mu: float = 0.0):
-    if measure not in MEASURES:
-      raise ValueError(f"invalid --measure={measure}; valid: {', '.join(MEASURES)}")
-    if cold_start not in COLD_STARTS:
-      raise ValueError(f"invalid --cold_start={cold_start}; valid: {', '.join(COLD_STARTS)}")
+  def __init__(self, task, data, config: driver.TrainingConfig, options: Options):
+    """FedGroup's options, or FedGrouProx's (with `mu`)."""
+    num_groups = options.num_groups
+    newcomer_fraction = options.newcomer_fraction
+    pretrain_scale = options.pretrain_scale
     driver.check_num_groups(num_groups, data)
-    if not 0 <= newcomer_fraction < 1:
-      raise ValueError(f"invalid --newcomer_fraction={newcomer_fraction}; valid: [0, 1)")
-    self.pretrain_work = pretrain_work(config.batch_size, pretrain_iters, pretrain_epochs)
-    super().__init__(task, data, config,
-                     lambda specs, num_trainable, **solver: FedGroupDefinition(
-                         specs, num_trainable, num_groups, mu=mu,
-                         group_agg_lr=group_agg_lr, group_agg_rule=group_agg_rule,
-                         newcomer_rule=newcomer_rule, **solver))
+    self.pretrain_work = pretrain_work(config.batch_size, options.pretrain_iters,
+                                       options.pretrain_epochs)
+    super().__init__(task, data, config, lambda specs, num_trainable, **solver:
+                     make_definition(specs, num_trainable, options, **solver))
     self.m = num_groups
-    self.measure = measure
+    self.measure = options.measure
     self.pretrain_scale = pretrain_scale
-    self.cold_start = cold_start
+    self.cold_start = cold_start = options.cold_start
     self._rng = np.random.default_rng(np.random.SeedSequence([config.seed, 11]))
     n = data.num_clients
     # Test-only clients are never trained: not newcomers, never pre-trained,
@@ -594,6 +528,21 @@ def group_discrepancy(before, after, results) -> float:
   return float(np.mean(distances))
 
 
-def make_driver(task, data, config: driver.TrainingConfig, **options):
-  """FedGroup (no proximal term); options are the `--num_groups` etc. flags."""
-  return FedGroupDriver(task, data, config, mu=0.0, **options)
+def make_definition(weights_spec, num_trainable: int, options: Options,
+                    **solver) -> FedGroupDefinition:
+  """FedGroup's definition, or FedGrouProx's when `options` has `mu`. Modes:
+  `pretrain` (one pre-training per client from the auxiliary model; results
+  hold each client's update: the group cold start,
+  `definition.cold_start_state`), `newcomer` (clients not yet in a group
+  pre-train and pick their group; the state is unchanged) and `warm` (keys:
+  `int32[1]` groups 0..m-1; results hold each client's group and update)."""
+  return FedGroupDefinition(weights_spec, num_trainable, options.num_groups,
+                            mu=given(options, "mu") if "mu" in options else 0.0,
+                            group_agg_lr=options.group_agg_lr,
+                            group_agg_rule=options.group_agg_rule,
+                            newcomer_rule=options.newcomer_rule, **solver)
+
+
+def make_driver(task, data, config: driver.TrainingConfig, options=None, **values):
+  """FedGroup (no proximal term)."""
+  return FedGroupDriver(task, data, config, options_of(FEDGROUP_HPARAMS, options, **values))

@@ -3,3 +3,4 @@
 from tff_cluster.algorithms import server_momentum
 
 make_driver = server_momentum.driver_factory("fedmom")
+make_definition = server_momentum.make_definition("fedmom")

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from tff_cluster import driver
 from tff_cluster.algorithms import wecfl
+from tff_cluster.options import FESEM_HPARAMS, options_of
 
-CENTERS = ("uniform", "data")
+make_definition = wecfl.make_definition
 
 
-def make_driver(task, data, config: driver.TrainingConfig, *,
-                fesem_center: str = "uniform", **options):
-  if fesem_center not in CENTERS:
-    raise ValueError(f"invalid --fesem_center={fesem_center}; valid: {', '.join(CENTERS)}")
-  return wecfl.WeCFLDriver(task, data, config, kmeans_weights="uniform",
-                           center_weights=fesem_center, **options)
+def make_driver(task, data, config: driver.TrainingConfig, options=None, **values):
+  """WeCFL's driver with FeSEM's clustering (uniform K-Means weights) and
+  cluster models (`--fesem_center`)."""
+  options = options_of(FESEM_HPARAMS, options, **values)
+  return wecfl.WeCFLDriver(task, data, config, options, kmeans_weights="uniform",
+                           center_weights=options.fesem_center)

@@ -59,28 +59,27 @@ from __future__ import annotations
 import collections
 import time
 import warnings
-from typing import Callable, Dict, Optional
+from typing import Dict, Optional
 
 import numpy as np
 import tensorflow as tf
 
-from tff_cluster import clustering, driver, local_training
+from tff_cluster import driver, local_training
 from tff_cluster.evaluation import Evaluator
 from tff_cluster.core import cluster_ops
 from tff_cluster.core.definition import ClientOutput, Definition, flat_norm
 from tff_cluster.algorithms.fedavg import client_weight, with_weight_spec
+from tff_cluster.options import IFCA_HPARAMS, Options, options_of
 
-INITS = ("random", "good_init", "fedavg_warm")
-EVALS = ("assigned", "test_loss")
 # Shuffle seeds of the fedavg_warm pre-training rounds (apart from the run's rounds).
 WARM_SHUFFLE_BASE = 2_000_000
-AGGREGATIONS = ("uniform", "num_examples", "samples")
 GOOD_INIT_ATTEMPTS = 100
 
 
-def good_init_threshold(num_clusters: int, given: Optional[float] = None) -> float:
-  """th of `good_init`: the authors' 0.35 (K = 2) and 0.1 (K = 4); for other K
-  0.4 / K (ours: K = 4's share of a uniform split)."""
+def good_init_threshold(num_clusters: int, given: Optional[float]) -> float:
+  """th of `good_init`: `given`, or when None (`--ifca_good_init_threshold`
+  unset) the authors' 0.35 (K = 2) and 0.1 (K = 4); for other K 0.4 / K
+  (ours: K = 4's share of a uniform split)."""
   if given is not None:
     return float(given)
   return {2: 0.35, 4: 0.1}.get(num_clusters, 0.4 / num_clusters)
@@ -102,15 +101,10 @@ class IFCADefinition(Definition):
 
   modes = ("train", "assign", "forced")
 
-  def __init__(self, weights_spec, num_trainable: int, num_clusters: int,
-               aggregation: str = "uniform", loss_batches: int = 0, **solver):
+  def __init__(self, weights_spec, num_trainable: int, num_clusters: int, *,
+               aggregation: str, loss_batches: int, **solver):
+    """`aggregation`: `--ifca_agg`; `loss_batches`: `--ifca_loss_batches`."""
     super().__init__(weights_spec, num_trainable, **solver)
-    if num_clusters < 1:
-      raise ValueError(f"invalid --num_groups={num_clusters}; valid: an integer >= 1")
-    if aggregation not in AGGREGATIONS:
-      raise ValueError(f"invalid --ifca_agg={aggregation}; valid: {', '.join(AGGREGATIONS)}")
-    if loss_batches < 0:
-      raise ValueError(f"invalid --ifca_loss_batches={loss_batches}; valid: an integer >= 0")
     self.k = int(num_clusters)
     self.aggregation = aggregation
     self.loss_batches = int(loss_batches)
@@ -176,25 +170,6 @@ class IFCADefinition(Definition):
     return collections.OrderedDict(models=[w + m for w, m in zip(models, means)])
 
 
-def build_ifca(model_fn: Callable[[], tf.keras.Model], loss: str, element_spec,
-               num_clusters: int, aggregation: str = "uniform", loss_batches: int = 0,
-               client_momentum: float = 0.0):
-  """IFCA's TFF computations `{'train': ..., 'assign': ...}` (the `tff`
-  runner's), each `(state, params, datasets) -> (state, summed, per-client
-  results)` (see `tff_runner.build_round`); the state is
-  `definition.initial_state([w_1, ..., w_K])`. Returns (definition, computations)."""
-  from tff_cluster.runners import tff_runner
-
-  model = model_fn()
-  definition = IFCADefinition(local_training.weights_type_spec(model),
-                              len(model.trainable_variables), num_clusters,
-                              aggregation=aggregation, loss_batches=loss_batches,
-                              momentum=client_momentum)
-  return definition, {mode: tff_runner.build_round(definition, mode, model_fn, loss,
-                                                   element_spec)
-                      for mode in definition.modes}
-
-
 class IFCADriver(driver.Driver):
   """K cluster models; each round's clients estimate their cluster and train it."""
 
@@ -203,27 +178,18 @@ class IFCADriver(driver.Driver):
   # client's argmin included (not -1 for "no assignment yet").
   groups_mask_unassigned = False
 
-  def __init__(self, task, data, config: driver.TrainingConfig, *, num_groups: int = 5,
-               ifca_init: str = "random", ifca_agg: str = "uniform",
-               ifca_loss_batches: int = 0, ifca_good_init_threshold: Optional[float] = None,
-               ifca_warm_rounds: int = 20, ifca_forced_rounds: int = 20,
-               ifca_eval: str = "assigned"):
-    if ifca_init not in INITS:
-      raise ValueError(f"invalid --ifca_init={ifca_init}; valid: {', '.join(INITS)}")
-    if ifca_eval not in EVALS:
-      raise ValueError(f"invalid --ifca_eval={ifca_eval}; valid: {', '.join(EVALS)}")
-    self.eval_mode = ifca_eval
-    if ifca_warm_rounds < 0 or ifca_forced_rounds < 0:
-      raise ValueError("invalid --ifca_warm_rounds/--ifca_forced_rounds; valid: "
-                       "integers >= 0")
-    self.warm_rounds = int(ifca_warm_rounds) if ifca_init == "fedavg_warm" else 0
-    self.forced_rounds = int(ifca_forced_rounds) if ifca_init == "fedavg_warm" else 0
+  def __init__(self, task, data, config: driver.TrainingConfig, options: Options):
+    num_groups = options.num_groups
+    self.options = options
+    self.eval_mode = options.ifca_eval
+    warm = options.ifca_init == "fedavg_warm"
+    self.warm_rounds = int(options.ifca_warm_rounds) if warm else 0
+    self.forced_rounds = int(options.ifca_forced_rounds) if warm else 0
     driver.check_num_groups(num_groups, data)
     self.k = num_groups
-    self._ifca_options = dict(aggregation=ifca_agg, loss_batches=ifca_loss_batches)
     super().__init__(task, data, config, self.make_definition)
-    self.init = ifca_init
-    self.threshold = good_init_threshold(num_groups, ifca_good_init_threshold)
+    self.init = options.ifca_init
+    self.threshold = good_init_threshold(num_groups, options.ifca_good_init_threshold)
     self._rng = np.random.default_rng(np.random.SeedSequence([config.seed, 13]))
     self._forced_rng = np.random.default_rng(np.random.SeedSequence([config.seed, 19]))
     self.assignment = np.full(data.num_clients, -1, np.int64)
@@ -236,7 +202,7 @@ class IFCADriver(driver.Driver):
 
   def make_definition(self, specs, num_trainable, **solver):
     """The algorithm's `Definition` (a subclass may run another on IFCA's host side)."""
-    return IFCADefinition(specs, num_trainable, self.k, **self._ifca_options, **solver)
+    return make_definition(specs, num_trainable, self.options, **solver)
 
   def _draw(self, attempt: int):
     """K independent initializations, seeded by (--seed, attempt, cluster)."""
@@ -360,5 +326,12 @@ class IFCADriver(driver.Driver):
     return out
 
 
-def make_driver(task, data, config: driver.TrainingConfig, **options):
-  return IFCADriver(task, data, config, **options)
+def make_definition(weights_spec, num_trainable: int, options: Options,
+                    **solver) -> IFCADefinition:
+  return IFCADefinition(weights_spec, num_trainable, options.num_groups,
+                        aggregation=options.ifca_agg, loss_batches=options.ifca_loss_batches,
+                        **solver)
+
+
+def make_driver(task, data, config: driver.TrainingConfig, options=None, **values):
+  return IFCADriver(task, data, config, options_of(IFCA_HPARAMS, options, **values))

@@ -50,30 +50,24 @@ import tensorflow as tf
 from tff_cluster import driver, local_training
 from tff_cluster.core.definition import ClientOutput, Definition
 from tff_cluster.algorithms.fedavg import FedAvgDriver
+from tff_cluster.options import MIME_HPARAMS, Options, options_of
 
 
-FORMS = ("tff", "paper")
 
 
 class MimeLiteDefinition(Definition):
   """State: `model` (every weight) and `momentum` (trainable weights)."""
 
-  def __init__(self, weights_spec, num_trainable: int, mime_momentum: float = 0.9,
-               server_lr: float = 1.0, mime_momentum_form: str = "tff",
-               momentum: float = 0.0, persist_momentum: bool = False,
-               algo: str = "mime_lite"):
+  algo = "mime_lite"
+
+  def __init__(self, weights_spec, num_trainable: int, *, mime_momentum: float,
+               server_lr: float, mime_momentum_form: str, momentum: float = 0.0,
+               persist_momentum: bool = False):
     if momentum:
-      raise ValueError(f"invalid --client_momentum for {algo}: its momentum is the "
+      raise ValueError(f"invalid --client_momentum for {self.algo}: its momentum is the "
                        "server's, --mime_momentum; valid: --client_momentum=0")
     super().__init__(weights_spec, num_trainable)
     del persist_momentum
-    if not 0 <= mime_momentum < 1:
-      raise ValueError(f"invalid --mime_momentum={mime_momentum}; valid: 0 <= beta < 1")
-    if not server_lr > 0:
-      raise ValueError(f"invalid --server_lr={server_lr}; valid: a number > 0")
-    if mime_momentum_form not in FORMS:
-      raise ValueError(f"invalid --mime_momentum_form={mime_momentum_form}; valid: "
-                       f"{', '.join(FORMS)}")
     self.beta = float(mime_momentum)
     self.server_lr = float(server_lr)
     self.form = mime_momentum_form
@@ -123,9 +117,7 @@ class MimeDefinition(MimeLiteDefinition):
   and `train` (local steps with the control variate; x and m updated)."""
 
   modes = ("gradient", "train")
-
-  def __init__(self, weights_spec, num_trainable: int, **options):
-    super().__init__(weights_spec, num_trainable, algo="mime", **options)
+  algo = "mime"
 
   def initial_state(self, initial_weights):
     state = super().initial_state(initial_weights)
@@ -173,52 +165,15 @@ class MimeDefinition(MimeLiteDefinition):
     return new
 
 
-def build_mime(model_fn, loss: str, element_spec, mime_momentum: float = 0.9,
-               server_lr: float = 1.0, mime_momentum_form: str = "tff"):
-  """Full Mime's TFF computations `{'gradient': ..., 'train': ...}` (the `tff`
-  runner's; see `tff_runner.build_round`): each round, `gradient` then `train`
-  over the same clients; the state is `definition.initial_state(w0)`.
-  Returns (definition, computations)."""
-  from tff_cluster.runners import tff_runner
-  model = model_fn()
-  definition = MimeDefinition(local_training.weights_type_spec(model),
-                              len(model.trainable_variables), mime_momentum=mime_momentum,
-                              server_lr=server_lr, mime_momentum_form=mime_momentum_form)
-  return definition, {mode: tff_runner.build_round(definition, mode, model_fn, loss,
-                                                   element_spec)
-                      for mode in definition.modes}
-
-
-def build_mime_lite(model_fn, loss: str, element_spec, mime_momentum: float = 0.9,
-                    server_lr: float = 1.0, mime_momentum_form: str = "tff"):
-  """MimeLite's TFF computation `{'train': ...}` (the `tff` runner's; see
-  `tff_runner.build_round`); the state is `definition.initial_state(w0)`.
-  Returns (definition, computations). (TFF's own process is
-  `tff.learning.algorithms.build_weighted_mime_lite`; a test holds the two
-  to the same weights.)"""
-  from tff_cluster.runners import tff_runner
-  model = model_fn()
-  definition = MimeLiteDefinition(local_training.weights_type_spec(model),
-                                  len(model.trainable_variables),
-                                  mime_momentum=mime_momentum, server_lr=server_lr,
-                                  mime_momentum_form=mime_momentum_form)
-  return definition, {"train": tff_runner.build_round(definition, "train", model_fn, loss,
-                                                      element_spec)}
-
-
 class MimeLiteDriver(FedAvgDriver):
   """FedAvg's host side over MimeLite's definition."""
 
   definition_class = MimeLiteDefinition
 
-  def __init__(self, task, data, config: driver.TrainingConfig, *,
-               mime_momentum: float = 0.9, server_lr: float = 1.0,
-               mime_momentum_form: str = "tff"):
-    driver.Driver.__init__(
-        self, task, data, config,
-        lambda specs, num_trainable, **solver: self.definition_class(
-            specs, num_trainable, mime_momentum=mime_momentum, server_lr=server_lr,
-            mime_momentum_form=mime_momentum_form, **solver))
+  def __init__(self, task, data, config: driver.TrainingConfig, options: Options):
+    driver.Driver.__init__(self, task, data, config, lambda specs, num_trainable, **solver:
+                           make_definition(specs, num_trainable, options,
+                                           definition_class=self.definition_class, **solver))
     self.state = None
 
   def run_round(self, round_num, sampled):
@@ -234,12 +189,12 @@ class MimeDriver(MimeLiteDriver):
 
   definition_class = MimeDefinition
 
-  def __init__(self, task, data, config: driver.TrainingConfig, **options):
+  def __init__(self, task, data, config: driver.TrainingConfig, options: Options):
     if local_training.has_batch_statistics(task.model_fn()):
       raise ValueError("--algo=mime takes a gradient at the round's start x on every local "
                        "batch, which would move BatchNorm statistics twice; valid: a model "
                        "without BatchNorm (or --algo=mime_lite)")
-    super().__init__(task, data, config, **options)
+    super().__init__(task, data, config, options)
 
   def run_round(self, round_num, sampled):
     out = self.train_clients("gradient", self.state, sampled, round_num)
@@ -251,9 +206,21 @@ class MimeDriver(MimeLiteDriver):
     return row
 
 
-def make_driver(task, data, config: driver.TrainingConfig, **options):
-  return MimeLiteDriver(task, data, config, **options)
+def make_definition(weights_spec, num_trainable: int, options: Options,
+                    definition_class=MimeLiteDefinition, **solver):
+  return definition_class(weights_spec, num_trainable, mime_momentum=options.mime_momentum,
+                          server_lr=options.server_lr,
+                          mime_momentum_form=options.mime_momentum_form, **solver)
 
 
-def make_mime_driver(task, data, config: driver.TrainingConfig, **options):
-  return MimeDriver(task, data, config, **options)
+def make_mime_definition(weights_spec, num_trainable: int, options: Options, **solver):
+  return make_definition(weights_spec, num_trainable, options,
+                         definition_class=MimeDefinition, **solver)
+
+
+def make_driver(task, data, config: driver.TrainingConfig, options=None, **values):
+  return MimeLiteDriver(task, data, config, options_of(MIME_HPARAMS, options, **values))
+
+
+def make_mime_driver(task, data, config: driver.TrainingConfig, options=None, **values):
+  return MimeDriver(task, data, config, options_of(MIME_HPARAMS, options, **values))

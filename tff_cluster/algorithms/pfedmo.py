@@ -79,18 +79,17 @@ data (`test_accuracy`, ...), and the global model x_+ on the pooled test data
 from __future__ import annotations
 
 import collections
-from typing import Optional
 
 import numpy as np
 import tensorflow as tf
 
-from tff_cluster import driver, local_training
+from tff_cluster import driver
 from tff_cluster.evaluation import Evaluator
 from tff_cluster.runners.factory import make_runner
 from tff_cluster.core.definition import ClientOutput, Definition
 from tff_cluster.data.federated import FederatedData
+from tff_cluster.options import FEDNAG_HPARAMS, PFEDMO_HPARAMS, Options, options_of
 
-AGG_WEIGHTS = ("data", "uniform")
 RUNNER_SEED_TAG = 91  # the representation model's data order: its own seed stream
 
 
@@ -109,10 +108,7 @@ def running_max_scores(u: tf.Tensor, losses: tf.Tensor):
   return u, s
 
 
-MODEL_RULES = ("eq12", "mix")
-
-
-def personalise(c, x_bar, y_bar, x_r, y_r, rule: str = "eq12"):
+def personalise(c, x_bar, y_bar, x_r, y_r, rule: str):
   """Eqs. 11-12 for one trainable weight with c = pi s_i (scalar or [N] with
   a leading worker axis broadcast): (x_{i+}, y_{i+}). `rule='mix'` drops
   eq. 12's momentum term: x_{i+} = (1 - c) x_bar + c x_r."""
@@ -138,21 +134,14 @@ class PFedMoDefinition(Definition):
   nesterov = True
 
   def __init__(self, weights_spec, num_trainable: int, num_workers: int,
-               agg_weights, score_x: np.ndarray, *, nag_momentum: float = 0.5,
-               pi: float = 1.0, representation: bool = True, model_rule: str = "eq12",
-               momentum: float = 0.0, persist_momentum: bool = False):
+               agg_weights, score_x: np.ndarray, *, nag_momentum: float, pi: float,
+               representation: bool, model_rule: str, momentum: float = 0.0,
+               persist_momentum: bool = False):
     algo = "pfedmo" if representation else "fednag"
     if momentum:
       raise ValueError(f"invalid --client_momentum for {algo}: its local momentum is "
                        "NAG's, --nag_momentum; valid: --client_momentum=0")
     del persist_momentum
-    if not 0 <= nag_momentum < 1:
-      raise ValueError(f"invalid --nag_momentum={nag_momentum}; valid: 0 <= gamma < 1")
-    if not 0 <= pi <= 1:
-      raise ValueError(f"invalid --pfedmo_pi={pi}; valid: 0 <= pi <= 1")
-    if model_rule not in MODEL_RULES:
-      raise ValueError(f"invalid --pfedmo_model={model_rule}; valid: "
-                       f"{', '.join(MODEL_RULES)}")
     self.model_rule = model_rule
     super().__init__(weights_spec, num_trainable, momentum=nag_momentum)
     self.num_workers = int(num_workers)
@@ -263,24 +252,6 @@ class PFedMoDefinition(Definition):
     return new
 
 
-def build_pfedmo(model_fn, loss: str, element_spec, num_workers: int, agg_weights,
-                 score_x, nag_momentum: float = 0.5, pi: float = 1.0,
-                 representation: bool = True):
-  """pFedMo's (or, with `representation=False`, FedNAG's) TFF computations
-  `{'train': ..., 'represent': ...}` (the `tff` runner's; see
-  `tff_runner.build_round`); the state is `definition.initial_state(w0)`.
-  Call `represent` over the public set, then `train` over the N workers
-  (keys: their indices), every round. Returns (definition, computations)."""
-  from tff_cluster.runners import tff_runner
-  model = model_fn()
-  definition = PFedMoDefinition(
-      local_training.weights_type_spec(model), len(model.trainable_variables), num_workers,
-      agg_weights, score_x, nag_momentum=nag_momentum, pi=pi, representation=representation)
-  return definition, {mode: tff_runner.build_round(definition, mode, model_fn, loss,
-                                                   element_spec)
-                      for mode in definition.modes}
-
-
 def public_data(data: FederatedData, fraction: float, seed: int):
   """(x, y, description) of the representation model's public set."""
   if data.public is not None:
@@ -317,11 +288,10 @@ class PFedMoDriver(driver.Driver):
   extra_columns = ("global_test_accuracy", "global_test_loss", "mean_score",
                    "personalisation_gap", "rep_distance")
 
-  def __init__(self, task, data, config: driver.TrainingConfig, *,
-               nag_momentum: float = 0.5, pfedmo_pi: float = 1.0,
-               agg_weights: str = "data", score_batch: int = 64,
-               public_fraction: float = 0.1, pfedmo_model: str = "eq12",
+  def __init__(self, task, data, config: driver.TrainingConfig, options: Options,
                representation: bool = True):
+    """pFedMo, or with `representation=False` FedNAG (pi = 0: no
+    representation model, every worker takes the plain aggregate)."""
     algo = "pfedmo" if representation else "fednag"
     if data.test_only().any():
       raise ValueError(f"{algo} trains every client every round, but this task has "
@@ -331,25 +301,24 @@ class PFedMoDriver(driver.Driver):
       raise ValueError(f"invalid --clients_per_round={config.clients_per_round} for "
                        f"{algo}: every worker takes part in every aggregation; valid: "
                        f"{data.num_clients} (the number of clients)")
-    if agg_weights not in AGG_WEIGHTS:
-      raise ValueError(f"invalid --agg_weights={agg_weights}; valid: "
-                       f"{', '.join(AGG_WEIGHTS)}")
     sizes = data.num_train_samples().astype(np.float64)
-    weights = (sizes / sizes.sum() if agg_weights == "data"
+    weights = (sizes / sizes.sum() if options.agg_weights == "data"
                else np.full(data.num_clients, 1.0 / data.num_clients))
-    score_x = (scoring_inputs(data, score_batch, config.seed) if representation
+    score_x = (scoring_inputs(data, options.score_batch, config.seed) if representation
                else np.zeros((1,) + data.train[data.client_ids[0]][0].shape[1:], np.float32))
     self.representation = representation
     super().__init__(task, data, config,
                      lambda specs, num_trainable, **solver: PFedMoDefinition(
                          specs, num_trainable, data.num_clients, weights, score_x,
-                         nag_momentum=nag_momentum, pi=pfedmo_pi,
-                         representation=representation, model_rule=pfedmo_model,
+                         nag_momentum=options.nag_momentum,
+                         pi=options.pfedmo_pi if representation else 0.0,
+                         representation=representation,
+                         model_rule=options.pfedmo_model if representation else "eq12",
                          **solver))
     self.public_description = None
     self.rep_runner = None
     if representation:
-      x, y, self.public_description = public_data(data, public_fraction, config.seed)
+      x, y, self.public_description = public_data(data, options.public_fraction, config.seed)
       public = FederatedData(["public"], {"public": (x, y)},
                              {"public": (x[:0], y[:0])}, data.num_classes,
                              description="public set")
@@ -426,10 +395,12 @@ def _norm(tensors) -> float:
                            for t in tensors)))
 
 
-def make_driver(task, data, config: driver.TrainingConfig, **options) -> PFedMoDriver:
-  return PFedMoDriver(task, data, config, **options)
+def make_driver(task, data, config: driver.TrainingConfig, options=None,
+                **values) -> PFedMoDriver:
+  return PFedMoDriver(task, data, config, options_of(PFEDMO_HPARAMS, options, **values))
 
 
-def make_fednag_driver(task, data, config: driver.TrainingConfig,
-                       **options) -> PFedMoDriver:
-  return PFedMoDriver(task, data, config, pfedmo_pi=0.0, representation=False, **options)
+def make_fednag_driver(task, data, config: driver.TrainingConfig, options=None,
+                       **values) -> PFedMoDriver:
+  return PFedMoDriver(task, data, config, options_of(FEDNAG_HPARAMS, options, **values),
+                      representation=False)

@@ -33,12 +33,10 @@ import collections
 import numpy as np
 import tensorflow as tf
 
-from tff_cluster import driver, local_training
+from tff_cluster import driver
 from tff_cluster.core.definition import ClientOutput
 from tff_cluster.algorithms.fedavg import FedAvgDefinition, FedAvgDriver
-
-KINDS = ("fedavgm", "fedmom", "slowmo")
-
+from tff_cluster.options import SERVER_MOMENTUM_HPARAMS, Options, options_of
 
 class ServerMomentumDefinition(FedAvgDefinition):
   """FedAvg's client work with a momentum server update (see the module docstring).
@@ -46,15 +44,10 @@ class ServerMomentumDefinition(FedAvgDefinition):
   State: `model` (every weight) and `buffer` (trainable weights: FedAvgM's m,
   FedMom's v, SlowMo's u)."""
 
-  def __init__(self, weights_spec, num_trainable: int, kind: str, server_lr: float = 1.0,
-               server_momentum: float = 0.9, **options):
-    super().__init__(weights_spec, num_trainable, **options)
-    if kind not in KINDS:
-      raise ValueError(f"unknown server-momentum algorithm {kind!r}; valid: {', '.join(KINDS)}")
-    if not server_lr > 0:
-      raise ValueError(f"invalid --server_lr={server_lr}; valid: a number > 0")
-    if not 0 <= server_momentum < 1:
-      raise ValueError(f"invalid --server_momentum={server_momentum}; valid: 0 <= beta < 1")
+  def __init__(self, weights_spec, num_trainable: int, kind: str, *, server_lr: float,
+               server_momentum: float, weighting: str, **solver):
+    """`kind`: fedavgm, fedmom or slowmo."""
+    super().__init__(weights_spec, num_trainable, mu=0.0, weighting=weighting, **solver)
     self.kind = kind
     self.server_lr = float(server_lr)
     self.beta = float(server_momentum)
@@ -101,36 +94,27 @@ class ServerMomentumDefinition(FedAvgDefinition):
     return collections.OrderedDict(model=trainable + rest, buffer=buffer)
 
 
-def build_server_momentum(model_fn, loss: str, element_spec, kind: str,
-                          server_lr: float = 1.0, server_momentum: float = 0.9,
-                          client_momentum: float = 0.0):
-  """The TFF computation `{'train': ...}` of FedAvgM / FedMom / SlowMo
-  (`kind`), the `tff` runner's (see `tff_runner.build_round`); the state is
-  `definition.initial_state(w0)`. Returns (definition, computations)."""
-  from tff_cluster.runners import tff_runner
-  model = model_fn()
-  definition = ServerMomentumDefinition(
-      local_training.weights_type_spec(model), len(model.trainable_variables), kind,
-      server_lr=server_lr, server_momentum=server_momentum, momentum=client_momentum)
-  return definition, {"train": tff_runner.build_round(definition, "train", model_fn, loss,
-                                                      element_spec)}
-
-
 class ServerMomentumDriver(FedAvgDriver):
   """FedAvg's host side over a server-momentum definition."""
 
-  def __init__(self, task, data, config: driver.TrainingConfig, *, kind: str,
-               server_lr: float = 1.0, server_momentum: float = 0.9,
-               client_weighting: str = "processed"):
-    driver.Driver.__init__(
-        self, task, data, config,
-        lambda specs, num_trainable, **solver: ServerMomentumDefinition(
-            specs, num_trainable, kind, server_lr=server_lr,
-            server_momentum=server_momentum, weighting=client_weighting, **solver))
+  def __init__(self, task, data, config: driver.TrainingConfig, kind: str, options: Options):
+    driver.Driver.__init__(self, task, data, config, lambda specs, num_trainable, **solver:
+                           make_definition(kind)(specs, num_trainable, options, **solver))
     self.state = None
 
 
+def make_definition(kind: str):
+  """`make_definition(weights_spec, num_trainable, options, **solver)` of `kind`."""
+  def make(weights_spec, num_trainable: int, options: Options, **solver):
+    return ServerMomentumDefinition(weights_spec, num_trainable, kind,
+                                    server_lr=options.server_lr,
+                                    server_momentum=options.server_momentum,
+                                    weighting=options.client_weighting, **solver)
+  return make
+
+
 def driver_factory(kind: str):
-  def make_driver(task, data, config: driver.TrainingConfig, **options):
-    return ServerMomentumDriver(task, data, config, kind=kind, **options)
+  def make_driver(task, data, config: driver.TrainingConfig, options=None, **values):
+    return ServerMomentumDriver(task, data, config, kind,
+                                options_of(SERVER_MOMENTUM_HPARAMS, options, **values))
   return make_driver

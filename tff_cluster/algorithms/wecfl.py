@@ -51,7 +51,7 @@ Evaluation: each client is tested with its cluster's model.
 from __future__ import annotations
 
 import collections
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -59,10 +59,8 @@ import tensorflow as tf
 from tff_cluster import clustering, driver, local_training
 from tff_cluster.core import cluster_ops
 from tff_cluster.core.definition import ClientOutput, Definition, flat_norm
+from tff_cluster.options import WECFL_HPARAMS, Options, options_of
 
-FEATURES = ("last_layer", "fc", "all")
-KMEANS = ("refit", "one_step")
-WEIGHTINGS = ("data", "uniform")
 
 
 class ClusterModelsDefinition(Definition):
@@ -81,13 +79,11 @@ class ClusterModelsDefinition(Definition):
 
   modes = ("train", "aggregate")
 
-  def __init__(self, weights_spec, num_trainable: int, num_clusters: int,
-               mu: float = 0.0, **solver):
+  def __init__(self, weights_spec, num_trainable: int, num_clusters: int, *, mu: float,
+               **solver):
+    """`mu`: the proximal coefficient toward the data-weighted mean of the
+    cluster models (`--wecfl_mu`; CFL: 0)."""
     super().__init__(weights_spec, num_trainable, **solver)
-    if num_clusters < 1:
-      raise ValueError(f"invalid --num_groups={num_clusters}; valid: an integer >= 1")
-    if mu < 0:
-      raise ValueError(f"invalid --mu={mu}; valid: a number >= 0")
     self.k = int(num_clusters)
     self.mu = float(mu)
 
@@ -163,28 +159,6 @@ def match_labels(labels: np.ndarray, centres: np.ndarray, previous: np.ndarray) 
   return rename[np.asarray(labels, np.int64)]
 
 
-def build_cluster_models(model_fn: Callable[[], tf.keras.Model], loss: str, element_spec,
-                         num_clusters: int, mu: float = 0.0, client_momentum: float = 0.0,
-                         persist_momentum: bool = False):
-  """The TFF computations `{'train': ..., 'aggregate': ...}` of WeCFL, FeSEM
-  and CFL (the `tff` runner's), each `(state, params, keys, client states,
-  datasets) -> (state, summed, per-client results, client states)` (see
-  `tff_runner.build_round`). Returns (definition, computations); the host
-  chooses the clusters between the two calls."""
-  from tff_cluster.runners import tff_runner
-
-  model = model_fn()
-  definition = ClusterModelsDefinition(
-      local_training.weights_type_spec(model), len(model.trainable_variables),
-      num_clusters, mu=mu, momentum=client_momentum, persist_momentum=persist_momentum)
-  return definition, {mode: tff_runner.build_round(definition, mode, model_fn, loss,
-                                                   element_spec)
-                      for mode in definition.modes}
-
-
-build_wecfl = build_cluster_models
-
-
 class ClusterModelsDriver(driver.Driver):
   """Host side shared by WeCFL, FeSEM and CFL: cluster models, each client's
   cluster (`assignment`), the two calls per round. Subclasses choose the new
@@ -193,7 +167,7 @@ class ClusterModelsDriver(driver.Driver):
   checkpoint_attrs = ("assignment", "_summary")
 
   def __init__(self, task, data, config: driver.TrainingConfig, *, num_groups: int,
-               mu: float = 0.0, min_round_clients: Optional[int] = None):
+               mu: float, min_round_clients: Optional[int] = None):
     self.mu = float(mu)
     driver.check_num_groups(num_groups, data)
     training = data.num_training_clients
@@ -283,25 +257,20 @@ class ClusterModelsDriver(driver.Driver):
 class WeCFLDriver(ClusterModelsDriver):
   """WeCFL / FeSEM (see the module docstring)."""
 
-  def __init__(self, task, data, config: driver.TrainingConfig, *, num_groups: int = 5,
-               wecfl_features: str = "last_layer", wecfl_kmeans: str = "refit",
-               kmeans_weights: str = "data", center_weights: str = "data",
-               wecfl_mu: float = 0.0):
-    for name, value, valid in (("wecfl_features", wecfl_features, FEATURES),
-                               ("wecfl_kmeans", wecfl_kmeans, KMEANS),
-                               ("kmeans_weights", kmeans_weights, WEIGHTINGS)):
-      if value not in valid:
-        raise ValueError(f"invalid --{name}={value}; valid: {', '.join(valid)}")
-    self.features = wecfl_features
-    self.kmeans = wecfl_kmeans
+  def __init__(self, task, data, config: driver.TrainingConfig, options: Options, *,
+               kmeans_weights: str, center_weights: str):
+    """`kmeans_weights` / `center_weights`: data or uniform (WeCFL: its
+    `--kmeans_weights` and data; FeSEM: uniform and its `--fesem_center`)."""
+    self.features = options.wecfl_features
+    self.kmeans = options.wecfl_kmeans
     self.kmeans_weights = kmeans_weights
     self.center_weights = center_weights
-    super().__init__(task, data, config, num_groups=num_groups, mu=wecfl_mu)
-    if wecfl_features == "last_layer":
+    super().__init__(task, data, config, num_groups=options.num_groups, mu=options.wecfl_mu)
+    if self.features == "last_layer":
       self._feature_indices = [local_training.last_dense_kernel_index(task.model_fn())]
-    elif wecfl_features == "fc":
+    elif self.features == "fc":
       self._feature_indices = local_training.dense_indices(task.model_fn())
-    self._summary.update(wecfl_features=wecfl_features, wecfl_kmeans=wecfl_kmeans,
+    self._summary.update(wecfl_features=self.features, wecfl_kmeans=self.kmeans,
                          kmeans_weights=kmeans_weights, center_weights=center_weights)
     self._inertia = float("nan")
     self.extra_columns = [*self.extra_columns, "kmeans_objective"]
@@ -339,5 +308,14 @@ class WeCFLDriver(ClusterModelsDriver):
     return {"kmeans_objective": self._inertia}
 
 
-def make_driver(task, data, config: driver.TrainingConfig, **options):
-  return WeCFLDriver(task, data, config, **options)
+def make_definition(weights_spec, num_trainable: int, options: Options,
+                    **solver) -> ClusterModelsDefinition:
+  """WeCFL's and FeSEM's definition (CFL's: `mu=0`)."""
+  return ClusterModelsDefinition(weights_spec, num_trainable, options.num_groups,
+                                 mu=options.wecfl_mu, **solver)
+
+
+def make_driver(task, data, config: driver.TrainingConfig, options=None, **values):
+  options = options_of(WECFL_HPARAMS, options, **values)
+  return WeCFLDriver(task, data, config, options, kmeans_weights=options.kmeans_weights,
+                     center_weights="data")

@@ -13,8 +13,10 @@ computation
   new_state = federated_map(server_update, (state, summed))
 
 on TFF's C++ runtime (`tff_cluster.runtime` owns the worker and installs its
-context when the first runner or `build_*` is made). These computations are
-what the algorithms' `build_*` return for research pipelines.
+context when the first runner or computation is made). `build_computations`
+gives every mode's computation of a definition: what TFF research pipelines
+use (`tff_cluster.api.computations` builds the definition from an algorithm's
+options).
 """
 
 from __future__ import annotations
@@ -159,6 +161,18 @@ def build_round(definition, mode: str, model_fn, loss: str, element_spec):
       return body(state, params, data, None, None)
 
   return tff.federated_computation(*types)(round_fn)
+
+
+def build_computations(definition, model_fn, loss, element_spec) -> Dict[str, Any]:
+  """Every mode's federated computation of `definition` (`build_round`), by
+  mode name: `{mode: round(state, params, data[, keys][, client_state])}`.
+
+  The state starts as `definition.initial_state(...)`; `params` are
+  `core.definition.round_params(lr)`; what the host does between the modes
+  is the algorithm's driver's (`tff_cluster/algorithms/<name>.py`).
+  """
+  return {mode: build_round(definition, mode, model_fn, loss, element_spec)
+          for mode in definition.modes}
 
 
 class TffRunner:
