@@ -53,7 +53,7 @@ import tensorflow as tf
 from tff_cluster import driver
 from tff_cluster.core import cluster_ops
 from tff_cluster.core.definition import ClientOutput, Definition, flat_norm
-from tff_cluster.algorithms.ifca import IFCADriver, argmin_cluster
+from tff_cluster.algorithms.ifca import IFCADriver, assign_output, estimate_cluster
 from tff_cluster.options import CFL_MGD_HPARAMS, Options, options_of
 
 
@@ -134,11 +134,9 @@ class CFLMGDDefinition(Definition):
       losses = tf.zeros([self.k], tf.float32)
     else:
       models = list(received["models"])
-      losses = cluster_ops.cluster_losses(trainer, models, data, self.k, self.loss_batches)
-      cluster = argmin_cluster(losses)
+      cluster, losses = estimate_cluster(trainer, models, data, self.k, self.loss_batches)
       if mode == "assign":
-        return ClientOutput(collections.OrderedDict(num_clients=tf.constant(1.0)),
-                            collections.OrderedDict(cluster=cluster, losses=losses))
+        return assign_output(cluster, losses)
       start = [tf.gather(w, cluster) for w in models]
       start_momenta = ([] if self.client_buffers else
                        [tf.gather(u, cluster) for u in received["momenta"]])

@@ -90,6 +90,18 @@ def argmin_cluster(losses: tf.Tensor) -> tf.Tensor:
   return tf.argmin(losses, output_type=tf.int32)
 
 
+def estimate_cluster(trainer, models, data, k: int, loss_batches: int):
+  """IFCA's cluster estimate of a client: (argmin cluster, [K] mean losses)."""
+  losses = cluster_ops.cluster_losses(trainer, models, data, k, loss_batches)
+  return argmin_cluster(losses), losses
+
+
+def assign_output(cluster, losses) -> ClientOutput:
+  """The `assign` mode's client output: the choice, no training."""
+  return ClientOutput(collections.OrderedDict(num_clients=tf.constant(1.0)),
+                      collections.OrderedDict(cluster=cluster, losses=losses))
+
+
 class IFCADefinition(Definition):
   """IFCA's round as plain TF functions (see the module docstring).
 
@@ -141,11 +153,9 @@ class IFCADefinition(Definition):
       losses = tf.zeros([self.k], tf.float32)
     else:
       models = list(received["models"])
-      losses = cluster_ops.cluster_losses(trainer, models, data, self.k, self.loss_batches)
-      cluster = argmin_cluster(losses)
+      cluster, losses = estimate_cluster(trainer, models, data, self.k, self.loss_batches)
       if mode == "assign":
-        return ClientOutput(collections.OrderedDict(num_clients=tf.constant(1.0)),
-                            collections.OrderedDict(cluster=cluster, losses=losses))
+        return assign_output(cluster, losses)
       start = [tf.gather(w, cluster) for w in models]
     out, new_state = self.local_update(trainer, start, data, received["lr"], client_state)
     if self.aggregation == "uniform":
