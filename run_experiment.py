@@ -24,20 +24,19 @@ if __name__ == "__main__":
 
 import contextlib  # noqa: E402
 import dataclasses  # noqa: E402
-import datetime  # noqa: E402
 import json  # noqa: E402
 import re  # noqa: E402
 import shutil  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
-import warnings  # noqa: E402
 
 from absl import flags, logging  # noqa: E402
-import numpy as np  # noqa: E402
 
-from tff_cluster import tasks  # noqa: E402
-from tff_cluster import registry  # noqa: E402
 from tff_cluster import hparams as hp  # noqa: E402
+from tff_cluster.settings import (  # noqa: E402,F401  (UsageError, resolve_settings: public)
+    ALGO_HPARAMS as _ALGO_HPARAMS, ALGOS as _ALGOS, GENERAL as _GENERAL,
+    RUNNER_HPARAMS as _RUNNER_HPARAMS, TASKS as _TASKS, UsageError, flag_names,
+    load_task_data, prepare_output_dir, resolve_settings, run_config, run_dir_settings)
 
 def _task_help(name, spec):
   defaults = " ".join(f"{k}={v}" for k, v in spec.defaults.items() if v is not None)
@@ -47,11 +46,6 @@ def _task_help(name, spec):
           f"{pad}models: {', '.join(spec.model_names)}; task_arg: {args}",
           f"{pad}defaults: {defaults}"]
 
-
-_ALGOS = registry.ALGORITHMS
-_TASKS = tasks.registry()
-_ALGO_HPARAMS = registry.all_hparams()
-_RUNNER_HPARAMS = (hp.RUNNER, hp.JIT)
 
 __doc__ = "\n".join(
     ["Runs one federated experiment: --algo on --task, results in --output_dir.",
@@ -124,201 +118,13 @@ for _decl in (*hp.TRAINING, *_RUNNER_HPARAMS, *_ALGO_HPARAMS.values()):
   _define(_decl)
 del _decl
 
-_GENERAL = ("algo", "task", "model", "num_clients", "data_dir", "synthetic_alpha",
-            "synthetic_beta", "glove_path", "task_arg", "output_dir", "overwrite",
-            "progress", "checkpoint_every", "resume", "eval_only")
-# Settings a resumed run may change (the rest must equal the run's config.json).
-# The runner and its XLA setting compute the same rounds (parity tests), so a
-# run started on `tff` (or on another stack) may go on with `local`.
-_RESUME_MAY_CHANGE = ("rounds", "output_dir", "overwrite", "progress", "checkpoint_every",
-                      "resume", "eval_only", "runner", "jit", "divergence_ratio")
-
-
-class UsageError(Exception):
-  """Bad command-line input; the message is the one line shown to the user."""
-
-
-def resolve_settings(values) -> dict:
-  """Validates flags and fills task and declaration defaults. Raises UsageError."""
-  if values["algo"] not in _ALGOS:
-    raise UsageError(f"unknown --algo={values['algo']}; valid: {', '.join(sorted(_ALGOS))}")
-  if values["task"] not in _TASKS:
-    raise UsageError(f"unknown --task={values['task']}; valid: {', '.join(sorted(_TASKS))}")
-  algo = _ALGOS[values["algo"]]
-  task = _TASKS[values["task"]]
-  try:
-    task.with_model(values.get("model"))
-  except ValueError as e:
-    raise UsageError(str(e)) from None
-  settings = {name: values.get(name) for name in _GENERAL}
-  given = dict(values)
-  if given.get("local_epochs") is not None and given.get("local_steps") is not None:
-    raise UsageError(f"--local_epochs={given['local_epochs']} and --local_steps="
-                     f"{given['local_steps']} both given; valid: one of them")
-  # Local work is epochs or steps: what the user gives wins over the task's
-  # default of the other kind; without either, the task's default decides.
-  if given.get("local_epochs") is not None:
-    work = "local_epochs"
-  elif given.get("local_steps") is not None:
-    work = "local_steps"
-  else:
-    work = ("local_steps" if task.defaults.get("local_steps") is not None
-            else "local_epochs")
-  other = "local_steps" if work == "local_epochs" else "local_epochs"
-  training = [d for d in hp.TRAINING if d.name != other]
-  try:
-    settings.update(hp.resolve(training, given, task.name, task.defaults))
-    settings.update(hp.resolve(_RUNNER_HPARAMS, given, task.name))
-    settings.update(hp.resolve(algo.hparams, given, task.name, task.defaults))
-    for name in ("num_clients", "synthetic_alpha", "synthetic_beta"):
-      if settings[name] is None:
-        continue
-      low = 1 if name == "num_clients" else 0
-      kind = int if name == "num_clients" else float
-      settings[name] = hp.HParam(name, kind, None, "", low=low).check(settings[name])
-  except hp.HParamError as e:
-    raise UsageError(str(e)) from None
-  settings[other] = None
-  if settings["num_clients"] is None:
-    settings["num_clients"] = task.defaults.get("num_clients")
-  if algo.all_clients and given.get("clients_per_round") is None:
-    # Every client takes part in every round: the number is known once the
-    # data is loaded (`_load_task_data`).
-    settings["clients_per_round"] = None
-  for name in ("rounds", "clients_per_round", "batch_size", "client_lr"):
-    if name == "clients_per_round" and algo.all_clients:
-      continue
-    if settings[name] is None:
-      raise UsageError(f"--{name} has no default for --task={task.name}; give it")
-  if settings["local_epochs"] is None and settings["local_steps"] is None:
-    raise UsageError(f"--task={task.name} has no default local work; give "
-                     "--local_epochs or --local_steps")
-  if settings["num_clients"] is not None and settings["clients_per_round"] is not None \
-      and settings["clients_per_round"] > settings["num_clients"]:
-    raise UsageError(
-        f"invalid --clients_per_round={settings['clients_per_round']}: more than "
-        f"--num_clients={settings['num_clients']}; valid: 1..{settings['num_clients']}")
-  own = {d.name for d in algo.hparams}
-  ignored = sorted(f"--{name}" for name in _ALGO_HPARAMS
-                   if name not in own and values.get(name) is not None)
-  if ignored:
-    print(f"warning: {', '.join(ignored)} ignored by --algo={algo.name}", file=sys.stderr)
-  from tff_cluster import stack
-  if stack.keras_problem() is not None:
-    raise UsageError(stack.keras_problem())
-  if settings["runner"] == "tff":
-    problem = stack.tff_problem()
-    if problem is not None:
-      raise UsageError(f"--runner=tff: {problem} (--runner=local, the default)")
-  if settings["runner"] != "local" and values.get("jit") is not None:
-    print(f"warning: --jit ignored by --runner={settings['runner']}", file=sys.stderr)
-  settings["algo_options"] = {name: settings[name] for name in own}
-  settings["task_args"] = _parse_task_args(values.get("task_arg") or [], task)
-  settings.pop("task_arg", None)
-  if settings["checkpoint_every"] is not None and settings["checkpoint_every"] < 1:
-    raise UsageError(f"invalid --checkpoint_every={settings['checkpoint_every']}; "
-                     "valid: an integer >= 1")
-  if settings["output_dir"] == "":
-    raise UsageError("invalid --output_dir=''; valid: a directory path")
-  if (settings["resume"] or settings["eval_only"]) and settings["output_dir"] is None:
-    flag = "--resume" if settings["resume"] else "--eval_only"
-    raise UsageError(f"{flag} needs --output_dir=RUN_DIR, the directory of the run")
-  if settings["output_dir"] is None:
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    settings["output_dir"] = os.path.join(
-        "results", f"{settings['task']}_{settings['algo']}_{stamp}")
-  return settings
-
-
-def _parse_task_args(items, task) -> dict:
-  """`--task_arg NAME=VALUE` items, typed and checked by the task's declarations."""
-  declared = {d.name: d for d in task.task_args}
-  valid = ", ".join(sorted(declared)) or "none"
-  out = {}
-  for item in items:
-    name, sep, raw = item.partition("=")
-    if not sep or not name:
-      raise UsageError(f"invalid --task_arg={item}; valid: NAME=VALUE with NAME one of "
-                       f"{valid} (--task={task.name})")
-    if name not in declared:
-      raise UsageError(f"--task_arg {name} is not a setting of --task={task.name}; "
-                       f"valid: {valid}")
-    if name in out:
-      raise UsageError(f"--task_arg {name} given twice; valid: once per setting")
-    decl = declared[name]
-    try:
-      out[name] = decl.check(_typed(decl, raw))
-    except (ValueError, hp.HParamError):
-      raise UsageError(f"invalid --task_arg={name}={raw}; valid: {decl.valid_text()}") \
-          from None
-  return out
-
-
-def _typed(decl, raw: str):
-  """A `--task_arg` text as the declaration's type (bool: true/false, any case)."""
-  if decl.type is bool:
-    if raw.lower() not in ("true", "false"):
-      raise ValueError(raw)
-    return raw.lower() == "true"
-  return decl.type(raw)
-
-
-def _flag_names():
-  return [*_GENERAL, *(d.name for d in (*hp.TRAINING, *_RUNNER_HPARAMS)), *_ALGO_HPARAMS]
-
-
 def _flag_values() -> dict:
-  return {name: FLAGS[name].value for name in _flag_names()}
+  return {name: FLAGS[name].value for name in flag_names()}
 
 
-def _run_config(run_dir: str) -> dict:
-  path = os.path.join(run_dir, "config.json")
-  try:
-    with open(path) as f:
-      return json.load(f)
-  except (OSError, ValueError) as e:
-    raise UsageError(f"cannot read {path} ({e.__class__.__name__}); --resume and "
-                     "--eval_only need the directory of a run") from None
-
-
-def run_dir_settings() -> dict:
-  """--resume / --eval_only: the run's settings from its config.json, with the
-  flags given on top. --resume refuses (UsageError) any change but a larger
-  --rounds; --eval_only may evaluate on another --task."""
-  run_dir = FLAGS.output_dir
-  if not run_dir:
-    flag = "--resume" if FLAGS.resume else "--eval_only"
-    raise UsageError(f"{flag} needs --output_dir=RUN_DIR, the directory of the run")
-  config = _run_config(run_dir)
-  values = {name: config.get(name) for name in _flag_names() if name in config}
-  given = {name: FLAGS[name].value for name in _flag_names() if FLAGS[name].present}
-  if "task" in given and given["task"] != config.get("task"):
-    values.pop("model", None)  # another task: its own default model and settings
-  else:
-    values["task_arg"] = [f"{k}={hp.format_value(v)}"
-                          for k, v in (config.get("task_args") or {}).items()]
-  values.update(given)
-  values["resume"], values["eval_only"] = FLAGS.resume, FLAGS.eval_only
-  settings = resolve_settings(values)
-  if not FLAGS.resume:
-    return settings
-  for key, old in sorted(config.items()):
-    if key not in settings or key in _RESUME_MAY_CHANGE:
-      continue
-    new = results_jsonable(settings[key])
-    if new != old:
-      raise UsageError(f"--resume: {key}={new} differs from the run's {key}={old} "
-                       f"({run_dir}/config.json); valid: the run's settings, a "
-                       "larger --rounds, another --runner or --jit")
-  if settings["rounds"] < config["rounds"]:
-    raise UsageError(f"--resume: --rounds={settings['rounds']} is fewer than the run's "
-                     f"{config['rounds']}; valid: --rounds >= {config['rounds']}")
-  return settings
-
-
-def results_jsonable(value):
-  from tff_cluster.results import to_jsonable
-  return to_jsonable(value)
+def _present():
+  """The flags the user gave."""
+  return [name for name in flag_names() if FLAGS[name].present]
 
 
 def _flag_error_message(error: Exception) -> str:
@@ -339,89 +145,6 @@ def _flag_error_message(error: Exception) -> str:
 def _fail(message: str, code: int = 2) -> "NoReturn":  # noqa: F821
   print(f"run_experiment.py: error: {message}", file=sys.stderr)
   sys.exit(code)
-
-
-def _prepare_output_dir(path: str, overwrite: bool, resume: bool) -> bool:
-  """Checks `path` can take results before any data is loaded. Returns whether
-  this call created it (so that a run failing before its first result can
-  remove it again: no half-written directory is left)."""
-  from tff_cluster import results
-  if resume:
-    return False
-  try:
-    results.check_output_dir(path, overwrite)
-  except results.OutputDirError as e:
-    raise UsageError(str(e)) from None
-  created = not os.path.exists(path)
-  try:
-    os.makedirs(path, exist_ok=True)
-    probe = os.path.join(path, ".write-test")
-    with open(probe, "w"):
-      pass
-    os.remove(probe)
-  except OSError as e:
-    if created:
-      shutil.rmtree(path, ignore_errors=True)
-    raise UsageError(f"--output_dir={path} is not writable ({e.strerror or e}); "
-                     "valid: a directory this user can create and write") from None
-  return created
-
-
-class _ReadRecorder:
-  """The task's `DataOptions`, recording which settings the task reads."""
-
-  def __init__(self, options):
-    object.__setattr__(self, "_options", options)
-    object.__setattr__(self, "read", set())
-
-  def __getattr__(self, name):
-    self.read.add(name)
-    return getattr(self._options, name)
-
-
-def _load_task_data(settings: dict, task):
-  from tff_cluster.data.federated import DataError
-  from tff_cluster.task import DataOptions
-  options = DataOptions(seed=settings["seed"], num_clients=settings["num_clients"],
-                        data_dir=settings["data_dir"],
-                        synthetic_alpha=settings["synthetic_alpha"],
-                        synthetic_beta=settings["synthetic_beta"],
-                        glove_path=settings["glove_path"], extra=settings["task_args"])
-  tracked = _ReadRecorder(options)
-  with warnings.catch_warnings():
-    warnings.simplefilter("always")
-    try:
-      data = task.load_data(tracked)
-    except (DataError, hp.HParamError) as e:
-      raise UsageError(str(e)) from None
-  unused = [f"--{name}" for name in ("data_dir", "glove_path", "num_clients",
-                                      "synthetic_alpha", "synthetic_beta")
-            if FLAGS[name].present and name not in tracked.read]
-  if unused:
-    print(f"warning: {', '.join(unused)} ignored by --task={task.name}", file=sys.stderr)
-  if settings["num_clients"] is not None and data.num_clients < settings["num_clients"]:
-    raise UsageError(f"invalid --num_clients={settings['num_clients']}: --task={task.name} "
-                     f"has {data.num_clients} clients; valid: 1..{data.num_clients}")
-  training = data.num_training_clients  # test-only clients never train
-  if settings["clients_per_round"] is None:  # an all-clients algorithm's default
-    settings["clients_per_round"] = training
-  if settings["clients_per_round"] > training:
-    # A task whose own setting decides how many clients remain names it (e.g.
-    # sent140's "--task_arg=min_tweets=50").
-    setting = getattr(data, "client_count_setting", None)
-    if setting:
-      raise UsageError(
-          f"invalid {setting}: leaves {data.num_clients} clients, fewer than "
-          f"--clients_per_round={settings['clients_per_round']}; valid: a setting that "
-          f"keeps >= {settings['clients_per_round']} clients, or --clients_per_round <= "
-          f"{data.num_clients}")
-    what = (f"{training} clients" if training == data.num_clients else
-            f"{training} clients with training data (and {data.num_clients - training} "
-            "test-only clients)")
-    raise UsageError(
-        f"invalid --clients_per_round={settings['clients_per_round']}: the task has "
-        f"{what}; valid: 1..{training}")
-  return data
 
 
 def run(settings: dict) -> dict:
@@ -448,11 +171,11 @@ def run(settings: dict) -> dict:
       raise UsageError(f"--resume: no readable checkpoint in {checkpoint.directory(out_dir)}"
                        "; valid: the directory of a run that saved one")
     resume = found[1]
-  previous = _run_config(out_dir) if settings["resume"] else {}
-  created = _prepare_output_dir(out_dir, settings["overwrite"], settings["resume"])
+  previous = run_config(out_dir) if settings["resume"] else {}
+  created = prepare_output_dir(out_dir, settings["overwrite"], settings["resume"])
   try:
     load_start = time.perf_counter()
-    data = _load_task_data(settings, task)
+    data = load_task_data(settings, task, _present())
     load_seconds = time.perf_counter() - load_start
     config = experiment.TrainingConfig(**{
         field.name: settings[field.name]
@@ -513,54 +236,6 @@ def run(settings: dict) -> dict:
   finally:
     writer.close()
   return summary
-
-
-def evaluate_saved(settings: dict) -> dict:
-  """--eval_only: the run's saved models on `settings['task']`'s test data."""
-  from tff_cluster import stack
-  tf = stack.import_tensorflow()
-
-  from tff_cluster import experiment, results
-  from tff_cluster.evaluation import Evaluator
-
-  tf.get_logger().setLevel("ERROR")
-  run_dir = settings["output_dir"]
-  task = _TASKS[settings["task"]].with_model(settings["model"])
-  data = _load_task_data(settings, task)
-  report = {"task": task.name, "run_dir": run_dir, "num_clients": data.num_clients}
-  evaluator = Evaluator(task.model_fn, task.loss, data)
-  for which in ("final", "best"):
-    directory = os.path.join(run_dir, "models", which)
-    try:
-      with open(os.path.join(directory, "clients.json")) as f:
-        info = json.load(f)
-      weights = [experiment.load_model_weights(task, directory, j)
-                 for j in range(info["num_models"])]
-    except experiment.WeightsMismatch as e:
-      raise UsageError(f"--eval_only: {e}") from None
-    except ValueError as e:
-      raise UsageError(f"--eval_only: cannot load {directory} ({e.__class__.__name__}); "
-                       "valid: the directory of a run that finished") from None
-    except (OSError, TypeError, KeyError) as e:
-      raise UsageError(f"--eval_only: cannot load {directory} ({e.__class__.__name__}); "
-                       "valid: the directory of a run that finished") from None
-    per_model = [evaluator.evaluate([w], np.zeros(data.num_clients, np.int64)).accuracy
-                 for w in weights]
-    entry = {"round": info["round"], "model_test_accuracy": per_model}
-    mapping = info["client_model"]
-    if all(c in mapping for c in data.client_ids):
-      chosen = np.array([mapping[c] for c in data.client_ids])
-      result = evaluator.evaluate(weights, chosen)
-      entry.update(test_accuracy=result.accuracy, test_loss=result.loss,
-                   clients="each client with its model from clients.json")
-    else:
-      entry["clients"] = ("the task's clients are not the run's: each model on every "
-                          "client (model_test_accuracy)")
-    report[which] = entry
-  path = os.path.join(run_dir, f"eval_{task.name}.json")
-  results.write_json(path, report)
-  print(f"wrote {path}", file=sys.stderr)
-  return report
 
 
 def _interrupted(settings: dict, code: int) -> "NoReturn":  # noqa: F821
@@ -649,10 +324,14 @@ def _main(argv) -> int:
     _fail(f"unexpected argument {rest[1]!r}; flags are written --name=value (see --help)")
   logging.set_verbosity(logging.WARNING)
   try:
-    settings = (run_dir_settings() if FLAGS.resume or FLAGS.eval_only
-                else resolve_settings(_flag_values()))
+    if FLAGS.resume or FLAGS.eval_only:
+      settings = run_dir_settings(FLAGS.output_dir, {n: FLAGS[n].value for n in _present()},
+                                  FLAGS.resume, FLAGS.eval_only)
+    else:
+      settings = resolve_settings(_flag_values())
     if settings["eval_only"]:
-      evaluate_saved(settings)
+      from tff_cluster.evaluate import evaluate_saved  # imports TensorFlow
+      evaluate_saved(settings, _present())
       return 0
     summary = run(settings)
   except UsageError as e:

@@ -36,7 +36,7 @@ LAYERS: List[Tuple[str, ...]] = [
     ("tff_cluster.algorithms",),
     ("tff_cluster.experiment",),
     ("tff_cluster.registry", "tff_cluster.tasks"),
-    ("tff_cluster.api",),
+    ("tff_cluster.api", "tff_cluster.settings", "tff_cluster.evaluate"),
 ]
 
 # Optional backends a function may import lazily (they import TFF, which may

@@ -389,6 +389,13 @@ def test_saved_models_load_and_eval_only_reproduces_the_run(tmp_path, capsys):
   code, _, err = _main(["--eval_only", f"--output_dir={out}"], capsys)
   assert code == 0, err
   assert json.loads((out / "eval_synthetic.json").read_text()) == report
+  # `python -m tff_cluster.evaluate RUN_DIR` is the same evaluation.
+  from tff_cluster import evaluate
+  os.remove(out / "eval_synthetic.json")
+  assert evaluate.main(["evaluate", str(out)]) == 0
+  assert json.loads((out / "eval_synthetic.json").read_text()) == report
+  assert evaluate.main(["evaluate"]) == 2
+  assert "usage: python -m tff_cluster.evaluate RUN_DIR" in capsys.readouterr().err
   # Weights that do not fit the task's model: one line naming both.
   np.savez(final / "model_1.npz", w0=np.zeros((3, 3), np.float32))
   code, _, err = _main(["--eval_only", f"--output_dir={out}"], capsys)

@@ -1,0 +1,296 @@
+"""A run's settings, from flag values: checked, defaults filled, one line per error.
+
+The CLI (`run_experiment.py`) parses flags into a dict of values; this module
+turns them into the settings of a run (task and algorithm defaults, the local
+work, the task's `--task_arg`s), reads a run directory's settings for
+`--resume` and `--eval_only`, prepares the output directory and loads the
+task's data. Every refusal is a `UsageError` whose message is the one line the
+user sees. No TensorFlow import.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shutil
+import sys
+import warnings
+from typing import Any, Dict, Sequence
+
+from tff_cluster import hparams as hp
+from tff_cluster import registry, results, stack, tasks
+from tff_cluster.data.federated import DataError
+from tff_cluster.task import DataOptions
+
+ALGOS = registry.ALGORITHMS
+TASKS = tasks.registry()
+ALGO_HPARAMS = registry.all_hparams()
+RUNNER_HPARAMS = (hp.RUNNER, hp.JIT)
+GENERAL = ("algo", "task", "model", "num_clients", "data_dir", "synthetic_alpha",
+           "synthetic_beta", "glove_path", "task_arg", "output_dir", "overwrite",
+           "progress", "checkpoint_every", "resume", "eval_only")
+# Settings a resumed run may change (the rest must equal the run's config.json).
+# The runner and its XLA setting compute the same rounds (parity tests), so a
+# run started on `tff` (or on another stack) may go on with `local`.
+RESUME_MAY_CHANGE = ("rounds", "output_dir", "overwrite", "progress", "checkpoint_every",
+                     "resume", "eval_only", "runner", "jit", "divergence_ratio")
+
+
+def flag_names():
+  """Every flag's name: the general ones, training, runner, every algorithm's."""
+  return [*GENERAL, *(d.name for d in (*hp.TRAINING, *RUNNER_HPARAMS)), *ALGO_HPARAMS]
+
+
+class UsageError(Exception):
+  """Bad command-line input; the message is the one line shown to the user."""
+
+
+def resolve_settings(values) -> dict:
+  """Validates flags and fills task and declaration defaults. Raises UsageError."""
+  if values["algo"] not in ALGOS:
+    raise UsageError(f"unknown --algo={values['algo']}; valid: {', '.join(sorted(ALGOS))}")
+  if values["task"] not in TASKS:
+    raise UsageError(f"unknown --task={values['task']}; valid: {', '.join(sorted(TASKS))}")
+  algo = ALGOS[values["algo"]]
+  task = TASKS[values["task"]]
+  try:
+    task.with_model(values.get("model"))
+  except ValueError as e:
+    raise UsageError(str(e)) from None
+  settings = {name: values.get(name) for name in GENERAL}
+  given = dict(values)
+  if given.get("local_epochs") is not None and given.get("local_steps") is not None:
+    raise UsageError(f"--local_epochs={given['local_epochs']} and --local_steps="
+                     f"{given['local_steps']} both given; valid: one of them")
+  # Local work is epochs or steps: what the user gives wins over the task's
+  # default of the other kind; without either, the task's default decides.
+  if given.get("local_epochs") is not None:
+    work = "local_epochs"
+  elif given.get("local_steps") is not None:
+    work = "local_steps"
+  else:
+    work = ("local_steps" if task.defaults.get("local_steps") is not None
+            else "local_epochs")
+  other = "local_steps" if work == "local_epochs" else "local_epochs"
+  training = [d for d in hp.TRAINING if d.name != other]
+  try:
+    settings.update(hp.resolve(training, given, task.name, task.defaults))
+    settings.update(hp.resolve(RUNNER_HPARAMS, given, task.name))
+    settings.update(hp.resolve(algo.hparams, given, task.name, task.defaults))
+    for name in ("num_clients", "synthetic_alpha", "synthetic_beta"):
+      if settings[name] is None:
+        continue
+      low = 1 if name == "num_clients" else 0
+      kind = int if name == "num_clients" else float
+      settings[name] = hp.HParam(name, kind, None, "", low=low).check(settings[name])
+  except hp.HParamError as e:
+    raise UsageError(str(e)) from None
+  settings[other] = None
+  if settings["num_clients"] is None:
+    settings["num_clients"] = task.defaults.get("num_clients")
+  if algo.all_clients and given.get("clients_per_round") is None:
+    # Every client takes part in every round: the number is known once the
+    # data is loaded (`_load_task_data`).
+    settings["clients_per_round"] = None
+  for name in ("rounds", "clients_per_round", "batch_size", "client_lr"):
+    if name == "clients_per_round" and algo.all_clients:
+      continue
+    if settings[name] is None:
+      raise UsageError(f"--{name} has no default for --task={task.name}; give it")
+  if settings["local_epochs"] is None and settings["local_steps"] is None:
+    raise UsageError(f"--task={task.name} has no default local work; give "
+                     "--local_epochs or --local_steps")
+  if settings["num_clients"] is not None and settings["clients_per_round"] is not None \
+      and settings["clients_per_round"] > settings["num_clients"]:
+    raise UsageError(
+        f"invalid --clients_per_round={settings['clients_per_round']}: more than "
+        f"--num_clients={settings['num_clients']}; valid: 1..{settings['num_clients']}")
+  own = {d.name for d in algo.hparams}
+  ignored = sorted(f"--{name}" for name in ALGO_HPARAMS
+                   if name not in own and values.get(name) is not None)
+  if ignored:
+    print(f"warning: {', '.join(ignored)} ignored by --algo={algo.name}", file=sys.stderr)
+  if stack.keras_problem() is not None:
+    raise UsageError(stack.keras_problem())
+  if settings["runner"] == "tff":
+    problem = stack.tff_problem()
+    if problem is not None:
+      raise UsageError(f"--runner=tff: {problem} (--runner=local, the default)")
+  if settings["runner"] != "local" and values.get("jit") is not None:
+    print(f"warning: --jit ignored by --runner={settings['runner']}", file=sys.stderr)
+  settings["algo_options"] = {name: settings[name] for name in own}
+  settings["task_args"] = parse_task_args(values.get("task_arg") or [], task)
+  settings.pop("task_arg", None)
+  if settings["checkpoint_every"] is not None and settings["checkpoint_every"] < 1:
+    raise UsageError(f"invalid --checkpoint_every={settings['checkpoint_every']}; "
+                     "valid: an integer >= 1")
+  if settings["output_dir"] == "":
+    raise UsageError("invalid --output_dir=''; valid: a directory path")
+  if (settings["resume"] or settings["eval_only"]) and settings["output_dir"] is None:
+    flag = "--resume" if settings["resume"] else "--eval_only"
+    raise UsageError(f"{flag} needs --output_dir=RUN_DIR, the directory of the run")
+  if settings["output_dir"] is None:
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    settings["output_dir"] = os.path.join(
+        "results", f"{settings['task']}_{settings['algo']}_{stamp}")
+  return settings
+
+
+def parse_task_args(items, task) -> dict:
+  """`--task_arg NAME=VALUE` items, typed and checked by the task's declarations."""
+  declared = {d.name: d for d in task.task_args}
+  valid = ", ".join(sorted(declared)) or "none"
+  out = {}
+  for item in items:
+    name, sep, raw = item.partition("=")
+    if not sep or not name:
+      raise UsageError(f"invalid --task_arg={item}; valid: NAME=VALUE with NAME one of "
+                       f"{valid} (--task={task.name})")
+    if name not in declared:
+      raise UsageError(f"--task_arg {name} is not a setting of --task={task.name}; "
+                       f"valid: {valid}")
+    if name in out:
+      raise UsageError(f"--task_arg {name} given twice; valid: once per setting")
+    decl = declared[name]
+    try:
+      out[name] = decl.check(_typed(decl, raw))
+    except (ValueError, hp.HParamError):
+      raise UsageError(f"invalid --task_arg={name}={raw}; valid: {decl.valid_text()}") \
+          from None
+  return out
+
+
+def _typed(decl, raw: str):
+  """A `--task_arg` text as the declaration's type (bool: true/false, any case)."""
+  if decl.type is bool:
+    if raw.lower() not in ("true", "false"):
+      raise ValueError(raw)
+    return raw.lower() == "true"
+  return decl.type(raw)
+
+
+def run_config(run_dir: str) -> dict:
+  path = os.path.join(run_dir, "config.json")
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, ValueError) as e:
+    raise UsageError(f"cannot read {path} ({e.__class__.__name__}); --resume and "
+                     "--eval_only need the directory of a run") from None
+
+
+def run_dir_settings(run_dir: str, given: Dict[str, Any], resume: bool,
+                     eval_only: bool) -> dict:
+  """--resume / --eval_only: the run's settings from its config.json, with the
+  flags `given` on top. --resume refuses (UsageError) any change but a larger
+  --rounds; --eval_only may evaluate on another --task."""
+  if not run_dir:
+    flag = "--resume" if resume else "--eval_only"
+    raise UsageError(f"{flag} needs --output_dir=RUN_DIR, the directory of the run")
+  config = run_config(run_dir)
+  values = {name: config.get(name) for name in flag_names() if name in config}
+  if "task" in given and given["task"] != config.get("task"):
+    values.pop("model", None)  # another task: its own default model and settings
+  else:
+    values["task_arg"] = [f"{k}={hp.format_value(v)}"
+                          for k, v in (config.get("task_args") or {}).items()]
+  values.update(given)
+  values["resume"], values["eval_only"] = resume, eval_only
+  settings = resolve_settings(values)
+  if not resume:
+    return settings
+  for key, old in sorted(config.items()):
+    if key not in settings or key in RESUME_MAY_CHANGE:
+      continue
+    new = results.to_jsonable(settings[key])
+    if new != old:
+      raise UsageError(f"--resume: {key}={new} differs from the run's {key}={old} "
+                       f"({run_dir}/config.json); valid: the run's settings, a "
+                       "larger --rounds, another --runner or --jit")
+  if settings["rounds"] < config["rounds"]:
+    raise UsageError(f"--resume: --rounds={settings['rounds']} is fewer than the run's "
+                     f"{config['rounds']}; valid: --rounds >= {config['rounds']}")
+  return settings
+
+
+def prepare_output_dir(path: str, overwrite: bool, resume: bool) -> bool:
+  """Checks `path` can take results before any data is loaded. Returns whether
+  this call created it (so that a run failing before its first result can
+  remove it again: no half-written directory is left)."""
+  if resume:
+    return False
+  try:
+    results.check_output_dir(path, overwrite)
+  except results.OutputDirError as e:
+    raise UsageError(str(e)) from None
+  created = not os.path.exists(path)
+  try:
+    os.makedirs(path, exist_ok=True)
+    probe = os.path.join(path, ".write-test")
+    with open(probe, "w"):
+      pass
+    os.remove(probe)
+  except OSError as e:
+    if created:
+      shutil.rmtree(path, ignore_errors=True)
+    raise UsageError(f"--output_dir={path} is not writable ({e.strerror or e}); "
+                     "valid: a directory this user can create and write") from None
+  return created
+
+
+class _ReadRecorder:
+  """The task's `DataOptions`, recording which settings the task reads."""
+
+  def __init__(self, options):
+    object.__setattr__(self, "_options", options)
+    object.__setattr__(self, "read", set())
+
+  def __getattr__(self, name):
+    self.read.add(name)
+    return getattr(self._options, name)
+
+
+def load_task_data(settings: dict, task, present: Sequence[str] = ()):
+  """The task's data under `settings`; `present`: the flags the user gave
+  (one given that the task does not read gets a warning)."""
+  options = DataOptions(seed=settings["seed"], num_clients=settings["num_clients"],
+                        data_dir=settings["data_dir"],
+                        synthetic_alpha=settings["synthetic_alpha"],
+                        synthetic_beta=settings["synthetic_beta"],
+                        glove_path=settings["glove_path"], extra=settings["task_args"])
+  tracked = _ReadRecorder(options)
+  with warnings.catch_warnings():
+    warnings.simplefilter("always")
+    try:
+      data = task.load_data(tracked)
+    except (DataError, hp.HParamError) as e:
+      raise UsageError(str(e)) from None
+  unused = [f"--{name}" for name in ("data_dir", "glove_path", "num_clients",
+                                      "synthetic_alpha", "synthetic_beta")
+            if name in present and name not in tracked.read]
+  if unused:
+    print(f"warning: {', '.join(unused)} ignored by --task={task.name}", file=sys.stderr)
+  if settings["num_clients"] is not None and data.num_clients < settings["num_clients"]:
+    raise UsageError(f"invalid --num_clients={settings['num_clients']}: --task={task.name} "
+                     f"has {data.num_clients} clients; valid: 1..{data.num_clients}")
+  training = data.num_training_clients  # test-only clients never train
+  if settings["clients_per_round"] is None:  # an all-clients algorithm's default
+    settings["clients_per_round"] = training
+  if settings["clients_per_round"] > training:
+    # A task whose own setting decides how many clients remain names it (e.g.
+    # sent140's "--task_arg=min_tweets=50").
+    setting = getattr(data, "client_count_setting", None)
+    if setting:
+      raise UsageError(
+          f"invalid {setting}: leaves {data.num_clients} clients, fewer than "
+          f"--clients_per_round={settings['clients_per_round']}; valid: a setting that "
+          f"keeps >= {settings['clients_per_round']} clients, or --clients_per_round <= "
+          f"{data.num_clients}")
+    what = (f"{training} clients" if training == data.num_clients else
+            f"{training} clients with training data (and {data.num_clients - training} "
+            "test-only clients)")
+    raise UsageError(
+        f"invalid --clients_per_round={settings['clients_per_round']}: the task has "
+        f"{what}; valid: 1..{training}")
+  return data
