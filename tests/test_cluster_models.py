@@ -309,7 +309,7 @@ def test_ensemble_member_zero_is_the_fedavg_run_and_size_one_is_fedavg(small):
   fedavg = _run(task, data, "fedavg", config)
   plus = _run(task, data, "fedavg_plus", config, ensemble_size=3)
   members, vote = plus.eval_models()
-  assert vote == evaluation.ENSEMBLE_LOGITS and len(members) == 3
+  assert vote == evaluation.Ensemble("logits") and len(members) == 3
   single = fedavg.runner.numpy_state(fedavg.state)["model"]
   for a, b in zip(members[0], single):
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
@@ -317,7 +317,7 @@ def test_ensemble_member_zero_is_the_fedavg_run_and_size_one_is_fedavg(small):
   # A one-model ensemble scores exactly FedAvg's accuracy; its loss is the
   # cross-entropy of the same probabilities.
   ev = evaluation.Evaluator(task.model_fn, task.loss, data)
-  one = ev.evaluate([members[0]], evaluation.ENSEMBLE_LOGITS)
+  one = ev.evaluate([members[0]], evaluation.Ensemble("logits"))
   ref = ev.evaluate([single], np.zeros(data.num_clients, int))
   assert one.accuracy == ref.accuracy
   np.testing.assert_allclose(one.loss, ref.loss, rtol=1e-5)

@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 from tests.helpers import read_metrics_csv
-from tff_cluster import experiment, plot, results
+from tff_cluster import evaluation, experiment, plot, results
 from tff_cluster.results import ResultsWriter
 
 COLUMNS = ["round", "train_loss", "test_accuracy", "test_loss", "round_seconds",
@@ -190,7 +190,7 @@ def test_client_groups_values():
       experiment.CHOOSE_BY_TEST_LOSS, chosen, assignment, 4), chosen)
   assert experiment.client_groups(experiment.CHOOSE_BY_TEST_LOSS, None, assignment, 4) is None
   np.testing.assert_array_equal(
-      experiment.client_groups("ensemble_logits", None, None, 4), [-1, -1, -1, -1])
+      experiment.client_groups(evaluation.Ensemble("logits"), None, None, 4), [-1, -1, -1, -1])
 
 
 def test_groups_csv_keeps_the_checkpointed_rounds_on_resume(tmp_path):

@@ -47,7 +47,7 @@ import numpy as np
 from tff_cluster import experiment, local_training, models, registry, stack
 from tff_cluster import hparams as hp
 from tff_cluster.data.client_data import from_client_data
-from tff_cluster.evaluation import Evaluator
+from tff_cluster.evaluation import Evaluator, is_rule
 from tff_cluster.task import TaskSpec
 from tff_cluster.models import loss_kind  # noqa: F401  (public)
 from tff_cluster.data.federated import FederatedData
@@ -289,7 +289,7 @@ class Process:
 
   def _client_results(self, client_model) -> Dict[str, Dict[str, Any]]:
     ids = self._data.client_ids
-    if isinstance(client_model, str):
+    if is_rule(client_model):
       return {c: {"model": -1} for c in ids}
     assignment = np.asarray(client_model).reshape(-1)
     return {c: {"model": int(assignment[i]) if assignment[i] >= 0 else -1}
@@ -318,7 +318,7 @@ class Process:
     evaluator = self._evaluator
     if client_data is not None:
       data = self._as_federated_data(client_data)
-      if not isinstance(client_model, str) and data.client_ids != self._data.client_ids:
+      if not is_rule(client_model) and data.client_ids != self._data.client_ids:
         raise ValueError("evaluate(): the data's client ids differ from initialize()'s; "
                          "valid: the same clients (each is tested with its own model)")
       evaluator = Evaluator(self._task.model_fn, self.loss, data)
@@ -326,8 +326,7 @@ class Process:
     return {"test_accuracy": result.accuracy, "test_loss": result.loss,
             "test_accuracy_clientavg": result.accuracy_clientavg,
             "test_macro_f1": result.macro_f1,
-            "client_model": np.asarray(result.client_model).tolist()
-            if not isinstance(result.client_model, str) else result.client_model}
+            "client_model": np.asarray(result.client_model).tolist()}
 
 
 def build(algo: str, model_fn, loss, **settings) -> Process:

@@ -19,7 +19,8 @@ import tensorflow as tf
 
 from tff_cluster import clustering, local_training
 from tff_cluster.data.federated import FederatedData
-from tff_cluster.evaluation import CHOOSE_BY_TEST_LOSS, Evaluator
+from tff_cluster.evaluation import (CHOOSE_BY_TEST_LOSS, ChooseByTestLoss,  # noqa: F401
+                                    Ensemble, Evaluator)
 from tff_cluster.runners import base as runners
 from tff_cluster.runners.factory import make_runner
 from tff_cluster.task import TaskSpec
@@ -342,9 +343,9 @@ def client_groups(client_model, chosen, assignment, num_clients: int
   for those; `CHOOSE_BY_TEST_LOSS`: `chosen`, the evaluation's choice (None
   on a round without evaluation: not known); an ensemble: -1 for everyone.
   """
-  if isinstance(client_model, str):
-    if client_model == CHOOSE_BY_TEST_LOSS:
-      return None if chosen is None else np.asarray(chosen, np.int64)
+  if isinstance(client_model, ChooseByTestLoss):
+    return None if chosen is None else np.asarray(chosen, np.int64)
+  if isinstance(client_model, Ensemble):
     return np.full(num_clients, -1, np.int64)
   groups = np.array(client_model, np.int64)
   if assignment is not None and np.shape(assignment) == groups.shape:

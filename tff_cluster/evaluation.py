@@ -36,14 +36,30 @@ from tff_cluster import local_training, models
 from tff_cluster.data.federated import FederatedData
 
 
-# `client_model` value asking each client to take its lowest-test-loss model.
-CHOOSE_BY_TEST_LOSS = "min_test_loss"
-# `client_model` values testing every client with the ensemble of all models:
-# the argmax of the mean of their logits, or of their probabilities
-# (FedAvg+ / FedProx+). `EvalResult.client_model` is then -1 for every client.
-ENSEMBLE_LOGITS = "ensemble_logits"
-ENSEMBLE_PROBS = "ensemble_probs"
-ENSEMBLE_VOTES = {"logits": ENSEMBLE_LOGITS, "probs": ENSEMBLE_PROBS}
+# Which model a client is tested with (`Driver.eval_models`, `Evaluator.evaluate`):
+# an index per client, or one of these rules.
+
+
+@dataclasses.dataclass(frozen=True)
+class ChooseByTestLoss:
+  """Each client takes the model of lowest mean loss on its own test data."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Ensemble:
+  """Every client is tested with the ensemble of all models: the argmax of the
+  mean of their logits (`vote='logits'`) or of their probabilities ('probs')
+  (FedAvg+ / FedProx+). `EvalResult.client_model` is then -1 for every client."""
+  vote: str
+
+
+CHOOSE_BY_TEST_LOSS = ChooseByTestLoss()
+ENSEMBLE_VOTES = {"logits": Ensemble("logits"), "probs": Ensemble("probs")}
+
+
+def is_rule(client_model) -> bool:
+  """Whether `client_model` is a rule (decided at evaluation), not indices."""
+  return isinstance(client_model, (ChooseByTestLoss, Ensemble))
 
 
 def ensemble_predict(outputs: np.ndarray, vote: str, loss: str) -> tuple:
@@ -196,13 +212,12 @@ class Evaluator:
     lowest-test-loss model whatever `client_model` says for them (an array's
     entry for them is ignored, e.g. -1). `result.client_model` is the choice
     either way."""
-    if isinstance(client_model, str) and client_model in (ENSEMBLE_LOGITS, ENSEMBLE_PROBS):
-      return self._evaluate_ensemble(weights, "logits" if client_model == ENSEMBLE_LOGITS
-                                     else "probs")
+    if isinstance(client_model, Ensemble):
+      return self._evaluate_ensemble(weights, client_model.vote)
     if isinstance(client_model, str):
-      if client_model != CHOOSE_BY_TEST_LOSS:
-        raise ValueError(f"client_model must be indices, {CHOOSE_BY_TEST_LOSS!r}, "
-                         f"{ENSEMBLE_LOGITS!r} or {ENSEMBLE_PROBS!r}")
+      raise TypeError(f"client_model must be indices, ChooseByTestLoss() or Ensemble(vote), "
+                      f"got {client_model!r}")
+    if isinstance(client_model, ChooseByTestLoss):
       every = [self._evaluate_indices(weights, np.full(len(self._y), j))
                for j in range(len(weights))]
       mean_loss = np.stack([np.where(r.per_client_count > 0,

@@ -24,7 +24,7 @@ from tff_cluster.driver import (BYTES_PER_PARAMETER, Diverged, Driver,  # noqa: 
                                 LossRatio, TrainingConfig, _all_finite, check_num_groups,
                                 client_groups, initial_weights, model_layout,
                                 sample_clients)
-from tff_cluster.evaluation import CHOOSE_BY_TEST_LOSS, Evaluator  # noqa: F401 (re-exported)
+from tff_cluster.evaluation import CHOOSE_BY_TEST_LOSS, Evaluator, is_rule  # noqa: F401
 from tff_cluster.results import ResultsWriter, summarize
 from tff_cluster.task import TaskSpec
 
@@ -175,7 +175,7 @@ def run_training(task: TaskSpec, data: FederatedData, config: TrainingConfig,
       _stop_if_signalled()
     if models_dir is not None:
       weights, client_model = driver.eval_models()
-      if isinstance(client_model, str) or data.test_only().any():
+      if is_rule(client_model) or data.test_only().any():
         # Chosen at evaluation (test-only clients always are): the last round's.
         client_model = (last_choice if last_choice is not None else
                         evaluator.evaluate(weights, client_model).client_model)
