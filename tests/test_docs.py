@@ -5,7 +5,9 @@ Conventions (docs/README.md says them for writers):
   of a page see the names of earlier ones), from a temporary directory.
 - A fenced ```bash block runs each `python run_experiment.py ...` command in
   this process, with `--output_dir` pointed at a temporary directory, and
-  requires exit status 0; every other line of it must be such a command.
+  requires exit status 0; `python -m tff_cluster.plot` lines draw those runs
+  (their directories mapped to where the test put them); every other line of
+  it must be such a command.
 - A block whose nearest non-empty line before it starts with
   `*Not run by the tests:` (followed by the reason) is not run; its
   `run_experiment.py` commands still have their flags parsed and checked
@@ -196,15 +198,27 @@ def test_shell_blocks(block, tmp_path, capsys, monkeypatch):
   from absl import flags
 
   monkeypatch.chdir(REPO_ROOT)
+  run_dirs = {}  # a command's --output_dir -> where the test put it
   for n, words in enumerate(commands(block.code)):
     args = cli_args(words)
     where = f"{_rel(block.page)}:{block.line}: {' '.join(words)}"
-    if block.run:
+    if block.run and words[:3] == ["python", "-m", "tff_cluster.plot"]:
+      # The runs the block made, drawn into the temporary directory.
+      from tff_cluster import plot
+      argv = [run_dirs.get(a, a) for a in words[3:]]
+      if "--out" in argv:
+        argv[argv.index("--out") + 1] = str(tmp_path / argv[argv.index("--out") + 1])
+      assert plot.main(argv) == 0, f"{where}: {capsys.readouterr().err[-2000:]}"
+    elif block.run:
       assert args is not None, (
-          f"{where}: only `python run_experiment.py` commands run in the tests; "
-          f"mark the block with a line `{MARKER} <reason>` before it")
+          f"{where}: only `python run_experiment.py` and `python -m tff_cluster.plot` "
+          f"commands run in the tests; mark the block with a line `{MARKER} <reason>`")
+      given = [a.split("=", 1)[1] for a in args if a.startswith("--output_dir=")]
+      out = tmp_path / str(n)
+      if given:
+        run_dirs[given[0]] = str(out)
       args = [a for a in args if not a.startswith("--output_dir")]
-      code, _, err = main_in_process([*args, f"--output_dir={tmp_path / str(n)}"], capsys)
+      code, _, err = main_in_process([*args, f"--output_dir={out}"], capsys)
       assert code == 0, f"{where}: exit {code}: {err[-2000:]}"
     elif bench_script(words) is not None:
       _parse_benchmark_flags(bench_script(words), words, where, monkeypatch)
