@@ -131,3 +131,26 @@ def test_killed_run_takes_its_worker_down(tmp_path):
   assert seen, "the run should have started a TFF worker"
   assert rc == -signal.SIGKILL
   assert_workers_gone(seen, timeout=5.0)
+
+
+def test_the_runtime_signal_handler_runs_the_handler_installed_before():
+  """A SIGTERM inside `tff_runtime()` also reaches the handler installed before
+  it (the CLI's records the signal, so the training loop stops at its next
+  check even when the handler's exception is swallowed, as one raised inside a
+  garbage-collection callback is): the run cannot go on to its last round."""
+  from tff_cluster import runtime
+  calls = []
+
+  def caller(signum, frame):
+    calls.append(signum)
+    raise SystemExit(128 + signum)
+
+  old = signal.signal(signal.SIGTERM, caller)
+  try:
+    with pytest.raises(SystemExit) as raised:
+      with runtime.tff_runtime():
+        signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)
+  finally:
+    signal.signal(signal.SIGTERM, old)
+  assert calls == [signal.SIGTERM]
+  assert raised.value.code == 128 + signal.SIGTERM

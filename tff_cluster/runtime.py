@@ -238,12 +238,17 @@ def tff_runtime(log_path: Optional[str] = None) -> Iterator[TffRuntime]:
 
   SIGTERM and SIGHUP are turned into `SystemExit(128 + signum)` while the body
   runs so that the `finally` clause (and so `stop()`) executes; SIGINT raises
-  `KeyboardInterrupt` as usual.
+  `KeyboardInterrupt` as usual. A handler installed before (the CLI's, which
+  records the signal so that the training loop stops at its next check even
+  when the exception is swallowed, e.g. raised inside a garbage-collection
+  callback) runs first.
   """
   previous = {}
 
   def handler(signum, frame):
-    del frame
+    caller = previous.get(signum)
+    if callable(caller) and caller not in (signal.default_int_handler,):
+      caller(signum, frame)  # may raise (the CLI's raises SystemExit(128 + signum))
     raise _Terminated(128 + signum)
 
   if threading.current_thread() is threading.main_thread():
