@@ -180,3 +180,50 @@ def test_run_one_resumes_a_run_with_checkpoints_and_restarts_one_without(tmp_pat
     json.dump({"completed": True}, f)
   assert _sweep.run_one([], str(run), 0, "local", None) == {"completed": True}
   assert len(calls) == 2
+
+
+HLO_TYPES = {"float32": "f32", "int32": "s32", "int64": "s64"}
+
+
+def test_gpu_hlo_round_exports_the_round_with_its_inputs_in_parameter_order(tmp_path):
+  import re
+
+  import numpy as np
+
+  import gpu_hlo_round
+  out = tmp_path / "hlo"
+  gpu_hlo_round.main(["export", f"--out={out}", "--clients=3", "--epochs=1", "--warmup=0",
+                      "--repeats=1"])
+  text = (out / "round.hlo.txt").read_text()
+  entry = text[text.index("\nENTRY"):]
+  params = {int(i): (t, shape) for t, shape, i in re.findall(
+      r"= (\w+)\[([\d,]*)\](?:\{[\d,]*\})? parameter\((\d+)\)", entry)}
+  with np.load(out / "inputs.npz") as z:
+    inputs = [z[f"arr_{i}"] for i in range(len(z.files))]
+  with np.load(out / "outputs.npz") as z:
+    outputs = [z[f"arr_{i}"] for i in range(len(z.files))]
+  assert sorted(params) == list(range(len(inputs)))
+  for i, a in enumerate(inputs):
+    assert params[i] == (HLO_TYPES[str(a.dtype)], ",".join(map(str, a.shape))), i
+  root = re.search(r"ROOT \S+ = \(([^)]*)\) tuple", entry).group(1)
+  returned = re.findall(r"(\w+)\[([\d,]*)\]", root)
+  # The round's outputs first (summed update, per-client results), then the
+  # model variables the compiled call writes back.
+  assert [(HLO_TYPES[str(a.dtype)], ",".join(map(str, a.shape))) for a in outputs] == \
+      returned[:len(outputs)]
+  info = json.loads((out / "export.json").read_text())
+  assert len(info["sampled"]) == 3 and info["tf_median_s"] > 0
+  assert (out / "round.hlo.pb").stat().st_size > 0
+
+
+def test_gpu_hlo_round_rewrites_copies_and_products_for_jax():
+  import gpu_hlo_round
+  text = ("%3 = mhlo.copy %2 : tensor<60x10xf32> loc(#loc4)\n"
+          "%5 = stablehlo.dot %4, %arg1, precision = [DEFAULT, DEFAULT] : "
+          "(tensor<10x60xf32>, tensor<60x10xf32>) -> tensor<10x10xf32>\n")
+  same, copies, dots = gpu_hlo_round.rewrite_mlir(text, "default")
+  assert (copies, dots) == (1, 1)
+  assert "%3 = stablehlo.reshape %2 : (tensor<60x10xf32>) -> tensor<60x10xf32> loc(#loc4)" in same
+  assert "mhlo.copy" not in same and "precision = [DEFAULT, DEFAULT]" in same
+  highest, _, _ = gpu_hlo_round.rewrite_mlir(text, "highest")
+  assert "precision = [HIGHEST, HIGHEST]" in highest and "DEFAULT" not in highest
