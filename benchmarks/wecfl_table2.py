@@ -30,6 +30,11 @@ Methods (flags beyond the task's defaults):
                         numbers come from code whose cluster models alias one
                         object (all clients train one model), so they are
                         shown for reference only;
+  IFCA (test loss)      --client_state=persist --ifca_eval=test_loss: the
+                        rows recorded before that protocol (momentum kept,
+                        each client tested with the model of lowest loss on
+                        its own test data); in no phase: the table shows
+                        them from the recorded scores;
   FeSEM                 --fesem_center=data (the code behind the paper's rows);
   WeCFL                 defaults.
 The runs go in this order (`--phases`, default all; the issue's order):
@@ -52,6 +57,7 @@ from __future__ import annotations
 import argparse
 import csv
 import os
+import re
 import tempfile
 import time
 from typing import Dict, List, Optional, Sequence
@@ -90,6 +96,10 @@ METHODS = {
     "FedProx+": ["--algo=fedprox_plus", "--client_weighting=samples"],
     "IFCA": ["--algo=ifca", "--ifca_loss_batches=3", "--ifca_agg=samples",
              "--client_state=reset", "--ifca_eval=assigned"],
+    # The IFCA rows recorded before the fair-comparison protocol: not in any
+    # phase, run only when named with --methods.
+    "IFCA (test loss)": ["--algo=ifca", "--ifca_loss_batches=3", "--ifca_agg=samples",
+                         "--client_state=persist", "--ifca_eval=test_loss"],
     "FeSEM": ["--algo=fesem", "--fesem_center=data"],
     "WeCFL": ["--algo=wecfl"],
 }
@@ -101,6 +111,9 @@ LABELS = {
     "FedProx+": "K runs, mu 0.95, logits averaged",
     "IFCA": "loss on 3 batches, data-size weights, momentum reset each round, "
             "tested with its assigned cluster",
+    "IFCA (test loss)": "loss on 3 batches, data-size weights, momentum kept across rounds, "
+                        "each client tested with the model of lowest loss on its own test "
+                        "data (not the other rows' protocol)",
     "FeSEM": "uniform K-Means weights, data-weighted centres",
     "WeCFL": "data-weighted K-Means and centres",
 }
@@ -132,7 +145,7 @@ def flags_for(setting: str, k: int, method: str, data_dir: str) -> List[str]:
 
 
 def run_dir(out: str, setting: str, k: int, method: str, seed: int) -> str:
-  safe = method.replace("+", "plus")
+  safe = re.sub(r"[^A-Za-z0-9]+", "_", method.replace("+", "plus")).strip("_")
   return os.path.join(out, setting, f"K{k}", safe, f"seed{seed}")
 
 
@@ -313,9 +326,9 @@ def write_table(args):
     ratios = [runs[x][2] for x in s if runs[x][2] is not None]
     acc_cell = diverged_cell(stopped, len(s)) if stopped else mean_std(acc)
     f1_cell = "–" if stopped else mean_std(f1)
-    paper = PAPER.get((setting, k, method))
+    paper = PAPER.get((setting, k, "IFCA" if method.startswith("IFCA") else method))
     pa, pf = ("–", "–") if paper is None else paper
-    if method == "IFCA" and paper is not None:
+    if method.startswith("IFCA") and paper is not None:
       pa, pf = f"({pa})", f"({pf})"
     lines.append(f"| {SETTING[setting]} | {k} | {method} | {LABELS[method]} | "
                  f"{','.join(map(str, s))} | {acc_cell} | {f1_cell} | {pa} | {pf} | "
