@@ -48,15 +48,14 @@ import time
 
 import numpy as np
 
+from runner_speed import TASK_SETTINGS
 
 RTOL, ATOL = 1e-5, 1e-6  # an output matches when max|got - tf| <= RTOL * max|tf| + ATOL
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SETTINGS = {  # runner_speed.py's settings of the same tasks
-    "synthetic": dict(lr=0.01, data_dir=None, model="MCLR 60->10"),
-    "femnist": dict(lr=0.003, data_dir=os.path.join(REPO_ROOT, "..", "shared", "data",
-                                                    "femnist_leaf"),
-                    model="MLP 784-512-62"),
-}
+# The tasks' default data folders (None: generated); learning rates and model
+# labels are runner_speed.py's settings of the same tasks.
+DATA_DIRS = {"synthetic": None,
+             "femnist": os.path.join(REPO_ROOT, "..", "shared", "data", "femnist_leaf")}
 
 
 def export(args) -> None:
@@ -67,11 +66,11 @@ def export(args) -> None:
   from tff_cluster.runners import local_runner
   from tff_cluster.task import DataOptions
 
-  setting = SETTINGS[args.task]
+  setting = TASK_SETTINGS[args.task]
   task = tasks.get_task(args.task)
   options = dict(seed=args.seed)
-  if setting["data_dir"]:
-    options["data_dir"] = args.data_dir or setting["data_dir"]
+  if DATA_DIRS[args.task]:
+    options["data_dir"] = args.data_dir or DATA_DIRS[args.task]
   data = task.load_data(DataOptions(**options))
   config = experiment.TrainingConfig(
       rounds=1, clients_per_round=args.clients, local_epochs=args.epochs, batch_size=10,
@@ -97,8 +96,8 @@ def export(args) -> None:
   captures = [np.asarray(variables[id(t)].numpy() if t.dtype == tf.resource else t)
               for t in concrete.captured_inputs]
   values = [np.asarray(a) for a in flat_args] + captures
-  hlo = fn.experimental_get_compiler_ir(*round_args)(stage="hlo_serialized")
-  text = fn.experimental_get_compiler_ir(*round_args)(stage="hlo")
+  compiler_ir = fn.experimental_get_compiler_ir(*round_args)
+  hlo, text = compiler_ir(stage="hlo_serialized"), compiler_ir(stage="hlo")
   outputs = [np.asarray(o) for o in tf.nest.flatten(fn(*round_args))]
   times = []
   for _ in range(args.warmup + args.repeats):
@@ -223,7 +222,7 @@ def main(argv=None) -> int:
   sub = p.add_subparsers(dest="mode", required=True)
   e = sub.add_parser("export", help="write the round's HLO, inputs and TF outputs")
   e.add_argument("--out", required=True)
-  e.add_argument("--task", choices=sorted(SETTINGS), default="synthetic")
+  e.add_argument("--task", choices=sorted(DATA_DIRS), default="synthetic")
   e.add_argument("--data_dir", default="", help="femnist: the LEAF FEMNIST folder")
   e.add_argument("--clients", type=int, default=20)
   e.add_argument("--epochs", type=int, default=20)

@@ -96,8 +96,8 @@ METHODS = {
     "FedProx+": ["--algo=fedprox_plus", "--client_weighting=samples"],
     "IFCA": ["--algo=ifca", "--ifca_loss_batches=3", "--ifca_agg=samples",
              "--client_state=reset", "--ifca_eval=assigned"],
-    # The IFCA rows recorded before the fair-comparison protocol: not in any
-    # phase, run only when named with --methods.
+    # The IFCA rows recorded before the fair-comparison protocol: in no phase,
+    # so the table shows them from the recorded scores only.
     "IFCA (test loss)": ["--algo=ifca", "--ifca_loss_batches=3", "--ifca_agg=samples",
                          "--client_state=persist", "--ifca_eval=test_loss"],
     "FeSEM": ["--algo=fesem", "--fesem_center=data"],
