@@ -1,5 +1,5 @@
-"""Shared pytest setup: quiet TensorFlow, paths, the `tff` marker, one TFF worker
-per session on the TFF stack."""
+"""Shared pytest setup: quiet TensorFlow, paths, the `tff` and `stack` markers,
+one TFF worker per session on the TFF stack."""
 
 from __future__ import annotations
 
@@ -17,12 +17,26 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 TFF_PROBLEM = stack.tff_problem()
 
+# The test files whose outcome depends on the TensorFlow / Keras version
+# (models, training steps, the public API, data loading, the CLI, files written
+# on one stack and read on another): marked `stack`. The TFF stack's phase runs
+# `-m "tff or stack"`: the TFF tests and these; every other test is run on
+# today's stack only (`-m "not tff"`).
+STACK_SENSITIVE = frozenset({
+    "test_api.py", "test_cli.py", "test_cross_stack.py", "test_data_loaders.py",
+    "test_local_training.py", "test_models.py", "test_results.py", "test_stack.py",
+    "test_tasks.py",
+})
+
 
 def pytest_collection_modifyitems(config, items):
   """A test run on the `tff` runner is a TFF test (`-m "not tff"` leaves it
-  out), and every TFF test is skipped, with the reason, where TFF is missing."""
+  out), a test in a STACK_SENSITIVE file is a `stack` test, and every TFF test
+  is skipped, with the reason, where TFF is missing."""
   del config
   for item in items:
+    if item.path.name in STACK_SENSITIVE:
+      item.add_marker(pytest.mark.stack)
     callspec = getattr(item, "callspec", None)
     if callspec is not None and callspec.params.get("runner") == "tff":
       item.add_marker(pytest.mark.tff)

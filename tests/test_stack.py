@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import pathlib
 import sys
 
 import numpy as np
@@ -204,3 +205,11 @@ def test_legacy_keras_without_a_matching_tf_keras_is_one_line(monkeypatch, tmp_p
   assert stack.keras_problem() is None
   installed.update({"tensorflow": "2.14.1", "tf-keras": None})  # Keras 2 already
   assert stack.keras_problem() is None
+
+
+def test_stack_sensitive_files_exist():
+  """The TFF stack's phase runs `-m "tff or stack"`: a renamed test file left
+  in STACK_SENSITIVE would drop out of that phase without a word."""
+  from tests.conftest import STACK_SENSITIVE
+  tests_dir = pathlib.Path(__file__).resolve().parent
+  assert sorted(n for n in STACK_SENSITIVE if not (tests_dir / n).is_file()) == []
