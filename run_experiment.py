@@ -227,6 +227,9 @@ def run(settings: dict) -> dict:
   if config.runner == "tff":
     from tff_cluster import runtime
     owner = runtime.tff_runtime()
+  elif config.runner == "ray":  # the actors (and a Ray started here) end with the run
+    from tff_cluster.runners import ray_runner
+    owner = ray_runner.session()
   try:
     with owner:
       summary = experiment.run_training(
@@ -236,6 +239,15 @@ def run(settings: dict) -> dict:
   finally:
     writer.close()
   return summary
+
+
+def _resume_hint(out_dir: str) -> str:
+  """'--resume continues from round R (OUT/checkpoints); ' when a checkpoint
+  was saved, else ''."""
+  from tff_cluster import checkpoint
+  saved = checkpoint.rounds(out_dir) if out_dir else []
+  return (f"--resume continues after round {saved[-1]} ({checkpoint.directory(out_dir)}); "
+          if saved else "")
 
 
 def _interrupted(settings: dict, code: int) -> "NoReturn":  # noqa: F821
@@ -342,11 +354,14 @@ def _main(argv) -> int:
     if isinstance(e.code, int) and e.code > 128:  # SIGTERM/SIGHUP inside the run
       _interrupted(settings, e.code)
     raise
-  except Exception as e:  # noqa: BLE001 - only Diverged is expected here
-    from tff_cluster.experiment import Diverged
+  except Exception as e:  # noqa: BLE001 - only Diverged and WorkerLost are expected
+    from tff_cluster.experiment import Diverged, WorkerLost
     signum = _SIGNAL["received"]
     if signum is not None:  # a signal's exception, transformed by the code it hit
       _interrupted(settings, 130 if signum == signal.SIGINT else 128 + signum)
+    if isinstance(e, WorkerLost):
+      _fail(f"{e}; {_resume_hint(settings['output_dir'])}summary.json says \"reason\": "
+            "\"worker_lost\"", code=4)
     if not isinstance(e, Diverged):
       raise
     saved = (f"the last good state (round {e.round_num - 1}) is checkpointed in "

@@ -80,7 +80,10 @@ def export(args) -> None:
 
   def spy(self, mode, round_args):
     fn = original(self, mode, round_args)
-    captured.update(fn=fn, args=round_args)
+    # The round's last argument: how many of the stacked clients train (all
+    # of them here; the ray runner's shards pad).
+    count = tf.constant(round_args[4].shape[0])
+    captured.update(fn=fn, args=(*round_args, count))
     return fn
 
   local_runner.LocalRunner._round_fn = spy

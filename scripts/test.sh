@@ -108,7 +108,7 @@ install_all() {
     if [ -n "$PY_TFF" ]; then sync .venv-tff "$PY_TFF" --extra tff || rc=1; fi
   fi
   if { wants today || wants keras2; } && [ -n "$PY_TODAY" ]; then
-    sync "$TODAY_ENV" "$PY_TODAY" --extra legacy-keras || rc=1
+    sync "$TODAY_ENV" "$PY_TODAY" --extra legacy-keras --extra ray || rc=1
   fi
   if wants colab && [ -n "$PY_COLAB" ]; then
     rm -rf .venv-colab

@@ -12,7 +12,7 @@ For TFF research pipelines, `computations(algo, model_fn, loss, element_spec,
 options)` returns an algorithm's definition and its raw TFF computations (the
 `tff` runner's), and `tff_cluster.algorithms.fedavg.build_fedavg` a
 `tff.learning` process. The process object sits on a runner
-(`runner='local'`, TFF-free, or `'tff'`) and the algorithm's host side, and
+(`runner='local'`, TFF-free, `'tff'`, or `'ray'`: local's client loop on Ray actors) and the algorithm's host side, and
 checks what it is given:
 
 * `initialize(data)` takes a `FederatedData` (or a pair of TFF `ClientData`,
@@ -138,7 +138,8 @@ class Process:
                runner: str = "local", seed: int = 0, initial_weights=None,
                lr_decay: float = 1.0, client_momentum: float = 0.0,
                client_state: str = "persist", jit: str = "auto", evaluate: bool = True,
-               rounds: int = 100, **hparams):
+               rounds: int = 100, ray_workers: Optional[int] = None,
+               ray_address: Optional[str] = None, **hparams):
     spec = registry.get_algorithm(algo)  # KeyError names the valid algorithms
     declared = {d.name: d for d in spec.hparams}
     unknown = sorted(set(hparams) - set(declared))
@@ -157,6 +158,11 @@ class Process:
       raise ValueError(f"invalid runner={runner!r}; valid: {', '.join(hp.RUNNERS)}")
     if runner == "tff":
       stack.require_tff()
+    if runner != "ray" and (ray_workers is not None or ray_address is not None):
+      raise ValueError(f"ray_workers / ray_address given with runner={runner!r}; valid: "
+                       "runner='ray' with them, or neither")
+    if ray_workers is not None:
+      hp.RAY_WORKERS.check(ray_workers)
     model = _check_model_fn(model_fn)
     self.algo = algo
     self.loss = loss_kind(loss)
@@ -167,7 +173,8 @@ class Process:
     self._train_settings = dict(
         client_lr=float(client_lr), batch_size=int(batch_size), local_epochs=local_epochs,
         local_steps=local_steps, runner=runner, seed=int(seed), lr_decay=float(lr_decay),
-        client_momentum=float(client_momentum), client_state=client_state, jit=jit)
+        client_momentum=float(client_momentum), client_state=client_state, jit=jit,
+        ray_workers=ray_workers, ray_address=ray_address)
     self._options = resolved
     self._rounds = rounds
     self._all_clients = spec.all_clients

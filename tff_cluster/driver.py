@@ -33,8 +33,9 @@ class TrainingConfig:
 
   Local work is `local_epochs` passes or `local_steps` mini-batch steps
   (exactly one of them). Round t's client learning rate is
-  client_lr * lr_decay^(t-1). `runner` is 'local' or 'tff'; `jit` applies to
-  the local runner.
+  client_lr * lr_decay^(t-1). `runner` is 'local', 'tff' or 'ray'; `jit`
+  applies to the local and ray runners, `ray_workers` and `ray_address` to
+  the ray runner.
   """
   rounds: int
   clients_per_round: int
@@ -49,6 +50,8 @@ class TrainingConfig:
   client_state: str = "persist"
   runner: str = "local"
   jit: str = "auto"
+  ray_workers: Optional[int] = None
+  ray_address: Optional[str] = None
   divergence_ratio: float = 100.0
 
   def __post_init__(self):
@@ -121,7 +124,8 @@ class Driver:
     self.w0 = initial_weights(task, config.seed)
     self.num_params = int(sum(np.size(w) for w in self.w0))
     self.runner = make_runner(config.runner, definition, task.model_fn,
-                                      task.loss, data, config.seed, config.jit)
+                              task.loss, data, config.seed, config.jit,
+                              ray_workers=config.ray_workers, ray_address=config.ray_address)
     self.client_states: Dict[int, Any] = {}
     self._fresh_client_states: Dict[str, Any] = {}
 

@@ -26,6 +26,7 @@ from tff_cluster.driver import (BYTES_PER_PARAMETER, Diverged, Driver,  # noqa: 
                                 sample_clients)
 from tff_cluster.evaluation import CHOOSE_BY_TEST_LOSS, Evaluator, is_rule  # noqa: F401
 from tff_cluster.results import ResultsWriter, summarize
+from tff_cluster.runners.base import WorkerLost
 from tff_cluster.task import TaskSpec
 
 BASE_COLUMNS = ("round", "train_loss", "loss_ratio", "test_accuracy", "test_loss",
@@ -188,6 +189,9 @@ def run_training(task: TaskSpec, data: FederatedData, config: TrainingConfig,
   except Diverged as e:
     status = {"completed": False, "reason": "diverged", "diverged_round": e.round_num,
               "diverged_clients": e.clients, "error": str(e)}
+    raise
+  except WorkerLost as e:
+    status = {"completed": False, "reason": "worker_lost", "error": str(e)}
     raise
   except (KeyboardInterrupt, SystemExit):
     status = {"completed": False, "reason": "interrupted"}

@@ -181,15 +181,24 @@ ENSEMBLE_SIZE = HParam("ensemble_size", int, 1, "Independent runs combined at te
 # ---------------------------------------------------------------------------
 # Runners.
 
-RUNNERS = ("local", "tff")
+RUNNERS = ("local", "tff", "ray")
 RUNNER = HParam("runner", str, "local", "Execution: local (in-process, XLA-compiled where "
-                "that pays, on a GPU when TensorFlow sees one; any stack) or tff (TFF "
+                "that pays, on a GPU when TensorFlow sees one; any stack), tff (TFF "
                 "computations on TFF's C++ runtime, the reference the parity tests hold "
-                "local to; needs the TFF stack, the tff extra).",
+                "local to; needs the TFF stack, the tff extra) or ray (local's client "
+                "loop sharded over Ray actors, on this machine or a Ray cluster; the ray "
+                "extra, today's stack).",
                 choices=RUNNERS, group="runner")
 JIT = HParam("jit", str, "auto", "local runner: XLA-compile the client loop: auto "
              "(by model family and device, see README), on, off.",
              choices=("auto", "on", "off"), group="runner")
+RAY_WORKERS = HParam("ray_workers", int, None, "ray runner: the number of actors, each "
+                     "owning a contiguous shard of the clients (default: this machine's "
+                     "CPU count, at most one per client).", low=1, group="runner")
+RAY_ADDRESS = HParam("ray_address", str, None, "ray runner: HOST:PORT of a running Ray "
+                     "cluster's head (ray start --head), or auto (default: a Ray instance "
+                     "started on this machine for the run and stopped after it).",
+                     group="runner")
 
 
 def resolve(declared: Sequence[HParam], given: Mapping[str, Any], task: Optional[str],

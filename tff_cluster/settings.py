@@ -26,7 +26,7 @@ from tff_cluster.task import DataOptions
 ALGOS = registry.ALGORITHMS
 TASKS = tasks.registry()
 ALGO_HPARAMS = registry.all_hparams()
-RUNNER_HPARAMS = (hp.RUNNER, hp.JIT)
+RUNNER_HPARAMS = (hp.RUNNER, hp.JIT, hp.RAY_WORKERS, hp.RAY_ADDRESS)
 GENERAL = ("algo", "task", "model", "num_clients", "data_dir", "synthetic_alpha",
            "synthetic_beta", "glove_path", "task_arg", "output_dir", "overwrite",
            "progress", "checkpoint_every", "resume", "eval_only")
@@ -34,7 +34,8 @@ GENERAL = ("algo", "task", "model", "num_clients", "data_dir", "synthetic_alpha"
 # The runner and its XLA setting compute the same rounds (parity tests), so a
 # run started on `tff` (or on another stack) may go on with `local`.
 RESUME_MAY_CHANGE = ("rounds", "output_dir", "overwrite", "progress", "checkpoint_every",
-                     "resume", "eval_only", "runner", "jit", "divergence_ratio")
+                     "resume", "eval_only", "runner", "jit", "divergence_ratio",
+                     "ray_workers", "ray_address")
 
 
 def flag_names():
@@ -117,8 +118,19 @@ def resolve_settings(values) -> dict:
     problem = stack.tff_problem()
     if problem is not None:
       raise UsageError(f"--runner=tff: {problem} (--runner=local, the default)")
-  if settings["runner"] != "local" and values.get("jit") is not None:
+  if settings["runner"] == "tff" and values.get("jit") is not None:
     print(f"warning: --jit ignored by --runner={settings['runner']}", file=sys.stderr)
+  ray_flags = [f"--{name}" for name in ("ray_workers", "ray_address")
+               if values.get(name) is not None]
+  if ray_flags and settings["runner"] != "ray":
+    raise UsageError(f"{', '.join(ray_flags)} given with --runner={settings['runner']}; "
+                     "valid: --runner=ray with them, or neither")
+  if settings["runner"] == "ray" and not stack.has_module("ray"):
+    raise UsageError("--runner=ray needs Ray, which is not installed; install the ray "
+                     "extra (pip install 'tff-cluster[ray]', or uv sync --extra ray; "
+                     "today's stack only)")
+  if settings["ray_address"] == "":
+    raise UsageError("invalid --ray_address=''; valid: HOST:PORT of a Ray head, or auto")
   settings["algo_options"] = {name: settings[name] for name in own}
   settings["task_args"] = parse_task_args(values.get("task_arg") or [], task)
   settings.pop("task_arg", None)
@@ -207,7 +219,7 @@ def run_dir_settings(run_dir: str, given: Dict[str, Any], resume: bool,
     if new != old:
       raise UsageError(f"--resume: {key}={new} differs from the run's {key}={old} "
                        f"({run_dir}/config.json); valid: the run's settings, a "
-                       "larger --rounds, another --runner or --jit")
+                       "larger --rounds, another --runner, --jit or --ray_*")
   if settings["rounds"] < config["rounds"]:
     raise UsageError(f"--resume: --rounds={settings['rounds']} is fewer than the run's "
                      f"{config['rounds']}; valid: --rounds >= {config['rounds']}")

@@ -58,6 +58,11 @@ def tff_problem() -> Optional[str]:
   return None
 
 
+def has_module(name: str) -> bool:
+  """Whether `name` can be imported here (found, not imported)."""
+  return importlib.util.find_spec(name) is not None
+
+
 def tff_available() -> bool:
   return tff_problem() is None
 

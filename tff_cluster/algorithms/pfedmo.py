@@ -324,7 +324,10 @@ class PFedMoDriver(driver.Driver):
                              description="public set")
       seed = int(np.random.SeedSequence([config.seed, RUNNER_SEED_TAG])
                  .generate_state(1)[0] & 0x7FFFFFFF)
-      self.rep_runner = make_runner(config.runner, self.definition, task.model_fn,
+      # The representation model trains on the server's public set: on the
+      # driver (the local runner) when the clients are on Ray actors.
+      rep = "local" if config.runner == "ray" else config.runner
+      self.rep_runner = make_runner(rep, self.definition, task.model_fn,
                                             task.loss, public, seed, config.jit,
                                             modes=("represent",))
     self._evaluator = None

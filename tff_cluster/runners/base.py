@@ -21,6 +21,11 @@ class RoundOutput(NamedTuple):
   client_states: Optional[List[Any]]
 
 
+class WorkerLost(RuntimeError):
+  """A worker process of a runner (a Ray actor) died during a run; the
+  message is one line naming it."""
+
+
 def to_numpy(structure):
   """A nested structure with every tensor as a numpy array."""
   import numpy as np

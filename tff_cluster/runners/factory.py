@@ -1,22 +1,27 @@
 """`make_runner`: the runner of a name (`--runner`). Above both runners in the
-layering; the `tff` runner, an optional backend, is imported only when asked for."""
+layering; the `tff` and `ray` runners, optional backends, are imported only when
+asked for."""
 
 from __future__ import annotations
 
 from tff_cluster import stack
 from tff_cluster.hparams import RUNNERS
-from tff_cluster.runners import local_runner
+from tff_cluster.runners import local_runner, ray_runner
 
 
 def make_runner(name: str, definition, model_fn, loss: str, data, seed: int,
-                jit: str = "auto", modes=None):
-  """The runner `name` ('tff' or 'local') for `definition` on `data`; `modes`:
-  the definition's modes it will run (default all; the tff runner builds
-  their computations up front)."""
+                jit: str = "auto", modes=None, ray_workers=None, ray_address=None):
+  """The runner `name` ('tff', 'local' or 'ray') for `definition` on `data`;
+  `modes`: the definition's modes it will run (default all; the tff runner
+  builds their computations up front); `ray_*`: the ray runner's actors and
+  cluster."""
   if name == "tff":  # an optional backend: imported only when asked for
     stack.require_tff()
     from tff_cluster.runners import tff_runner
     return tff_runner.TffRunner(definition, model_fn, loss, data, seed, modes=modes)
   if name == "local":
     return local_runner.LocalRunner(definition, model_fn, loss, data, seed, jit=jit)
+  if name == "ray":  # Ray itself is imported by the runner
+    return ray_runner.RayRunner(definition, model_fn, loss, data, seed, jit=jit,
+                                num_workers=ray_workers, address=ray_address)
   raise ValueError(f"invalid --runner={name}; valid: {', '.join(RUNNERS)}")

@@ -94,15 +94,23 @@ class LocalRunner:
     seed: the run's seed (fixes each client's shuffles, as the tff runner).
     jit: 'auto', 'on' or 'off'.
     device: a TF device string; default `choose_device()`.
+    client_index: each of `data`'s clients' index in the whole federation
+      (default: its position), which seeds its shuffles.
   """
 
   name = "local"
 
   def __init__(self, definition, model_fn, loss: str, data, seed: int,
-               jit: str = "auto", device: Optional[str] = None):
+               jit: str = "auto", device: Optional[str] = None,
+               client_index: Optional[Sequence[int]] = None):
     self.definition = definition
     self._data = data
     self._seed = seed
+    # Client k's shuffles are seeded by its index in the whole federation
+    # (`client_index[k]`; default k), so a shard of the clients (the `ray`
+    # runner's actors) draws the same batches as the whole.
+    self._client_index = (np.arange(len(data.client_ids)) if client_index is None
+                          else np.asarray(client_index, np.int64))
     self.device = device or choose_device()
     with tf.device(self.device):
       self._model = model_fn()
@@ -154,11 +162,7 @@ class LocalRunner:
   def _server_fns(self, mode: str):
     """(broadcast_fn, database_fn, server_fn) of `mode`, as tf.functions."""
     if mode not in self._server:
-      d = self.definition
-      self._server[mode] = (
-          tf.function(lambda state, params: d.broadcast(state, params, mode)),
-          tf.function(lambda state: d.database(state, mode)),
-          tf.function(lambda state, summed: d.server_update(state, summed, mode)))
+      self._server[mode] = server_functions(self.definition, mode)
     return self._server[mode]
 
   def _round_fn(self, mode: str, args):
@@ -175,7 +179,10 @@ class LocalRunner:
     summed_spec, result_spec, state_spec = specs
 
     @tf.function(jit_compile=self.jit)
-    def round_fn(database, keys, received, client_states, indices, sizes, num_steps, x, y):
+    def round_fn(database, keys, received, client_states, indices, sizes, num_steps, x, y,
+                 count):
+      # `count` (a tensor) of the `num_clients` stacked clients are trained;
+      # the rest are padding (see `train_clients`), never run.
       num_clients = indices.shape[0]
 
       def arrays(spec):
@@ -192,7 +199,7 @@ class LocalRunner:
 
       zeros = tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), summed_spec)
       _, total, results, states = tf.while_loop(
-          lambda c, *_: c < num_clients, body,
+          lambda c, *_: c < count, body,
           (tf.constant(0), zeros, arrays(result_spec), arrays(state_spec)))
       stack = lambda spec, arrs: tf.nest.pack_sequence_as(  # noqa: E731
           spec, [a.stack() for a in arrs])
@@ -215,11 +222,39 @@ class LocalRunner:
           keys: Optional[Sequence[int]] = None,
           client_states: Optional[List[Any]] = None) -> RoundOutput:
     """One call of `mode` for `clients` (indices into the data's clients)."""
+    with tf.device(self.device):
+      state = self.put_state(state)
+      total, per_client, new_states = self.train_clients(
+          mode, state, clients, round_num, work, lr, keys, client_states)
+      new_server_state = self.server_update(mode, state, total)
+    return RoundOutput(new_server_state, total, per_client, new_states)
+
+  def train_clients(self, mode: str, state, clients: Sequence[int], round_num: int,
+                    work: local_training.LocalWork, lr: float,
+                    keys: Optional[Sequence[int]] = None,
+                    client_states: Optional[List[Any]] = None, pad_to: int = 0):
+    """The client half of `run`: (the clients' sum, one result per client,
+    one new state per client or None), all numpy; no server update.
+
+    `pad_to`: where the number of clients varies from call to call (a
+    shard's share of a round's sample), the stacked inputs are padded to
+    `pad_to` clients by repeating the last one, so that one compiled round
+    serves every call; the padding is never trained.
+    """
     d = self.definition
     clients = [int(k) for k in clients]
+    count = len(clients)
+    if count and pad_to > count:
+      size = pad_to
+      clients = clients + [clients[-1]] * (size - count)
+      if keys is not None:
+        keys = list(keys) + [keys[-1]] * (size - count)
+      if client_states is not None:
+        client_states = list(client_states) + [client_states[-1]] * (size - count)
     batches = local_training.stacked_padded_batches(
         self._sizes[clients], self._offsets[clients], work,
-        [local_training.client_seed(self._seed, round_num, k) for k in clients],
+        [local_training.client_seed(self._seed, round_num, int(self._client_index[k]))
+         for k in clients],
         self._max_steps(work))
     if d.num_keys(mode):
       check_keys(keys, d.num_keys(mode), len(clients))
@@ -231,19 +266,30 @@ class LocalRunner:
       stacked_states = None
       if client_states is not None:
         stacked_states = stack_client_states(client_states)
-      broadcast_fn, database_fn, server_fn = self._server_fns(mode)
+      broadcast_fn, database_fn, _ = self._server_fns(mode)
       received = broadcast_fn(state, round_params(lr))
       database = database_fn(state) if d.num_keys(mode) else None
       args = (database, key_array, received, stacked_states, batches.indices, batches.sizes,
               batches.num_steps, self._x, self._y)
-      total, results, new_states = self._round_fn(mode, args)(*args)
-      new_server_state = server_fn(state, total)
+      total, results, new_states = self._round_fn(mode, args)(*args, tf.constant(count))
     results = to_numpy(results)
-    per_client = [tf.nest.map_structure(lambda a, i=i: a[i], results)
-                  for i in range(len(clients))]
+    per_client = [tf.nest.map_structure(lambda a, i=i: a[i], results) for i in range(count)]
     if client_states is None:
-      return RoundOutput(new_server_state, to_numpy(total), per_client, None)
+      return to_numpy(total), per_client, None
     new_states = to_numpy(new_states)
-    return RoundOutput(new_server_state, to_numpy(total), per_client,
-                       [tf.nest.map_structure(lambda a, i=i: a[i], new_states)
-                        for i in range(len(clients))])
+    return to_numpy(total), per_client, [
+        tf.nest.map_structure(lambda a, i=i: a[i], new_states) for i in range(count)]
+
+  def server_update(self, mode: str, state, total):
+    """The definition's server update of `mode` on this runner's device."""
+    with tf.device(self.device):
+      return self._server_fns(mode)[2](self.put_state(state), total)
+
+
+def server_functions(definition, mode: str):
+  """(broadcast_fn, database_fn, server_fn) of `definition`'s `mode`, as
+  tf.functions."""
+  d = definition
+  return (tf.function(lambda state, params: d.broadcast(state, params, mode)),
+          tf.function(lambda state: d.database(state, mode)),
+          tf.function(lambda state, summed: d.server_update(state, summed, mode)))

@@ -1,0 +1,213 @@
+"""The `ray` runner: the same numbers as `local` for every algorithm, a lost
+actor as one line and exit 4, its flags.
+
+Ray talks over loopback only here: these tests run inside a network namespace
+whose only interface is loopback (`unshare -n`). Run elsewhere, the module
+re-executes itself there (`test_ray_tests_run_in_a_loopback_namespace`) and
+its other tests skip; where no namespace can be made (not root, no
+`unshare`), they all skip with the reason. One Ray instance (2 CPUs) serves
+the module; the runners share its actors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray", reason="needs the ray extra (today's stack)")
+
+import tasks  # noqa: E402
+from tests.conftest import REPO_ROOT  # noqa: E402
+from tests.test_runners import (PARITY_CASES, RTOL, ATOL, SOLVER_CASES,  # noqa: E402
+                                _assert_same_rows, _run)
+from tff_cluster.runners import ray_runner  # noqa: E402
+from tff_cluster.task import DataOptions  # noqa: E402
+
+ISOLATED_ENV = "TFF_CLUSTER_RAY_ISOLATED"
+SCRIPT = str(REPO_ROOT / "run_experiment.py")
+
+
+def loopback_only() -> bool:
+  """Whether this process's network namespace has no interface but `lo`
+  (read from /proc/self/net/dev, which is per namespace; /sys/class/net is
+  not remounted by `unshare -n`)."""
+  try:
+    with open("/proc/self/net/dev") as f:
+      names = {line.split(":", 1)[0].strip() for line in f.readlines()[2:] if ":" in line}
+  except OSError:
+    return False
+  return names <= {"lo"}
+
+
+def namespace_problem():
+  """Why a loopback-only namespace cannot be made here, or None."""
+  if os.geteuid() != 0:
+    return "not root: unshare -n needs CAP_SYS_ADMIN"
+  for tool in ("unshare", "ip"):
+    if shutil.which(tool) is None:
+      return f"no `{tool}` command"
+  return None
+
+
+ISOLATED = loopback_only()
+needs_isolation = pytest.mark.skipif(
+    not ISOLATED, reason="Ray tests run in a loopback-only network namespace: "
+    "test_ray_tests_run_in_a_loopback_namespace runs them there")
+
+
+def test_ray_tests_run_in_a_loopback_namespace():
+  """Re-executes this module inside `unshare -n` (loopback only) and passes
+  when every test there passes."""
+  if ISOLATED:
+    pytest.skip("already in a loopback-only namespace (this is the inner run)")
+  assert not os.environ.get(ISOLATED_ENV), "re-executed, yet not in a loopback-only namespace"
+  problem = namespace_problem()
+  if problem is not None:
+    pytest.skip(f"cannot make a loopback-only network namespace ({problem}); Ray "
+                "must not talk to the machine's network from the tests")
+  inner = (f"ip link set lo up && exec {sys.executable} -m pytest -p no:cacheprovider -q "
+           f"-x {__file__}")
+  env = dict(os.environ, **{ISOLATED_ENV: "1"})
+  env.pop("PYTEST_ADDOPTS", None)
+  done = subprocess.run(["unshare", "-n", "sh", "-c", inner], cwd=REPO_ROOT, env=env,
+                        capture_output=True, text=True, timeout=1500)
+  tail = "\n".join((done.stdout + done.stderr).splitlines()[-40:])
+  print(tail)
+  assert done.returncode == 0, tail
+  assert " passed" in tail and " skipped" in tail, tail  # the inner run ran the tests
+
+
+@pytest.fixture(scope="module")
+def ray_instance():
+  """One Ray instance (2 CPUs) for the module; the runners' actors are pooled."""
+  assert loopback_only()
+  ray.init(**ray_runner.init_kwargs(num_cpus=2))
+  yield
+  ray_runner.shutdown()
+  ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def uneven_data():
+  """25 clients: 2 workers get shards of 13 and 12."""
+  task = tasks.get_task("synthetic_clusters")
+  data = task.load_data(DataOptions(seed=2, num_clients=25, extra={"num_clusters": 3}))
+  return task, data
+
+
+def test_shards_are_contiguous_and_differ_by_at_most_one():
+  assert ray_runner.shard_bounds(25, 2) == [0, 13, 25]
+  assert ray_runner.shard_bounds(10, 4) == [0, 3, 6, 8, 10]
+  assert ray_runner.shard_bounds(3, 8) == [0, 1, 2, 3]  # one client per actor at most
+  with pytest.raises(ValueError, match="valid: >= 1"):
+    ray_runner.shard_bounds(3, 0)
+
+
+# Client states (momentum persisted between rounds) travel to the actors and
+# back; algorithms with their own momentum run the rest of the case.
+SOLVER = "steps_momentum_persist_decay"
+
+
+@needs_isolation
+@pytest.mark.parametrize("algo", sorted(PARITY_CASES))
+def test_ray_gives_the_local_runners_numbers(algo, ray_instance, uneven_data, tmp_path):
+  task, data = uneven_data
+  options = PARITY_CASES[algo][0]
+  with_workers = dict(options, _config={**options.get("_config", {}), "ray_workers": 2})
+  rows_ray, summary_ray, weights_ray, model_ray = _run(task, data, algo, with_workers, "ray",
+                                                        tmp_path, SOLVER_CASES[SOLVER])
+  rows_local, summary_local, weights_local, model_local = _run(
+      task, data, algo, options, "local", tmp_path, SOLVER_CASES[SOLVER])
+  _assert_same_rows(rows_local, rows_ray)
+  np.testing.assert_array_equal(model_local, model_ray)  # group assignments
+  if "final_assignment" in summary_local:
+    assert summary_local["final_assignment"] == summary_ray["final_assignment"]
+  for wa, wb in zip(weights_local, weights_ray):
+    for a, b in zip(wa, wb):
+      np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL)
+
+
+def _cli(*flags, timeout=600):
+  return subprocess.run([sys.executable, SCRIPT, "--task=synthetic", "--progress=false",
+                         *flags], cwd=REPO_ROOT, capture_output=True, text=True,
+                        timeout=timeout)
+
+
+@needs_isolation
+def test_a_killed_actor_ends_the_run_and_resume_finishes_it(tmp_path):
+  """An actor killed by PID mid-run: one line naming it, exit 4 within 10 s,
+  summary `worker_lost` with its checkpoint; --resume then gives the metrics
+  of a run never interrupted."""
+  # Rounds of about 0.1 s: enough of them that the kill lands mid-run.
+  rounds = 40
+  flags = ["--algo=fedavg", "--num_clients=20", "--clients_per_round=6", f"--rounds={rounds}",
+           "--local_epochs=1", "--checkpoint_every=1"]
+  whole = tmp_path / "whole"
+  done = _cli(*flags, "--runner=local", f"--output_dir={whole}")
+  assert done.returncode == 0, done.stderr
+  run = tmp_path / "run"
+  proc = subprocess.Popen([sys.executable, SCRIPT, "--task=synthetic", "--progress=false",
+                           *flags, "--runner=ray", "--ray_workers=2", f"--output_dir={run}"],
+                          cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
+  config = run / "config.json"
+  deadline = time.monotonic() + 300
+  pid = None
+  while time.monotonic() < deadline and pid is None:
+    rows = (run / "metrics.csv").read_text().count("\n") if (run / "metrics.csv").exists() else 0
+    if config.exists() and rows >= 3:  # header + 2 rounds done
+      pid = json.loads(config.read_text())["runner_info"]["actors"][1]["pid"]
+    time.sleep(0.2)
+  assert pid is not None, "the run did not reach round 2"
+  os.kill(pid, signal.SIGKILL)
+  killed = time.monotonic()
+  out, err = proc.communicate(timeout=120)
+  assert time.monotonic() - killed < 10 + 5  # + the interpreter's exit
+  assert proc.returncode == 4, err
+  last = err.strip().splitlines()[-1]
+  assert "Ray worker 1" in last and f"pid {pid}" in last and "worker_lost" in last, err
+  assert "Traceback" not in err
+  summary = json.loads((run / "summary.json").read_text())
+  assert summary["reason"] == "worker_lost" and summary["completed"] is False
+  assert 2 <= summary["checkpoint_round"] < rounds
+  done = _cli(*flags, "--runner=ray", "--ray_workers=2", f"--output_dir={run}", "--resume")
+  assert done.returncode == 0, done.stderr
+  a = (whole / "metrics.csv").read_text().splitlines()
+  b = (run / "metrics.csv").read_text().splitlines()
+  assert len(a) == len(b) == rounds + 1
+  cols = a[0].split(",")
+  for la, lb in zip(a[1:], b[1:]):
+    for name, x, y in zip(cols, la.split(","), lb.split(",")):
+      if name.endswith("seconds") or x == y:
+        continue
+      np.testing.assert_allclose(float(x), float(y), rtol=RTOL, atol=ATOL, err_msg=name)
+
+
+@needs_isolation
+def test_unreachable_ray_address_is_one_line_exit_2(tmp_path):
+  start = time.monotonic()
+  done = _cli("--algo=fedavg", "--rounds=1", "--runner=ray", "--ray_address=127.0.0.1:9",
+              f"--output_dir={tmp_path / 'r'}", timeout=120)
+  assert time.monotonic() - start < 30 + 30  # the check's 30 s + start-up
+  assert done.returncode == 2, done.stderr
+  lines = done.stderr.strip().splitlines()
+  assert "--ray_address=127.0.0.1:9" in lines[-1] and "Traceback" not in done.stderr
+  assert not (tmp_path / "r").exists()  # nothing half-written
+
+
+def test_ray_flags_without_the_ray_runner_are_a_usage_error(tmp_path):
+  for flag in ("--ray_workers=2", "--ray_address=127.0.0.1:6379"):
+    done = _cli("--algo=fedavg", "--rounds=1", flag, f"--output_dir={tmp_path / 'r'}",
+                timeout=120)
+    assert done.returncode == 2
+    last = done.stderr.strip().splitlines()[-1]
+    assert flag.split("=")[0] in last and "--runner=ray" in last
+    assert not (tmp_path / "r").exists()
