@@ -144,8 +144,8 @@ def _cli(*flags, timeout=600):
 @needs_isolation
 def test_a_killed_actor_ends_the_run_and_resume_finishes_it(tmp_path):
   """An actor killed by PID mid-run: one line naming it, exit 4 within 10 s,
-  summary `worker_lost` with its checkpoint; --resume then gives the metrics
-  of a run never interrupted."""
+  summary `worker_lost` with its checkpoint; --resume (on another number of
+  actors) then gives the metrics of a run never interrupted."""
   # Rounds of about 0.1 s: enough of them that the kill lands mid-run.
   rounds = 40
   flags = ["--algo=fedavg", "--num_clients=20", "--clients_per_round=6", f"--rounds={rounds}",
@@ -178,8 +178,12 @@ def test_a_killed_actor_ends_the_run_and_resume_finishes_it(tmp_path):
   summary = json.loads((run / "summary.json").read_text())
   assert summary["reason"] == "worker_lost" and summary["completed"] is False
   assert 2 <= summary["checkpoint_round"] < rounds
-  done = _cli(*flags, "--runner=ray", "--ray_workers=2", f"--output_dir={run}", "--resume")
+  # Resumed on 3 actors: the clients are cut into other shards, the rounds are
+  # the same.
+  done = _cli(*flags, "--runner=ray", "--ray_workers=3", f"--output_dir={run}", "--resume")
   assert done.returncode == 0, done.stderr
+  assert [a["clients"] for a in json.loads(config.read_text())["runner_info"]["actors"]] \
+      == [7, 7, 6]
   a = (whole / "metrics.csv").read_text().splitlines()
   b = (run / "metrics.csv").read_text().splitlines()
   assert len(a) == len(b) == rounds + 1
@@ -211,3 +215,10 @@ def test_ray_flags_without_the_ray_runner_are_a_usage_error(tmp_path):
     last = done.stderr.strip().splitlines()[-1]
     assert flag.split("=")[0] in last and "--runner=ray" in last
     assert not (tmp_path / "r").exists()
+
+
+def test_api_refuses_ray_settings_without_the_ray_runner():
+  from tff_cluster import api, models
+  with pytest.raises(ValueError, match="runner='ray'"):
+    api.Process("fedavg", lambda: models.mclr(60, 10), "sparse_categorical_crossentropy",
+                client_lr=0.01, batch_size=10, local_epochs=1, ray_workers=2)
