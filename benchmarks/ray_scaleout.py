@@ -47,18 +47,6 @@ sys.path.insert(0, os.path.join(REPO_ROOT, "benchmarks"))
 ISOLATED_ENV = "TFF_CLUSTER_RAY_ISOLATED"
 
 
-def loopback_only() -> bool:
-  """Whether this process's network namespace has no interface but `lo`
-  (read from /proc/self/net/dev, which is per namespace; /sys/class/net is
-  not remounted by `unshare -n`)."""
-  try:
-    with open("/proc/self/net/dev") as f:
-      names = {line.split(":", 1)[0].strip() for line in f.readlines()[2:] if ":" in line}
-  except OSError:
-    return False
-  return names <= {"lo"}
-
-
 def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--task", default="synthetic", choices=("synthetic", "femnist"))
@@ -142,6 +130,7 @@ def measure(args, runner: str, workers=None):
 
 def main(argv=None):
   args = parse_args(argv)
+  from tff_cluster.runners.ray_runner import loopback_only
   if args.ray_address is None and not loopback_only():
     if os.environ.get(ISOLATED_ENV):
       sys.exit("ray_scaleout.py: re-executed, yet not in a loopback-only namespace")

@@ -27,24 +27,12 @@ ray = pytest.importorskip("ray", reason="needs the ray extra (today's stack)")
 import tasks  # noqa: E402
 from tests.conftest import REPO_ROOT  # noqa: E402
 from tests.test_runners import (PARITY_CASES, RTOL, ATOL, SOLVER_CASES,  # noqa: E402
-                                _assert_same_rows, _run)
+                                _run, assert_same_run)
 from tff_cluster.runners import ray_runner  # noqa: E402
 from tff_cluster.task import DataOptions  # noqa: E402
 
 ISOLATED_ENV = "TFF_CLUSTER_RAY_ISOLATED"
 SCRIPT = str(REPO_ROOT / "run_experiment.py")
-
-
-def loopback_only() -> bool:
-  """Whether this process's network namespace has no interface but `lo`
-  (read from /proc/self/net/dev, which is per namespace; /sys/class/net is
-  not remounted by `unshare -n`)."""
-  try:
-    with open("/proc/self/net/dev") as f:
-      names = {line.split(":", 1)[0].strip() for line in f.readlines()[2:] if ":" in line}
-  except OSError:
-    return False
-  return names <= {"lo"}
 
 
 def namespace_problem():
@@ -57,7 +45,7 @@ def namespace_problem():
   return None
 
 
-ISOLATED = loopback_only()
+ISOLATED = ray_runner.loopback_only()
 needs_isolation = pytest.mark.skipif(
     not ISOLATED, reason="Ray tests run in a loopback-only network namespace: "
     "test_ray_tests_run_in_a_loopback_namespace runs them there")
@@ -88,7 +76,7 @@ def test_ray_tests_run_in_a_loopback_namespace():
 @pytest.fixture(scope="module")
 def ray_instance():
   """One Ray instance (2 CPUs) for the module; the runners' actors are pooled."""
-  assert loopback_only()
+  assert ray_runner.loopback_only()
   ray.init(**ray_runner.init_kwargs(num_cpus=2))
   yield
   ray_runner.shutdown()
@@ -122,17 +110,8 @@ def test_ray_gives_the_local_runners_numbers(algo, ray_instance, uneven_data, tm
   task, data = uneven_data
   options = PARITY_CASES[algo][0]
   with_workers = dict(options, _config={**options.get("_config", {}), "ray_workers": 2})
-  rows_ray, summary_ray, weights_ray, model_ray = _run(task, data, algo, with_workers, "ray",
-                                                        tmp_path, SOLVER_CASES[SOLVER])
-  rows_local, summary_local, weights_local, model_local = _run(
-      task, data, algo, options, "local", tmp_path, SOLVER_CASES[SOLVER])
-  _assert_same_rows(rows_local, rows_ray)
-  np.testing.assert_array_equal(model_local, model_ray)  # group assignments
-  if "final_assignment" in summary_local:
-    assert summary_local["final_assignment"] == summary_ray["final_assignment"]
-  for wa, wb in zip(weights_local, weights_ray):
-    for a, b in zip(wa, wb):
-      np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL)
+  assert_same_run(_run(task, data, algo, options, "local", tmp_path, SOLVER_CASES[SOLVER]),
+                  _run(task, data, algo, with_workers, "ray", tmp_path, SOLVER_CASES[SOLVER]))
 
 
 def _cli(*flags, timeout=600):

@@ -151,6 +151,20 @@ def _assert_same_rows(rows_a, rows_b):
         np.testing.assert_allclose(a[key], b[key], rtol=RTOL, atol=ATOL, err_msg=key)
 
 
+def assert_same_run(a, b):
+  """Two `_run` results: the same rows, group assignments and final
+  assignment, weights within RTOL / ATOL."""
+  rows_a, summary_a, weights_a, model_a = a
+  rows_b, summary_b, weights_b, model_b = b
+  _assert_same_rows(rows_a, rows_b)
+  np.testing.assert_array_equal(model_a, model_b)  # group assignments
+  if "final_assignment" in summary_a:
+    assert summary_a["final_assignment"] == summary_b["final_assignment"]
+  for wa, wb in zip(weights_a, weights_b):
+    for x, y in zip(wa, wb):
+      np.testing.assert_allclose(x, y, rtol=RTOL, atol=ATOL)
+
+
 @pytest.mark.parametrize("solver", sorted(SOLVER_CASES))
 @pytest.mark.parametrize("algo,case", [(a, i) for a, cases in sorted(PARITY_CASES.items())
                                        for i in range(len(cases))])
@@ -160,16 +174,9 @@ def test_runners_give_the_same_numbers(algo, case, solver, cluster_data, tmp_pat
   options = PARITY_CASES[algo][case]
   out = {r: _run(task, data, algo, options, r, tmp_path, SOLVER_CASES[solver])
          for r in ("tff", "local")}
-  rows_tff, summary_tff, weights_tff, model_tff = out["tff"]
-  rows_local, summary_local, weights_local, model_local = out["local"]
-  _assert_same_rows(rows_tff, rows_local)
-  np.testing.assert_array_equal(model_tff, model_local)  # group assignments
-  if "final_assignment" in summary_tff:
-    assert summary_tff["final_assignment"] == summary_local["final_assignment"]
-  for wa, wb in zip(weights_tff, weights_local):
-    for a, b in zip(wa, wb):
-      np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL)
+  assert_same_run(out["tff"], out["local"])
   # The run trained: the models moved away from their start.
+  rows_tff = out["tff"][0]
   assert rows_tff[-1]["train_loss"] < rows_tff[0]["train_loss"] * 1.5
 
 

@@ -57,6 +57,8 @@ class HParam:
       return ", ".join(self.choices)
     if self.type is bool:
       return "true or false"
+    if self.type is str:
+      return "a non-empty text"
     kind = "an integer" if self.type is int else "a number"
     if self.low is not None and self.high is not None:
       left = "(" if self.low_open else "["

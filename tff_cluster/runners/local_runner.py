@@ -83,7 +83,33 @@ def stack_client_states(client_states: Sequence[Any]):
     stacked.append(table if len(unique) == len(leaves) else tf.gather(table, index))
   return tf.nest.pack_sequence_as(client_states[0], stacked)
 
-class LocalRunner:
+class ServerSide:
+  """What the in-process runners (`local`, `ray`) share: the server state as
+  tensors on `self.device` and the definition's server functions there.
+  Needs `self.definition`, `self.device` and a `self._server` dict."""
+
+  def _server_fns(self, mode: str):
+    """(broadcast_fn, database_fn, server_fn) of `mode`, as tf.functions."""
+    if mode not in self._server:
+      self._server[mode] = server_functions(self.definition, mode)
+    return self._server[mode]
+
+  def put_state(self, state):
+    """The server state as tensors on this runner's device."""
+    with tf.device(self.device):
+      return tf.nest.map_structure(tf.convert_to_tensor, state)
+
+  @staticmethod
+  def numpy_state(state):
+    return to_numpy(state)
+
+  def server_update(self, mode: str, state, total):
+    """The definition's server update of `mode` on this runner's device."""
+    with tf.device(self.device):
+      return self._server_fns(mode)[2](self.put_state(state), total)
+
+
+class LocalRunner(ServerSide):
   """Runs a `Definition` in-process (see the module docstring).
 
   Args:
@@ -159,12 +185,6 @@ class LocalRunner:
 
     return one
 
-  def _server_fns(self, mode: str):
-    """(broadcast_fn, database_fn, server_fn) of `mode`, as tf.functions."""
-    if mode not in self._server:
-      self._server[mode] = server_functions(self.definition, mode)
-    return self._server[mode]
-
   def _round_fn(self, mode: str, args):
     """Trains every client of the round in one compiled call: a
     `tf.while_loop` over the stacked clients whose carry holds the running
@@ -207,15 +227,6 @@ class LocalRunner:
 
     self._rounds[mode] = round_fn
     return round_fn
-
-  def put_state(self, state):
-    """The server state as tensors on this runner's device."""
-    with tf.device(self.device):
-      return tf.nest.map_structure(tf.convert_to_tensor, state)
-
-  @staticmethod
-  def numpy_state(state):
-    return to_numpy(state)
 
   def run(self, mode: str, state, clients: Sequence[int], round_num: int,
           work: local_training.LocalWork, lr: float,
@@ -279,11 +290,6 @@ class LocalRunner:
     new_states = to_numpy(new_states)
     return to_numpy(total), per_client, [
         tf.nest.map_structure(lambda a, i=i: a[i], new_states) for i in range(count)]
-
-  def server_update(self, mode: str, state, total):
-    """The definition's server update of `mode` on this runner's device."""
-    with tf.device(self.device):
-      return self._server_fns(mode)[2](self.put_state(state), total)
 
 
 def server_functions(definition, mode: str):

@@ -43,7 +43,7 @@ import tensorflow as tf
 
 from tff_cluster import local_training
 from tff_cluster.runners import local_runner
-from tff_cluster.runners.base import RoundOutput, WorkerLost, check_keys, to_numpy
+from tff_cluster.runners.base import RoundOutput, WorkerLost, check_keys
 
 # How long a call to an unreachable `--ray_address` may take before it fails.
 CONNECT_TIMEOUT_S = 30
@@ -66,11 +66,26 @@ def import_ray():
   return ray
 
 
+def loopback_only() -> bool:
+  """Whether this process's network namespace has no interface but `lo`
+  (read from /proc/self/net/dev, which is per namespace; /sys/class/net is
+  not remounted by `unshare -n`). The tests and the scale-out benchmark run
+  Ray only in such a namespace on a machine that has other interfaces."""
+  try:
+    with open("/proc/self/net/dev") as f:
+      names = {line.split(":", 1)[0].strip() for line in f.readlines()[2:] if ":" in line}
+  except OSError:
+    return False
+  return names <= {"lo"}
+
+
 def shard_bounds(num_clients: int, num_workers: int) -> List[int]:
   """Start offsets (and the end) of `num_workers` contiguous shards of
   `num_clients` clients whose sizes differ by at most one."""
   if num_workers < 1:
     raise ValueError(f"invalid number of Ray workers {num_workers}; valid: >= 1")
+  if num_clients < 1:
+    raise ValueError("no clients to shard; valid: data with at least one client")
   workers = min(num_workers, num_clients)
   base, extra = divmod(num_clients, workers)
   sizes = [base + (1 if w < extra else 0) for w in range(workers)]
@@ -246,7 +261,7 @@ def _actor_options(ray) -> Dict[str, Any]:
   return {"num_cpus": 1, **({"num_gpus": 1} if gpus else {})}
 
 
-class RayRunner:
+class RayRunner(local_runner.ServerSide):
   """Runs a `Definition` with its clients sharded over Ray actors (see the
   module docstring). Same interface as `LocalRunner`.
 
@@ -332,19 +347,6 @@ class RayRunner:
   def actor_pids(self) -> List[int]:
     return [info["pid"] for info in self._shard_info]
 
-  def put_state(self, state):
-    with tf.device(self.device):
-      return tf.nest.map_structure(tf.convert_to_tensor, state)
-
-  @staticmethod
-  def numpy_state(state):
-    return to_numpy(state)
-
-  def _server_update(self, mode: str, state, total):
-    if mode not in self._server:
-      self._server[mode] = local_runner.server_functions(self.definition, mode)[2]
-    with tf.device(self.device):
-      return self._server[mode](self.put_state(state), total)
 
   def run(self, mode: str, state, clients: Sequence[int], round_num: int,
           work: local_training.LocalWork, lr: float,
@@ -359,6 +361,8 @@ class RayRunner:
     positions: Dict[int, List[int]] = {}
     for i, k in enumerate(clients):
       positions.setdefault(int(self._shard_of[k]), []).append(i)
+    if not positions:  # no client: the first actor returns the zero sum
+      positions[0] = []
     state_ref = self._ray.put(self.numpy_state(state))
     order = sorted(positions)
     calls = []
@@ -385,7 +389,7 @@ class RayRunner:
         results[i] = shard_results[j]
         if states is not None:
           states[i] = shard_states[j]
-    new_state = self._server_update(mode, state, total)
+    new_state = self.server_update(mode, state, total)
     return RoundOutput(new_state, total, results, states)
 
   def close(self) -> None:
