@@ -257,8 +257,12 @@ def shutdown() -> None:
 
 
 def _actor_options(ray) -> Dict[str, Any]:
+  """One CPU (and one GPU where the cluster has GPUs) per actor, the actors
+  spread over the cluster's hosts (one per host while there are hosts to
+  spare). TensorFlow's thread pools in an actor keep their defaults (sized to
+  the host's cores, whatever Ray reserved)."""
   gpus = ray.cluster_resources().get("GPU", 0)
-  return {"num_cpus": 1, **({"num_gpus": 1} if gpus else {})}
+  return {"num_cpus": 1, "scheduling_strategy": "SPREAD", **({"num_gpus": 1} if gpus else {})}
 
 
 class RayRunner(local_runner.ServerSide):
