@@ -99,6 +99,12 @@ def _run(cmd: List[str], directory: str, rounds: Optional[int], what: str) -> di
   return summary
 
 
+def measured(text: str) -> float:
+  """A recorded time back as a number: NaN for "–" or "" (none measured, e.g.
+  a run the divergence guard stopped), the inverse of `truncated`'s "–"."""
+  return float("nan") if text in ("–", "", None) else float(text)
+
+
 def truncated(x: float, digits: int) -> str:
   """`x` with `digits` decimals, cut rather than rounded (reported numbers are
   never rounded up): 88.6575 -> "88.65". A float a hair below the decimal it

@@ -48,8 +48,8 @@ from typing import List, Sequence
 import numpy as np
 
 from _sweep import (completed_summary, diverged_cell, diverged_summary,
-                             load_recorded, mean_std, run_one, save_markdown, save_recorded,
-                             truncated)
+                             load_recorded, mean_std, measured, run_one, save_markdown,
+                             save_recorded, truncated)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data")
@@ -124,7 +124,7 @@ def write_table(args) -> str:
   for r in load_recorded("cflmgd_table2"):
     diverged = _float(r.get("diverged_round"))
     got.setdefault(r["method"], {})[int(r["seed"])] = (
-        _float(r["final_accuracy"]), float(r["seconds_per_round"]),
+        _float(r["final_accuracy"]), measured(r["seconds_per_round"]),
         _float(r.get("max_loss_ratio")), None if diverged is None else int(diverged))
   on_disk = []
   for method in METHODS:

@@ -41,8 +41,8 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from _sweep import (completed_summary, diverged_cell, diverged_summary,
-                             load_recorded, mean_std, run_one, save_markdown, save_recorded,
-                             truncated)
+                             load_recorded, mean_std, measured, run_one, save_markdown,
+                             save_recorded, truncated)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data")
@@ -143,7 +143,7 @@ def collect(args) -> Dict[tuple, Dict[int, Dict[str, Optional[float]]]]:
     diverged = _float(r.get("diverged_round"))
     got.setdefault((r["setting"], r["method"]), {})[int(r["seed"])] = {
         "global": _float(r["global_accuracy"]), "personal": _float(r["personal_accuracy"]),
-        "seconds": float(r["seconds_per_round"]), "ratio": _float(r.get("max_loss_ratio")),
+        "seconds": measured(r["seconds_per_round"]), "ratio": _float(r.get("max_loss_ratio")),
         "diverged": None if diverged is None else int(diverged)}
   on_disk = []
   for setting in SETTINGS:

@@ -65,7 +65,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from _sweep import (completed_summary, diverged_cell, diverged_summary,
-                             load_recorded, mean_std, registered_algorithms,
+                             load_recorded, mean_std, measured, registered_algorithms,
                              run_one,  # run_one: run or reuse a run
                              save_markdown, save_recorded, truncated)
 
@@ -279,7 +279,7 @@ def write_table(args):
     found.setdefault(key, {})[seed] = (_float(r["accuracy"]), _float(r["macro_f1"]),
                                        _float(r.get("max_loss_ratio")),
                                        None if diverged is None else int(diverged))
-    secs.setdefault(key, {})[seed] = float(r["seconds_per_round"])
+    secs.setdefault(key, {})[seed] = measured(r["seconds_per_round"])
   on_disk = []
   for setting in TASKS:
     for k in (1, 5, 10):

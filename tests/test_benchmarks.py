@@ -120,6 +120,24 @@ def test_pfedmo_table_merges_recorded_seeds_with_runs_on_disk(recorded):
   assert float(rows[("FedNAG", "1")]["personal_accuracy"]) == 0.86
 
 
+def test_pfedmo_table_reads_back_a_recorded_diverged_run(recorded):
+  """A diverged run has no round time: it is recorded as "–" and read back
+  (the next --table_only or --record) without error."""
+  out = recorded / "runs"
+  stopped = pfedmo_table2.run_dir(str(out), "lenet5", "pFedMo (eq. 12)", 1)
+  os.makedirs(stopped)
+  with open(os.path.join(stopped, "summary.json"), "w") as f:
+    json.dump({"completed": False, "reason": "diverged", "diverged_round": 18}, f)
+  args = type("Args", (), dict(out=str(out), table=str(recorded / "table"), record=True))
+  pfedmo_table2.write_table(args)
+  rows = {(r["method"], r["seed"]): r for r in _sweep.load_recorded("pfedmo_table2")}
+  assert rows[("pFedMo (eq. 12)", "1")]["seconds_per_round"] == "–"
+  args.out = str(recorded / "elsewhere")  # only the recorded CSV now
+  assert "| pFedMo (eq. 12) | 1 | diverged at round 18 (1/1 seeds) |" in \
+      pfedmo_table2.write_table(args)
+  assert _sweep.measured("–") != _sweep.measured("–")  # NaN
+
+
 @pytest.mark.parametrize("method", ["FedAvg+", "WeCFL"])
 def test_wecfl_table_scores_only_completed_runs(tmp_path, method):
   """A run in progress has rows but no final round: an ensemble's "last row"
