@@ -80,10 +80,9 @@ def export(args) -> None:
 
   def spy(self, mode, round_args):
     fn = original(self, mode, round_args)
-    # The round's last argument: how many of the stacked clients train (all
-    # of them here; the ray runner's shards pad).
-    count = tf.constant(round_args[4].shape[0])
-    captured.update(fn=fn, args=(*round_args, count))
+    # The round's last argument: how many of the stacked clients train (None:
+    # all of them, as the local runner calls it; the ray runner's shards pad).
+    captured.update(fn=fn, args=(*round_args, None))
     return fn
 
   local_runner.LocalRunner._round_fn = spy

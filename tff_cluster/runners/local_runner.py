@@ -201,9 +201,11 @@ class LocalRunner(ServerSide):
     @tf.function(jit_compile=self.jit)
     def round_fn(database, keys, received, client_states, indices, sizes, num_steps, x, y,
                  count):
-      # `count` (a tensor) of the `num_clients` stacked clients are trained;
-      # the rest are padding (see `train_clients`), never run.
+      # `count` (a tensor) of the `num_clients` stacked clients are trained,
+      # the rest are padding (see `train_clients`), never run; None: all of
+      # them (the loop's bound then is a constant, as it always was for local).
       num_clients = indices.shape[0]
+      bound = num_clients if count is None else count
 
       def arrays(spec):
         return [tf.TensorArray(s.dtype, size=num_clients, element_shape=s.shape)
@@ -219,7 +221,7 @@ class LocalRunner(ServerSide):
 
       zeros = tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), summed_spec)
       _, total, results, states = tf.while_loop(
-          lambda c, *_: c < count, body,
+          lambda c, *_: c < bound, body,
           (tf.constant(0), zeros, arrays(result_spec), arrays(state_spec)))
       stack = lambda spec, arrs: tf.nest.pack_sequence_as(  # noqa: E731
           spec, [a.stack() for a in arrs])
@@ -255,7 +257,8 @@ class LocalRunner(ServerSide):
     d = self.definition
     clients = [int(k) for k in clients]
     count = len(clients)
-    if count and pad_to > count:
+    dynamic = pad_to > 0  # the loop's bound a tensor: one trace for every count
+    if dynamic and 0 < count < pad_to:
       size = pad_to
       clients = clients + [clients[-1]] * (size - count)
       if keys is not None:
@@ -282,7 +285,8 @@ class LocalRunner(ServerSide):
       database = database_fn(state) if d.num_keys(mode) else None
       args = (database, key_array, received, stacked_states, batches.indices, batches.sizes,
               batches.num_steps, self._x, self._y)
-      total, results, new_states = self._round_fn(mode, args)(*args, tf.constant(count))
+      total, results, new_states = self._round_fn(mode, args)(
+          *args, tf.constant(count) if dynamic else None)
     results = to_numpy(results)
     per_client = [tf.nest.map_structure(lambda a, i=i: a[i], results) for i in range(count)]
     if client_states is None:
