@@ -57,7 +57,7 @@ def parse_args(argv=None):
   p.add_argument("--project_hosts", default="2,4,8,16")
   p.add_argument("--ray_address", default=None)
   p.add_argument("--femnist_dir", default=os.path.join(os.path.dirname(REPO_ROOT), "shared",
-                                                       "data", "femnist"))
+                                                       "data", "femnist_leaf"))
   p.add_argument("--out", default=os.path.join(REPO_ROOT, "benchmarks", "results",
                                                "ray_scaleout.csv"))
   return p.parse_args(argv)
