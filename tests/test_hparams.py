@@ -59,7 +59,8 @@ def test_shared_names_are_declared_once():
 def test_cli_flags_are_exactly_the_declarations():
   """run_experiment.py hand-writes no algorithm or training flag."""
   defined = {f.name for f in run_experiment.FLAGS.get_flags_for_module(run_experiment)}
-  declared = {d.name for d in (*hp.TRAINING, hp.RUNNER, hp.JIT)} | set(registry.all_hparams())
+  declared = ({d.name for d in (*hp.TRAINING, hp.RUNNER, hp.JIT, hp.RAY_WORKERS, hp.RAY_ADDRESS)}
+              | set(registry.all_hparams()))
   assert defined == declared | set(run_experiment._GENERAL)
 
 
