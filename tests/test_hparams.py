@@ -7,7 +7,7 @@ import math
 import pytest
 
 import run_experiment
-from tff_cluster import registry
+from tff_cluster import registry, settings
 from tff_cluster import hparams as hp
 
 
@@ -59,7 +59,7 @@ def test_shared_names_are_declared_once():
 def test_cli_flags_are_exactly_the_declarations():
   """run_experiment.py hand-writes no algorithm or training flag."""
   defined = {f.name for f in run_experiment.FLAGS.get_flags_for_module(run_experiment)}
-  declared = ({d.name for d in (*hp.TRAINING, hp.RUNNER, hp.JIT, hp.RAY_WORKERS, hp.RAY_ADDRESS)}
+  declared = ({d.name for d in (*hp.TRAINING, *settings.RUNNER_HPARAMS)}
               | set(registry.all_hparams()))
   assert defined == declared | set(run_experiment._GENERAL)
 

@@ -12,8 +12,8 @@ For TFF research pipelines, `computations(algo, model_fn, loss, element_spec,
 options)` returns an algorithm's definition and its raw TFF computations (the
 `tff` runner's), and `tff_cluster.algorithms.fedavg.build_fedavg` a
 `tff.learning` process. The process object sits on a runner
-(`runner='local'`, TFF-free, `'tff'`, or `'ray'`: local's client loop on Ray actors) and the algorithm's host side, and
-checks what it is given:
+(`runner='local'`, TFF-free; `'tff'`; or `'ray'`, local's client loop on Ray
+actors) and the algorithm's host side, and checks what it is given:
 
 * `initialize(data)` takes a `FederatedData` (or a pair of TFF `ClientData`,
   train and test) and runs the algorithm's set-up, e.g. FedGroup's cold

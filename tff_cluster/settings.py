@@ -126,9 +126,7 @@ def resolve_settings(values) -> dict:
     raise UsageError(f"{', '.join(ray_flags)} given with --runner={settings['runner']}; "
                      "valid: --runner=ray with them, or neither")
   if settings["runner"] == "ray" and not stack.has_module("ray"):
-    raise UsageError("--runner=ray needs Ray, which is not installed; install the ray "
-                     "extra (pip install 'tff-cluster[ray]', or uv sync --extra ray; "
-                     "today's stack only)")
+    raise UsageError(stack.RAY_MISSING)
   if settings["ray_address"] == "":
     raise UsageError("invalid --ray_address=''; valid: HOST:PORT of a Ray head, or auto")
   settings["algo_options"] = {name: settings[name] for name in own}

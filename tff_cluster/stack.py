@@ -32,6 +32,11 @@ ROUTES = ("the TFF stack: `UV_PROJECT_ENVIRONMENT=.venv-tff uv sync --extra tff`
           "resolves to 0.1.0 from 2019)")
 
 
+RAY_MISSING = ("--runner=ray needs Ray, which is not installed; install the ray extra (pip "
+               "install 'tff-cluster[ray]', or uv sync --extra ray; today's stack only, not "
+               "with the tff extra)")
+
+
 class TffUnavailableError(ImportError):
   """TensorFlow Federated 0.87 cannot be imported here; the message is one line."""
 

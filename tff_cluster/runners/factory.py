@@ -1,6 +1,6 @@
 """`make_runner`: the runner of a name (`--runner`). Above both runners in the
-layering; the `tff` and `ray` runners, optional backends, are imported only when
-asked for."""
+layering; the `tff` runner, an optional backend, is imported only when asked for,
+and Ray only when a `ray` runner is made."""
 
 from __future__ import annotations
 

@@ -41,7 +41,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tff_cluster import local_training
+from tff_cluster import local_training, stack
 from tff_cluster.runners import local_runner
 from tff_cluster.runners.base import RoundOutput, WorkerLost, check_keys
 
@@ -59,10 +59,7 @@ def import_ray():
   try:
     import ray  # noqa: PLC0415  (an optional dependency)
   except ImportError:
-    raise RayUnavailable(
-        "--runner=ray needs Ray, which is not installed; install the ray extra "
-        "(pip install 'tff-cluster[ray]', or uv sync --extra ray; today's stack only, "
-        "not with the tff extra)") from None
+    raise RayUnavailable(stack.RAY_MISSING) from None
   return ray
 
 
@@ -107,9 +104,6 @@ class ShardHost:
 
   def __init__(self):
     self._shards: Dict[str, Any] = {}
-
-  def pid(self) -> int:
-    return os.getpid()
 
   def load(self, key: str, definition, model_fn, loss: str, client_ids, train,
            client_index, seed: int, jit: str) -> Dict[str, Any]:
@@ -347,9 +341,6 @@ class RayRunner(local_runner.ServerSide):
                         "first_client": self._bounds[w], "host": info["host"],
                         "pid": info["pid"], "device": info["device"]}
                        for w, info in enumerate(self._shard_info)]}
-
-  def actor_pids(self) -> List[int]:
-    return [info["pid"] for info in self._shard_info]
 
 
   def run(self, mode: str, state, clients: Sequence[int], round_num: int,
