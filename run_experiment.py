@@ -82,6 +82,9 @@ flags.DEFINE_boolean("progress", True, "Show a progress bar.")
 flags.DEFINE_integer("checkpoint_every", 10, "Checkpoint the run state every this many "
                      "rounds (also after the set-up and at the end); --resume continues "
                      "from the latest.")
+flags.DEFINE_enum("groups_format", "wide", ["wide", "long"], "groups.csv: one row per "
+                  "round with a column per client (wide), or round,client,group lines for "
+                  "the clients whose group changed (long; for large federations).")
 flags.DEFINE_boolean("resume", False, "Continue the run in --output_dir from its latest "
                      "checkpoint (written on any stack and runner); flags not given take "
                      "the run's values; only a larger --rounds, --runner and --jit may "
@@ -197,7 +200,8 @@ def run(settings: dict) -> dict:
   runner_columns = list(getattr(driver, "extra_columns", ()))
   writer = results.ResultsWriter(
       out_dir, [*experiment.BASE_COLUMNS, *runner_columns],
-      overwrite=settings["overwrite"], resume_rows=None if resume is None else resume["rows"])
+      overwrite=settings["overwrite"], resume_rows=None if resume is None else resume["rows"],
+      groups_format=settings["groups_format"] or "wide")
   n_train = data.num_train_samples()
   writer.write_config({
       **settings,

@@ -518,3 +518,36 @@ def test_emnist_download_failure_is_one_line(tmp_path, monkeypatch):
   assert "emnist_all.sqlite.lzma" in msg and str(tmp_path) in msg
   assert f"place {emnist.EMNIST_DB_FILE} in" in msg
   assert not (tmp_path / emnist.EMNIST_DB_FILE).exists()
+
+
+def test_synthetic_samples_per_client_makes_each_client_alone():
+  """With samples_per_client, each client is drawn from its own seed: any
+  shard of clients equals the same clients of the whole federation, the
+  catalogue's counts are the arrays', and the draw depends on the seed."""
+  from tff_cluster import tasks
+  from tff_cluster.data.federated import LazyFederatedData
+  from tff_cluster.task import DataOptions
+  for name in ("synthetic", "synthetic_iid", "synthetic_clusters"):
+    data = tasks.get_task(name).load_data(DataOptions(
+        seed=3, num_clients=9, extra={"samples_per_client": 21}))
+    assert isinstance(data, LazyFederatedData)
+    whole = data.materialize()
+    assert list(whole.num_train_samples()) == [18] * 9  # 90/10 of 21
+    assert list(data.num_test_samples()) == [3] * 9
+    for lo, hi in ((0, 4), (4, 9), (6, 7)):
+      shard = data.load(lo, hi)
+      assert shard.client_ids == whole.client_ids[lo:hi]
+      for c in shard.client_ids:
+        for split in ("train", "test"):
+          np.testing.assert_array_equal(getattr(shard, split)[c][0], getattr(whole, split)[c][0])
+          np.testing.assert_array_equal(getattr(shard, split)[c][1], getattr(whole, split)[c][1])
+    if name == "synthetic_clusters":
+      np.testing.assert_array_equal(data.load(4, 9).true_clusters, data.true_clusters[4:9])
+    other = tasks.get_task(name).load_data(DataOptions(
+        seed=4, num_clients=9, extra={"samples_per_client": 21})).load(0, 1)
+    assert not np.array_equal(other.train[other.client_ids[0]][0],
+                              whole.train[whole.client_ids[0]][0])
+  with pytest.raises(DataError, match="arrays are made on demand"):
+    data.train  # noqa: B018
+  with pytest.raises(DataError, match="valid: >= 2"):
+    tasks.get_task("synthetic").load_data(DataOptions(extra={"samples_per_client": 1}))

@@ -114,6 +114,80 @@ def test_ray_gives_the_local_runners_numbers(algo, ray_instance, uneven_data, tm
                   _run(task, data, algo, with_workers, "ray", tmp_path, SOLVER_CASES[SOLVER]))
 
 
+def _train(task, data, runner, rounds, tmp_path, name, workers=None, resume=None,
+           checkpoint_dir=None):
+  """FedAvg with persisted client momentum for `rounds` rounds: (rows, driver)."""
+  from tff_cluster import experiment, registry
+  from tff_cluster.results import ResultsWriter
+  config = experiment.TrainingConfig(
+      rounds=rounds, clients_per_round=8, batch_size=10, client_lr=0.02, seed=1,
+      runner=runner, ray_workers=workers, **SOLVER_CASES[SOLVER])
+  driver = registry.get_algorithm("fedavg").make_driver(task, data, config)
+  os.makedirs(tmp_path / name, exist_ok=True)
+  writer = ResultsWriter(str(tmp_path / name), [*experiment.BASE_COLUMNS], tensorboard=False,
+                         resume_rows=None if resume is None else resume["rows"])
+  experiment.run_training(task, data, config, driver, writer, progress=False,
+                          checkpoint_dir=checkpoint_dir, checkpoint_every=1, resume=resume)
+  writer.close()
+  return writer.rows, driver
+
+
+def _same_rows(a, b):
+  assert len(a) == len(b)
+  for x, y in zip(a, b):
+    for key in ("train_loss", "test_loss", "loss_ratio", "test_accuracy_clientavg",
+                "test_macro_f1"):
+      np.testing.assert_allclose(x[key], y[key], rtol=RTOL, atol=ATOL, err_msg=key)
+    assert x["test_accuracy"] == y["test_accuracy"]
+
+
+@needs_isolation
+def test_actors_make_their_clients_and_keep_their_states(ray_instance, tmp_path):
+  """`samples_per_client` data: the driver holds only the catalogue, the
+  actors make their own clients, evaluate them and keep their momentum
+  buffers; the rows and each client's buffer equal the local runner's on
+  the same (materialized) data."""
+  from tff_cluster.data.federated import LazyFederatedData
+  task = tasks.get_task("synthetic")
+  lazy = task.load_data(DataOptions(seed=2, num_clients=25, extra={"samples_per_client": 30}))
+  rows_ray, on_ray = _train(task, lazy, "ray", 3, tmp_path, "ray", workers=2)
+  rows_local, local = _train(task, lazy, "local", 3, tmp_path, "local")
+  assert isinstance(on_ray.data, LazyFederatedData)  # never materialized on the driver
+  assert not isinstance(local.data, LazyFederatedData)
+  assert isinstance(on_ray.client_states, ray_runner.ActorClientStates)
+  _same_rows(rows_ray, rows_local)
+  assert sorted(on_ray.client_states) == sorted(local.client_states)
+  assert 8 < len(local.client_states) < 25  # some clients trained, not all
+  for key, theirs in on_ray.client_states.items():
+    for a, b in zip(theirs["velocity"], local.client_states[key]["velocity"]):
+      np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL)
+  # The actors hold the arrays: the driver's runner has none of its own.
+  assert not hasattr(on_ray.runner, "_x")
+
+
+@needs_isolation
+def test_a_checkpoint_resumes_on_another_sharding(ray_instance, tmp_path):
+  """Rounds 1-2 on 2 actors, checkpointed (per-client states written by
+  client), rounds 3-4 resumed on 1 actor, and on the local runner: both
+  equal 4 uninterrupted local rounds, momentum buffers included."""
+  from tff_cluster import checkpoint
+  task = tasks.get_task("synthetic")
+  lazy = task.load_data(DataOptions(seed=5, num_clients=19, extra={"samples_per_client": 24}))
+  run = tmp_path / "ckpt"
+  _train(task, lazy, "ray", 2, tmp_path, "first", workers=2, checkpoint_dir=str(run))
+  assert os.listdir(checkpoint.clients_dir(str(run), 2))  # the states beside the archive
+  whole, reference = _train(task, lazy, "local", 4, tmp_path, "whole")
+  for runner, workers in (("ray", 1), ("local", None)):
+    _, payload = checkpoint.load_latest(str(run))
+    rows, resumed = _train(task, lazy, runner, 4, tmp_path, f"again-{runner}", workers=workers,
+                           resume=payload)
+    _same_rows(rows, whole)
+    assert sorted(resumed.client_states) == sorted(reference.client_states)
+    for key, theirs in resumed.client_states.items():
+      for a, b in zip(theirs["velocity"], reference.client_states[key]["velocity"]):
+        np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL)
+
+
 def _cli(*flags, timeout=600):
   return subprocess.run([sys.executable, SCRIPT, "--task=synthetic", "--progress=false",
                          *flags], cwd=REPO_ROOT, capture_output=True, text=True,

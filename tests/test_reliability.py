@@ -706,3 +706,44 @@ def test_a_signal_whose_exception_surfaces_transformed_still_closes_as_interrupt
     experiment.run_training(task, data, config, driver, other, progress=False)
   other.close()
   assert json.loads((tmp_path / "b" / "summary.json").read_text())["reason"] == "error"
+
+
+def test_client_states_are_saved_beside_the_checkpoint_part_by_part(tmp_path, monkeypatch):
+  """Per-client states go to round-N.clients/part-*.npz, a few clients per
+  part, no pickle; they come back key by key, old rounds' directories are
+  removed with their archives, and a damaged part makes the load fall back
+  to the checkpoint before."""
+  monkeypatch.setattr(checkpoint, "CLIENTS_PER_PART", 2)
+  run = str(tmp_path)
+  states = {k: {"velocity": [np.full(3, k, np.float32)]} for k in (0, 4, 7, 9, 12)}
+  for r in (1, 2, 3):
+    checkpoint.save(run, r, {"driver": {"state": None, "host": {}}, "rows": [r]},
+                    client_states={k: {"velocity": [v["velocity"][0] + r]}
+                                   for k, v in states.items()})
+  names = sorted(os.listdir(checkpoint.directory(run)))
+  assert names == ["round-000002.clients", "round-000002.npz",
+                   "round-000003.clients", "round-000003.npz"]
+  parts = sorted(os.listdir(checkpoint.clients_dir(run, 3)))
+  assert parts == ["part-000000.npz", "part-000001.npz", "part-000002.npz"]
+  for part in parts:  # plain archives, readable without pickle
+    with np.load(os.path.join(checkpoint.clients_dir(run, 3), part), allow_pickle=False) as a:
+      assert "__tree__" in a.files
+  round_num, payload = checkpoint.load_latest(run)
+  loaded = payload["driver"]["client_states"]
+  assert round_num == 3 and len(loaded) == 5 and "client_state_parts" not in payload
+  back = dict(loaded.items())
+  assert sorted(back) == sorted(states)
+  for k, v in back.items():
+    np.testing.assert_array_equal(v["velocity"][0], np.full(3, k + 3, np.float32))
+  # A damaged part: the round before is loaded.
+  with open(os.path.join(checkpoint.clients_dir(run, 3), "part-000001.npz"), "r+b") as f:
+    f.truncate(8)
+  round_num, payload = checkpoint.load_latest(run)
+  assert round_num == 2
+  np.testing.assert_array_equal(
+      dict(payload["driver"]["client_states"].items())[9]["velocity"][0],
+      np.full(3, 11, np.float32))
+  # No per-client states: nothing beside the archive, an empty dict back.
+  checkpoint.save(str(tmp_path / "none"), 1, {"driver": {"state": None, "host": {}}})
+  assert checkpoint.load_latest(str(tmp_path / "none"))[1]["driver"]["client_states"] == {}
+  assert os.listdir(checkpoint.directory(str(tmp_path / "none"))) == ["round-000001.npz"]

@@ -208,6 +208,31 @@ def test_groups_csv_keeps_the_checkpointed_rounds_on_resume(tmp_path):
   assert (tmp_path / "groups.csv").read_bytes() == b"round,a,b\n1,1,-1\n2,0,-1\n3,,\n"
 
 
+def test_groups_csv_long_writes_the_changes_and_resumes_from_them(tmp_path):
+  """--groups_format=long: round,client,group for every client on the first
+  round, then only for clients whose group changed; a round without known
+  groups writes nothing; a resume keeps the checkpointed rounds' lines and
+  goes on comparing with the groups they leave."""
+  ids = ["a", "b", "c"]
+  writer = ResultsWriter(str(tmp_path), ["round"], tensorboard=False, groups_format="long")
+  for r, groups in ((1, [0, 1, -1]), (2, [0, 1, -1]), (3, None), (4, [1, 1, 0])):
+    writer.write_round({"round": r})
+    writer.write_groups(r, ids, groups)
+  writer.close()
+  assert (tmp_path / "groups.csv").read_text() == (
+      "round,client,group\n1,a,0\n1,b,1\n1,c,-1\n4,a,1\n4,c,0\n")
+  with open(tmp_path / "groups.csv", "a") as f:
+    f.write("5,b")  # a torn line
+  writer = ResultsWriter(str(tmp_path), ["round"], tensorboard=False, groups_format="long",
+                         resume_rows=[{"round": r} for r in (1, 2, 3)])
+  writer.write_groups(4, ids, [0, 2, -1])  # round 4 again, after the checkpoint of round 3
+  writer.close()
+  assert (tmp_path / "groups.csv").read_text() == (
+      "round,client,group\n1,a,0\n1,b,1\n1,c,-1\n4,b,2\n")
+  with pytest.raises(ValueError, match="valid: wide, long"):
+    ResultsWriter(str(tmp_path / "x"), ["round"], tensorboard=False, groups_format="tall")
+
+
 def _run(out_dir, *args):
   import run_experiment
   code = run_experiment.main(["run_experiment.py", *SMALL, f"--output_dir={out_dir}", *args])
@@ -301,7 +326,7 @@ def test_config_records_commit_versions_and_applied_task_args(ifca_run, fedgroup
       "tf_use_legacy_keras": os.environ.get("TF_USE_LEGACY_KERAS") == "1",
       "tensorflow_federated": installed("tensorflow-federated")}
   assert config["task_args"] == {"num_clusters": 2}
-  assert config["task_args_applied"] == {"num_clusters": 2}
+  assert config["task_args_applied"] == {"num_clusters": 2, "samples_per_client": 0}
   from tff_cluster import tasks
   default = {d.name: d.default for d in tasks.get_task("synthetic_clusters").task_args}
   config = json.loads((fedgroup_run / "config.json").read_text())

@@ -1,17 +1,24 @@
 """Run checkpoints: the whole state of a run, written atomically, readable on any stack.
 
 A checkpoint is `<run dir>/checkpoints/round-<NNNNNN>.npz`: one numpy archive
-holding every array of the run state (the driver's server state, per-client
-state, the best-round models) as its own entry, and `__tree__`, the UTF-8 JSON
-of everything else with each array replaced by its entry's name: the metric
-rows so far, host state such as group assignments, and random generators as
-their `bit_generator.state`. It holds no pickle (it is read with
-`allow_pickle=False`), so a checkpoint written under TensorFlow 2.14 / numpy 1
-resumes under TensorFlow 2.21 / numpy 2 and back, and loading one runs no code.
+holding every array of the run state (the driver's server state, the
+best-round models) as its own entry, and `__tree__`, the UTF-8 JSON of
+everything else with each array replaced by its entry's name: the metric rows
+so far, host state such as group assignments, and random generators as their
+`bit_generator.state`. The per-client states (e.g. each client's momentum
+buffer) are beside it, in `round-<NNNNNN>.clients/part-<i>.npz`, the same
+format, `CLIENTS_PER_PART` clients per file, keyed by client: they are
+written and read a part at a time (the `ray` runner's actors hand theirs over
+in chunks and take them back on resume, however the clients are sharded
+then). Nothing holds a pickle (read with `allow_pickle=False`), so a
+checkpoint written under TensorFlow 2.14 / numpy 1 resumes under TensorFlow
+2.21 / numpy 2 and back, and loading one runs no code. Checkpoints of format
+2 (per-client states inside the archive) are still read.
 
-It is written to a temporary file, fsynced and renamed, so a kill at any
-moment leaves either the previous checkpoint or the new one; the last `keep`
-are kept.
+Each file is written to a temporary name, fsynced and renamed (the client
+states' directory before the archive that names it), so a kill at any moment
+leaves either the previous checkpoint or the new one; the last `keep` are
+kept.
 
 Size: the server state (e.g. m + 1 models for FedGroup) plus whatever
 per-client state the algorithm keeps (e.g. one momentum buffer per client that
@@ -27,15 +34,20 @@ import json
 import math
 import os
 import re
+import shutil
 import zipfile
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
 DIRNAME = "checkpoints"
-FORMAT = 2
+FORMAT = 3  # 3: per-client states beside the archive; 2: inside it
+READABLE_FORMATS = (2, 3)
 SUFFIX = ".npz"
+CLIENTS_SUFFIX = ".clients"
+CLIENTS_PER_PART = 1024
 _PATTERN = re.compile(r"^round-(\d{6,})\.npz$")
+_CLIENTS = re.compile(r"^round-(\d{6,})\.clients$")
 _LEGACY = re.compile(r"^round-(\d{6,})\.pkl$")  # FORMAT 1: pickles (tff-cluster 0.1)
 _TREE = "__tree__"
 
@@ -201,17 +213,100 @@ def path_of(run_dir: str, round_num: int) -> str:
   return os.path.join(directory(run_dir), f"round-{round_num:06d}{SUFFIX}")
 
 
-def save(run_dir: str, round_num: int, payload: Dict[str, Any], keep: int = 2) -> str:
-  """Writes the checkpoint of `round_num`; removes all but the last `keep`."""
+def clients_dir(run_dir: str, round_num: int) -> str:
+  """Where the per-client states of round `round_num`'s checkpoint are."""
+  return os.path.join(directory(run_dir), f"round-{round_num:06d}{CLIENTS_SUFFIX}")
+
+
+def save(run_dir: str, round_num: int, payload: Dict[str, Any], keep: int = 2,
+         client_states=None) -> str:
+  """Writes the checkpoint of `round_num`; removes all but the last `keep`.
+
+  `client_states` (anything with `items()` and `len()`: a dict, or states
+  read back from workers chunk by chunk) go to `round-<NNNNNN>.clients/`,
+  `CLIENTS_PER_PART` (key, state) entries per `part-<i>.npz` (no pickle), in
+  the order `items()` gives them, keyed by the driver's keys (client
+  indices): a resume puts each state wherever its client lives then.
+  The directory is complete (written and renamed) before the checkpoint
+  that names it."""
   os.makedirs(directory(run_dir), exist_ok=True)
   path = path_of(run_dir, round_num)
-  atomic_write_bytes(path, dumps({"format": FORMAT, "round": round_num, **payload}))
-  for old in rounds(run_dir)[:-keep]:
-    try:
-      os.remove(path_of(run_dir, old))
-    except OSError:
-      pass
+  parts = count = 0
+  if client_states is not None and len(client_states):
+    final = clients_dir(run_dir, round_num)
+    tmp = f"{final}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    chunk: Dict[Any, Any] = {}
+
+    def flush():
+      nonlocal parts, chunk
+      with open(os.path.join(tmp, f"part-{parts:06d}{SUFFIX}"), "wb") as f:
+        f.write(dumps(chunk))
+        f.flush()
+        os.fsync(f.fileno())
+      parts += 1
+      chunk = {}
+
+    for key, value in client_states.items():
+      chunk[key] = value
+      count += 1
+      if len(chunk) >= CLIENTS_PER_PART:
+        flush()
+    if chunk:
+      flush()
+    _fsync_dir(tmp)
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    _fsync_dir(directory(run_dir))
+  atomic_write_bytes(path, dumps({"format": FORMAT, "round": round_num,
+                                  "client_state_parts": parts,
+                                  "client_state_count": count, **payload}))
+  kept = set(rounds(run_dir)[-keep:])
+  for old in rounds(run_dir):
+    if old not in kept:
+      try:
+        os.remove(path_of(run_dir, old))
+      except OSError:
+        pass
+  for name in os.listdir(directory(run_dir)):  # the states of removed rounds
+    m = _CLIENTS.match(name)
+    if m and int(m.group(1)) not in kept:
+      shutil.rmtree(os.path.join(directory(run_dir), name), ignore_errors=True)
   return path
+
+
+class ClientStateFiles:
+  """The per-client states of a checkpoint (`save`'s `client_states`), read
+  back part by part: `items()` yields (key, state) pairs, `len()` counts
+  them."""
+
+  def __init__(self, path: str, parts: int, count: int):
+    self.path = path
+    self.parts = parts
+    self.count = count
+
+  def __len__(self) -> int:
+    return self.count
+
+  def _part(self, i: int) -> Dict[Any, Any]:
+    return loads(os.path.join(self.path, f"part-{i:06d}{SUFFIX}"))
+
+  def items(self):
+    for i in range(self.parts):
+      yield from self._part(i).items()
+
+  def check(self) -> None:
+    """Every part readable (a damaged one raises, as a damaged checkpoint)."""
+    total = 0
+    for i in range(self.parts):
+      with np.load(os.path.join(self.path, f"part-{i:06d}{SUFFIX}"),
+                   allow_pickle=False) as archive:
+        if _TREE not in archive.files:
+          raise CheckpointError(f"{self.path}: part {i} is not a tff-cluster archive")
+        total += 1
+    if total != self.parts:
+      raise CheckpointError(f"{self.path}: {total} of {self.parts} parts")
 
 
 def load_latest(run_dir: str) -> Optional[Tuple[int, Dict[str, Any]]]:
@@ -222,6 +317,18 @@ def load_latest(run_dir: str) -> Optional[Tuple[int, Dict[str, Any]]]:
     except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile,
             UnicodeDecodeError):
       continue  # a damaged file: fall back to the one before
-    if isinstance(payload, dict) and payload.get("format") == FORMAT:
-      return round_num, payload
+    if not isinstance(payload, dict) or payload.get("format") not in READABLE_FORMATS:
+      continue
+    if payload.get("format") == FORMAT:
+      parts = int(payload.pop("client_state_parts", 0))
+      files = ClientStateFiles(clients_dir(run_dir, round_num), parts,
+                               int(payload.pop("client_state_count", 0)))
+      try:
+        files.check()
+      except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile,
+              UnicodeDecodeError):
+        continue  # its client states are damaged or missing: the one before
+      if isinstance(payload.get("driver"), dict):
+        payload["driver"]["client_states"] = files if parts else {}
+    return round_num, payload
   return None

@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from tff_cluster import clustering, local_training
-from tff_cluster.data.federated import FederatedData
+from tff_cluster.data.federated import FederatedData, materialize
 from tff_cluster.evaluation import (CHOOSE_BY_TEST_LOSS, ChooseByTestLoss,  # noqa: F401
                                     Ensemble, Evaluator)
 from tff_cluster.runners import base as runners
@@ -114,6 +114,8 @@ class Driver:
     builds the algorithm's `Definition` for the task's model and the config's
     local solver. The driver keeps the seeded initial weights `w0` and the
     model's size `num_params`."""
+    if config.runner != "ray":  # the ray runner's actors make their own clients
+      data = materialize(data)
     self.task = task
     self.data = data
     self.config = config
@@ -126,8 +128,21 @@ class Driver:
     self.runner = make_runner(config.runner, definition, task.model_fn,
                               task.loss, data, config.seed, config.jit,
                               ray_workers=config.ray_workers, ray_address=config.ray_address)
-    self.client_states: Dict[int, Any] = {}
+    # Per-client states, keyed by `state_key_offset + client index`: a dict,
+    # or a mapping whose states stay with the runner's workers (the ray
+    # runner's actors; `on_workers`).
+    store = getattr(self.runner, "client_store", None)
+    self.client_states: Any = {} if store is None else store()
+    self.state_key_offset = 0
     self._fresh_client_states: Dict[str, Any] = {}
+
+  def make_evaluator(self, split: str = "test") -> Evaluator:
+    """An evaluator of every client's `split` (the runner's own where it
+    evaluates in its workers, as the ray runner does)."""
+    make = getattr(self.runner, "make_evaluator", None)
+    if make is not None:
+      return make(split)
+    return Evaluator(self.task.model_fn, self.task.loss, self.data, split=split)
 
   # -- shared helpers for the rows of clustered algorithms -----------------------
 
@@ -189,21 +204,31 @@ class Driver:
     cold start's pre-training). The clients' data shuffles are seeded by
     `shuffle_round` (default `round_num`), the learning rate is round_num's.
     """
-    states = None
+    states = state_keys = None
+    store = self.client_states
+    on_workers = persist and getattr(store, "on_workers", False)
     if self.definition.client_state_spec(mode) is not None:
-      states = [self.client_states[int(k)] if persist and int(k) in self.client_states
-                else self.fresh_client_state(mode, int(k)) for k in clients]
+      skeys = [self.state_key_offset + int(k) for k in clients]
+      # None: the state the client's worker holds (the workers keep the new ones).
+      states = [(None if on_workers else store[s]) if persist and s in store
+                else self.fresh_client_state(mode, int(k)) for k, s in zip(clients, skeys)]
+      if on_workers:
+        state_keys = skeys
+    extra = {} if state_keys is None else {"state_keys": state_keys}
     out = self.runner.run(mode, state, clients,
                           round_num if shuffle_round is None else shuffle_round,
                           work or self.config.local_work,
-                          self.config.lr_at(round_num), keys=keys, client_states=states)
+                          self.config.lr_at(round_num), keys=keys, client_states=states,
+                          **extra)
+    if state_keys is not None:
+      store.note_stored(state_keys)
     bad = [self.data.client_ids[int(k)] for k, r in zip(clients, out.results)
            if not _all_finite(r)]
     if bad or not _all_finite(out.summed):
       raise Diverged(round_num, bad or None)
-    if states is not None and persist:
+    if states is not None and persist and state_keys is None:
       for k, new in zip(clients, out.client_states):
-        self.client_states[int(k)] = new
+        store[self.state_key_offset + int(k)] = new
     return out
 
   def fresh_client_state(self, mode: str, client: int):
@@ -223,24 +248,41 @@ class Driver:
 
   def snapshot(self) -> Dict[str, Any]:
     """The driver's state now, cheaply: server and client states are never
-    changed in place (each round makes new ones), so references suffice;
+    changed in place (each round makes new ones), so references suffice
+    (where the workers hold the client states, they keep the references);
     mutable host attributes are copied."""
-    return {"state": self.state, "client_states": dict(self.client_states),
+    store = self.client_states
+    return {"state": self.state,
+            "client_states": store.snapshot() if hasattr(store, "snapshot") else dict(store),
             "host": {name: copy.deepcopy(getattr(self, name))
                      for name in self.checkpoint_attrs}}
 
   def snapshot_numpy(self, snapshot: Dict[str, Any]) -> Dict[str, Any]:
-    """`snapshot` with every tensor as a numpy array (what a checkpoint stores)."""
+    """`snapshot` with every tensor as a numpy array (what a checkpoint
+    stores). Its `client_states` has `items()` and `len()`: a dict, or (the
+    workers' states) one that reads them back in chunks."""
+    states = snapshot["client_states"]
     return {"state": None if snapshot["state"] is None else
             self.runner.numpy_state(snapshot["state"]),
-            "client_states": {k: runners.to_numpy(v)
-                              for k, v in snapshot["client_states"].items()},
+            "client_states": states if not isinstance(states, dict) else
+            {k: runners.to_numpy(v) for k, v in states.items()},
             "host": snapshot["host"]}
 
   def restore(self, snapshot: Dict[str, Any]) -> None:
-    """Puts the driver back into a `snapshot_numpy` state (no set-up runs)."""
+    """Puts the driver back into a `snapshot_numpy` state (no set-up runs);
+    its client states may be on the workers, or any (key, state) pairs with
+    `items()` (a checkpoint's, read client by client)."""
     self.state = self.runner.put_state(snapshot["state"])
-    self.client_states = dict(snapshot["client_states"])
+    states = snapshot["client_states"]
+    store = self.client_states
+    if getattr(store, "on_workers", False):
+      if getattr(states, "store", None) is store:
+        store.restore(states)
+      else:
+        store.clear()
+        store.update(states.items())
+    else:
+      self.client_states = dict(states.items())
     for name, value in snapshot["host"].items():
       setattr(self, name, copy.deepcopy(value))
 
@@ -287,10 +329,13 @@ class LossRatio:
   ratio and raises `Diverged` above `limit` (0: never).
   """
 
-  def __init__(self, task: TaskSpec, data: FederatedData, w0, limit: float):
+  def __init__(self, task: TaskSpec, data: FederatedData, w0, limit: float,
+               evaluator: Optional[Evaluator] = None):
     self.limit = limit
     self._sizes = data.num_train_samples().astype(np.float64)
-    self._initial = Evaluator(task.model_fn, task.loss, data, split="train").mean_losses(w0)
+    if evaluator is None:
+      evaluator = Evaluator(task.model_fn, task.loss, data, split="train")
+    self._initial = evaluator.mean_losses(w0)
 
   def reference(self, clients) -> float:
     clients = np.asarray(clients)

@@ -80,7 +80,8 @@ def run_training(task: TaskSpec, data: FederatedData, config: TrainingConfig,
   good state is checkpointed and the summary says `"reason": "diverged"`.
   """
 
-  evaluator = Evaluator(task.model_fn, task.loss, data)
+  evaluator = driver.make_evaluator()
+  data = driver.data
   trainable = data.training_clients()
   if config.clients_per_round > len(trainable):
     raise ValueError(f"invalid --clients_per_round={config.clients_per_round}: "
@@ -95,14 +96,18 @@ def run_training(task: TaskSpec, data: FederatedData, config: TrainingConfig,
   setup_seconds = 0.0
   last_choice = None
   status: Dict[str, Any] = {"completed": False, "reason": "interrupted"}
-  loss_ratio = LossRatio(task, data, driver.w0, config.divergence_ratio)
+  loss_ratio = LossRatio(task, data, driver.w0, config.divergence_ratio,
+                         evaluator=driver.make_evaluator("train"))
 
   def save_checkpoint(round_num, snapshot, sampling_rng):
     if checkpoint_dir is None:
       return
+    state = driver.snapshot_numpy(snapshot)
+    client_states = state.pop("client_states")
     checkpoint.save(checkpoint_dir, round_num, {
-        "driver": driver.snapshot_numpy(snapshot), "sampling_rng": sampling_rng,
-        "rows": rows, "extras": extras, "best": best, "setup_seconds": setup_seconds})
+        "driver": state, "sampling_rng": sampling_rng,
+        "rows": rows, "extras": extras, "best": best, "setup_seconds": setup_seconds},
+        client_states=client_states)
     if writer is not None:  # a killed run's summary says so
       writer.write_summary(dict(summarize(rows, config.rounds), completed=False,
                                 reason="running", checkpoint_round=round_num))

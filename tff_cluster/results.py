@@ -4,7 +4,9 @@
                   applied, the git commit and library versions
   metrics.csv     one row per round (fixed columns; empty cells where a value
   metrics.jsonl   was not computed that round, e.g. between evaluations)
-  groups.csv      one row per round: each client's group/model index (-1: none)
+  groups.csv      each client's group/model index (-1: none): one row per round
+                  (`--groups_format=wide`), or `round,client,group` lines for
+                  the clients whose group changed (`long`)
   summary.json    final/max test accuracy, timings, algorithm extras
   tensorboard/    TensorBoard scalars (tf.summary), one step per round, under
                   metrics/, groups/, comm/ and time/; the run's HParams (not
@@ -158,6 +160,8 @@ def _plain(row: Mapping[str, Any]) -> Dict[str, Any]:
   return {str(k): v.item() if isinstance(v, np.generic) else v for k, v in row.items()}
 
 
+GROUPS_FORMATS = ("wide", "long")
+
 # TensorBoard: every column under one of these sections.
 _GROUP_TAGS = re.compile(r"^(group_|cfl_)|^(num_clusters|ari|purity|num_changed|"
                          r"num_assigned|num_cold_clients|kmeans_objective)$")
@@ -268,7 +272,13 @@ class ResultsWriter:
   """
 
   def __init__(self, path: str, columns: Iterable[str], overwrite: bool = False,
-               tensorboard: bool = True, resume_rows: Optional[List[Mapping]] = None):
+               tensorboard: bool = True, resume_rows: Optional[List[Mapping]] = None,
+               groups_format: str = "wide"):
+    if groups_format not in GROUPS_FORMATS:
+      raise ValueError(f"invalid --groups_format={groups_format}; valid: "
+                       f"{', '.join(GROUPS_FORMATS)}")
+    self.groups_format = groups_format
+    self._last_groups: Optional[np.ndarray] = None
     if resume_rows is None:
       check_output_dir(path, overwrite)
       os.makedirs(path, exist_ok=True)
@@ -344,6 +354,9 @@ class ResultsWriter:
     run it keeps the existing rows of the rounds in `resume_rows` (torn or
     later lines dropped, as in metrics.csv), rewritten atomically.
     """
+    if self.groups_format == "long":
+      self._write_groups_long(round_num, client_ids, groups)
+      return
     if self._groups_file is None:
       self._open_groups(list(client_ids))
     if groups is None:
@@ -370,6 +383,48 @@ class ResultsWriter:
     atomic_write_bytes(path, "".join(_csv_line(c) for c in [header, *kept]).encode())
     self._groups_file = open(path, "a", newline="")
     self._groups_width = len(header)
+
+  def _write_groups_long(self, round_num: int, client_ids: Sequence[str],
+                         groups: Optional[Sequence[int]]) -> None:
+    """groups.csv in the long format: `round,client,group` lines for the
+    clients whose group differs from the last line written for them (every
+    client on the first round written); a round without known groups writes
+    nothing. A client's group in round r is its last line at a round <= r."""
+    if self._groups_file is None:
+      self._open_groups_long(list(client_ids))
+    if groups is None:
+      return
+    groups = np.asarray(groups, np.int64)
+    if len(groups) != len(client_ids):
+      raise ValueError(f"groups.csv: {len(groups)} values for {len(client_ids)} clients")
+    changed = (np.arange(len(groups)) if self._last_groups is None
+               else np.flatnonzero(groups != self._last_groups))
+    self._last_groups = groups.copy()
+    if len(changed):
+      self._append(self._groups_file, "".join(
+          _csv_line([int(round_num), client_ids[k], int(groups[k])]) for k in changed))
+
+  def _open_groups_long(self, client_ids: List[str]) -> None:
+    header = ["round", "client", "group"]
+    path = os.path.join(self.path, "groups.csv")
+    kept = []
+    if self._resume_rounds and os.path.isfile(path):
+      index = {c: k for k, c in enumerate(client_ids)}
+      last = np.full(len(client_ids), -1, np.int64)
+      seen = False
+      with open(path, newline="") as f:
+        lines = list(csv.reader(f))
+      if lines and lines[0] == header:
+        for cells in lines[1:]:
+          if (len(cells) == 3 and re.fullmatch(r"\d+", cells[0])
+              and int(cells[0]) in self._resume_rounds and cells[1] in index
+              and re.fullmatch(r"-?\d+", cells[2])):
+            kept.append(cells)
+            last[index[cells[1]]] = int(cells[2])
+            seen = True
+      self._last_groups = last if seen else None
+    atomic_write_bytes(path, "".join(_csv_line(c) for c in [header, *kept]).encode())
+    self._groups_file = open(path, "a", newline="")
 
   @property
   def rows(self) -> List[Dict[str, Any]]:

@@ -29,7 +29,7 @@ ALGO_HPARAMS = registry.all_hparams()
 RUNNER_HPARAMS = (hp.RUNNER, hp.JIT, hp.RAY_WORKERS, hp.RAY_ADDRESS)
 GENERAL = ("algo", "task", "model", "num_clients", "data_dir", "synthetic_alpha",
            "synthetic_beta", "glove_path", "task_arg", "output_dir", "overwrite",
-           "progress", "checkpoint_every", "resume", "eval_only")
+           "progress", "checkpoint_every", "groups_format", "resume", "eval_only")
 # Settings a resumed run may change (the rest must equal the run's config.json).
 # The runner and its XLA setting compute the same rounds (parity tests), so a
 # run started on `tff` (or on another stack) may go on with `local`.

@@ -212,10 +212,10 @@ class CFLMGDDriver(IFCADriver):
     if self.definition.client_buffers:
       # Algorithm 1 line 15: every participant takes its cluster's mean buffer.
       momenta = self.runner.numpy_state(self.state)["momenta"]
-      for k in sampled:
-        p = int(self.assignment[int(k)])
-        self.client_states[int(k)] = collections.OrderedDict(
-            velocity=[np.asarray(u[p]) for u in momenta])
+      self.client_states.update({
+          int(k): collections.OrderedDict(
+              velocity=[np.asarray(u[p]) for u in momenta])
+          for k, p in ((k, int(self.assignment[int(k)])) for k in sampled)})
     if self.definition.option == "model" or not self.definition.client_buffers:
       row["bytes_down"] *= 2  # the models and the buffers
     row["bytes_up"] *= 2

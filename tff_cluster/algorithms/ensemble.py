@@ -58,16 +58,14 @@ class EnsembleDriver(driver.Driver):
 
   def run_round(self, round_num, sampled):
     n = self.data.num_clients
-    every = self.client_states
     loss, weight, states = 0.0, 0.0, []
     for r in range(self.size):
-      self.client_states = {k - r * n: v for k, v in every.items() if r * n <= k < (r + 1) * n}
+      self.state_key_offset = r * n  # member r's states: keys r * N + k
       try:
         out = self.train_clients("train", self.state[r], sampled, round_num,
                                  shuffle_round=round_num + r * SHUFFLE_STRIDE)
-        every.update({r * n + k: v for k, v in self.client_states.items()})
       finally:
-        self.client_states = every
+        self.state_key_offset = 0
       states.append(out.state)
       loss += float(out.summed["loss_sum"])
       weight += float(out.summed["weight"])

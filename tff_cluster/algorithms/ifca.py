@@ -65,7 +65,6 @@ import numpy as np
 import tensorflow as tf
 
 from tff_cluster import driver, local_training
-from tff_cluster.evaluation import Evaluator
 from tff_cluster.core import cluster_ops
 from tff_cluster.core.definition import ClientOutput, Definition, flat_norm
 from tff_cluster.algorithms.fedavg import client_weight, with_weight_spec
@@ -311,8 +310,7 @@ class IFCADriver(driver.Driver):
     fresh = np.flatnonzero((out < 0) & (self.data.num_train_samples() > 0))
     if len(fresh):
       if self._train_losses is None:
-        self._train_losses = Evaluator(self.task.model_fn, self.task.loss, self.data,
-                                       split="train")
+        self._train_losses = self.make_evaluator("train")
       losses = np.stack([self._train_losses.mean_losses(w)[fresh] for w in models])
       out[fresh] = np.argmin(losses, axis=0)
     return out

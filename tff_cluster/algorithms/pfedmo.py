@@ -84,10 +84,9 @@ import numpy as np
 import tensorflow as tf
 
 from tff_cluster import driver
-from tff_cluster.evaluation import Evaluator
 from tff_cluster.runners.factory import make_runner
 from tff_cluster.core.definition import ClientOutput, Definition
-from tff_cluster.data.federated import FederatedData
+from tff_cluster.data.federated import FederatedData, LazyFederatedData
 from tff_cluster.options import FEDNAG_HPARAMS, PFEDMO_HPARAMS, Options, options_of
 
 RUNNER_SEED_TAG = 91  # the representation model's data order: its own seed stream
@@ -254,6 +253,10 @@ class PFedMoDefinition(Definition):
 
 def public_data(data: FederatedData, fraction: float, seed: int):
   """(x, y, description) of the representation model's public set."""
+  if isinstance(data, LazyFederatedData):
+    raise ValueError("pfedmo draws its public and scoring sets from every client's data on "
+                     "the host, which this task makes in the Ray workers; valid: the task "
+                     "without --task_arg=samples_per_client")
   if data.public is not None:
     x, y = data.public
     return x, y, f"the task's public set ({len(y):,} samples, disjoint from the workers')"
@@ -382,7 +385,7 @@ class PFedMoDriver(driver.Driver):
 
   def round_eval_metrics(self, result):
     if self._evaluator is None:
-      self._evaluator = Evaluator(self.task.model_fn, self.task.loss, self.data)
+      self._evaluator = self.make_evaluator()
     glob = self._evaluator.evaluate([self.global_model()],
                                     np.zeros(self.data.num_clients, np.int64))
     s = self._numpy()["s"]

@@ -225,7 +225,7 @@ class ClusterModelsDriver(driver.Driver):
     before = self._models()
     out = self.train_clients("train", self.state, sampled, round_num,
                              keys=self.assignment[sampled])
-    trained = [list(self.client_states[int(k)]["model"]) for k in sampled]
+    trained = [list(new["model"]) for new in out.client_states]
     new = np.asarray(self.choose(round_num, sampled, trained, before), np.int64)
     changed = int((new != self.assignment[sampled]).sum())
     agg = self.train_clients("aggregate", out.state, sampled, round_num, keys=new)

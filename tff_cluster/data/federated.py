@@ -11,7 +11,8 @@ arrays directly to build their per-round datasets.
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Optional, Sequence, Tuple
+import functools
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -99,6 +100,115 @@ class FederatedData:
     return FederatedData(list(client_ids), {c: self.train[c] for c in client_ids},
                          {c: self.test[c] for c in client_ids}, self.num_classes,
                          clusters, self.description, public=self.public)
+
+
+@dataclasses.dataclass
+class LazyFederatedData:
+  """A federation described by its catalogue, its clients' arrays made on demand.
+
+  What the host of a run needs of every client is small: its id, its numbers
+  of training and test samples and its true cluster. `load(lo, hi)` makes the
+  `FederatedData` of clients lo..hi-1 (each client's arrays depend on the
+  client only, not on which clients are made together), so the `ray`
+  runner's actors each make their own shard and the host holds no client
+  arrays; `materialize()` makes them all (the `local` and `tff` runners).
+
+  Attributes:
+    client_ids, num_classes, true_clusters, description,
+      client_count_setting: as `FederatedData`'s.
+    train_counts, test_counts: each client's number of training / test samples.
+    loader: `loader(lo, hi)` -> the `FederatedData` of clients lo..hi-1, with
+      exactly the counts above (picklable: it travels to the actors).
+  """
+  client_ids: List[str]
+  train_counts: np.ndarray
+  test_counts: np.ndarray
+  num_classes: int
+  loader: Callable[[int, int], FederatedData]
+  true_clusters: Optional[np.ndarray] = None
+  description: str = ""
+  client_count_setting: Optional[str] = None
+  public = None
+
+  def __post_init__(self):
+    n = len(self.client_ids)
+    self.train_counts = np.asarray(self.train_counts, np.int64)
+    self.test_counts = np.asarray(self.test_counts, np.int64)
+    if self.train_counts.shape != (n,) or self.test_counts.shape != (n,):
+      raise DataError("train_counts and test_counts must have one entry per client")
+    if self.true_clusters is not None:
+      self.true_clusters = np.asarray(self.true_clusters, dtype=np.int64)
+      if self.true_clusters.shape != (n,):
+        raise DataError("true_clusters must have one entry per client")
+
+  @property
+  def num_clients(self) -> int:
+    return len(self.client_ids)
+
+  def num_train_samples(self) -> np.ndarray:
+    return self.train_counts.copy()
+
+  def num_test_samples(self) -> np.ndarray:
+    return self.test_counts.copy()
+
+  def training_clients(self) -> np.ndarray:
+    return np.flatnonzero(self.train_counts > 0)
+
+  @property
+  def num_training_clients(self) -> int:
+    return int((self.train_counts > 0).sum())
+
+  def test_only(self) -> np.ndarray:
+    return self.train_counts == 0
+
+  @property
+  def train(self):
+    raise DataError("this federation's client arrays are made on demand "
+                    "(LazyFederatedData): use load(lo, hi) or materialize()")
+
+  test = train
+
+  def shard_loader(self, lo: int, hi: int) -> Callable[[], FederatedData]:
+    """A picklable `load(lo, hi)` carrying only that shard's catalogue."""
+    return functools.partial(
+        _load_checked, self.loader, lo, hi, list(self.client_ids[lo:hi]),
+        self.train_counts[lo:hi], self.test_counts[lo:hi],
+        None if self.true_clusters is None else self.true_clusters[lo:hi])
+
+  def load(self, lo: int, hi: int) -> FederatedData:
+    """Clients lo..hi-1 (their arrays made now), checked against the catalogue."""
+    return self.shard_loader(lo, hi)()
+
+  def materialize(self) -> FederatedData:
+    """Every client's arrays, as one `FederatedData`."""
+    whole = self.load(0, self.num_clients)
+    whole.description = self.description
+    whole.client_count_setting = self.client_count_setting
+    return whole
+
+
+def _load_checked(loader, lo: int, hi: int, client_ids, train_counts, test_counts,
+                  true_clusters) -> FederatedData:
+  shard = loader(lo, hi)
+  if (list(shard.client_ids) != list(client_ids)
+      or not np.array_equal(shard.num_train_samples(), train_counts)
+      or not np.array_equal(shard.num_test_samples(), test_counts)):
+    raise DataError(f"the loader's clients {lo}..{hi - 1} differ from the catalogue")
+  shard.true_clusters = true_clusters
+  return shard
+
+
+def materialize(data):
+  """`data` with every client's arrays in memory (a `FederatedData` as is)."""
+  return data.materialize() if isinstance(data, LazyFederatedData) else data
+
+
+def split_counts(n: int, train_fraction: float = 0.9) -> Tuple[int, int]:
+  """(train, test) sizes `split_train_test` gives a client of n samples."""
+  n_train = int(train_fraction * n)
+  if n >= 2:
+    n_train = min(max(n_train, 1), n - 1)
+  return n_train, n - n_train
 
 
 def split_train_test(x: np.ndarray, y: np.ndarray, rng: np.random.Generator,

@@ -32,7 +32,10 @@ runner of the process (their TensorFlow is imported once).
 
 from __future__ import annotations
 
+import collections
+import collections.abc
 import contextlib
+import functools
 import os
 import sys
 import time
@@ -41,9 +44,10 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tff_cluster import local_training, stack
+from tff_cluster import evaluation, local_training, stack
+from tff_cluster.data.federated import FederatedData, LazyFederatedData
 from tff_cluster.runners import local_runner
-from tff_cluster.runners.base import RoundOutput, WorkerLost, check_keys
+from tff_cluster.runners.base import RoundOutput, WorkerLost, check_keys, to_numpy
 
 # How long a call to an unreachable `--ray_address` may take before it fails.
 CONNECT_TIMEOUT_S = 30
@@ -89,44 +93,120 @@ def shard_bounds(num_clients: int, num_workers: int) -> List[int]:
   return [0, *np.cumsum(sizes).tolist()]
 
 
-class _ShardData:
-  """The part of a `FederatedData` a `LocalRunner` reads: the client ids
-  and their training arrays."""
+class _Shard:
+  """One runner's shard in an actor: its clients' data, a `LocalRunner` over
+  them, evaluators made on first use, and the per-client states it holds
+  (keyed as the driver keys them), with the snapshots the driver took."""
 
-  def __init__(self, client_ids, train):
-    self.client_ids = list(client_ids)
-    self.train = train
+  def __init__(self, runner, data, model_fn, loss: str):
+    self.runner = runner
+    self.data = data
+    self.model_fn = model_fn
+    self.loss = loss
+    self.evaluators: Dict[str, Any] = {}
+    self.states: Dict[int, Any] = {}
+    self.snapshots: "collections.OrderedDict[int, Dict[int, Any]]" = collections.OrderedDict()
+
+  def evaluator(self, split: str):
+    if split not in self.evaluators:
+      self.evaluators[split] = evaluation.Evaluator(self.model_fn, self.loss, self.data,
+                                                    split=split)
+    return self.evaluators[split]
 
 
 class ShardHost:
   """A Ray actor's body: holds shards of clients of any number of runners
-  (keyed by the runner's id) and trains their sampled clients."""
+  (keyed by the runner's id) and trains, evaluates and keeps the states of
+  their clients."""
 
   def __init__(self):
-    self._shards: Dict[str, Any] = {}
+    self._shards: Dict[str, _Shard] = {}
 
-  def load(self, key: str, definition, model_fn, loss: str, client_ids, train,
+  def load(self, key: str, definition, model_fn, loss: str, make_data,
            client_index, seed: int, jit: str) -> Dict[str, Any]:
-    """Builds a `LocalRunner` over this shard; returns its description."""
-    runner = local_runner.LocalRunner(definition, model_fn, loss,
-                                      _ShardData(client_ids, train), seed, jit=jit,
+    """Builds a `LocalRunner` over this shard (`make_data()`: its clients'
+    `FederatedData`, arrays given or made here); returns its description."""
+    data = make_data()
+    runner = local_runner.LocalRunner(definition, model_fn, loss, data, seed, jit=jit,
                                       client_index=client_index)
-    self._shards[key] = runner
+    self._shards[key] = _Shard(runner, data, model_fn, loss)
     out = dict(runner.describe())
-    out.update(pid=os.getpid(), host=_host_name())
+    out.update(pid=os.getpid(), host=_host_name(), memory=_rss_bytes())
     return out
 
   def drop(self, key: str) -> None:
     self._shards.pop(key, None)
 
   def train(self, key: str, mode: str, state, clients, round_num: int, work, lr: float,
-            keys, client_states, pad_to: int):
+            keys, client_states, pad_to: int, state_keys=None):
     """(partial sum, per-client results, per-client new states or None,
-    seconds spent training)."""
+    seconds spent training). With `state_keys`, a None in `client_states` is
+    the state this actor holds under that key, and the new states are kept
+    under them."""
     start = time.perf_counter()
-    out = self._shards[key].train_clients(mode, state, clients, round_num, work, lr,
-                                          keys, client_states, pad_to=pad_to)
+    shard = self._shards[key]
+    if state_keys is not None:
+      client_states = [shard.states[s] if c is None else c
+                       for c, s in zip(client_states, state_keys)]
+    out = shard.runner.train_clients(mode, state, clients, round_num, work, lr,
+                                     keys, client_states, pad_to=pad_to)
+    if state_keys is not None:
+      shard.states.update(zip(state_keys, out[2]))
     return (*out, time.perf_counter() - start)
+
+  def evaluate(self, key: str, split: str, weights, client_model):
+    """This shard's per-client test (`split`) sums with `client_model` (its
+    clients' slice of the indices, or a rule): correct, count, loss sum,
+    macro-F1 and the model each was tested with."""
+    result = self._shards[key].evaluator(split).evaluate(weights, client_model)
+    return (result.per_client_correct, result.per_client_count,
+            result.per_client_loss_sum, result.per_client_f1,
+            np.asarray(result.client_model))
+
+  def mean_losses(self, key: str, split: str, weights):
+    return self._shards[key].evaluator(split).mean_losses(weights)
+
+  # -- per-client states ---------------------------------------------------------
+
+  def get_states(self, key: str, state_keys, token=None):
+    shard = self._shards[key]
+    source = shard.states if token is None else shard.snapshots[token]
+    return [source[s] for s in state_keys]
+
+  def put_states(self, key: str, items) -> None:
+    self._shards[key].states.update(items)
+
+  def delete_states(self, key: str, state_keys) -> None:
+    states = self._shards[key].states
+    for s in state_keys:
+      states.pop(s, None)
+
+  def snapshot_states(self, key: str, token: int, keep: int) -> None:
+    """Keeps the states now under `token` (references: states are never
+    changed in place); the `keep` latest snapshots are kept."""
+    snapshots = self._shards[key].snapshots
+    snapshots[token] = dict(self._shards[key].states)
+    while len(snapshots) > keep:
+      snapshots.popitem(last=False)
+
+  def restore_states(self, key: str, token: int) -> bool:
+    shard = self._shards[key]
+    if token not in shard.snapshots:
+      return False
+    shard.states = dict(shard.snapshots[token])
+    return True
+
+  def memory(self) -> int:
+    return _rss_bytes()
+
+
+def _rss_bytes() -> int:
+  """This process's resident memory (bytes), from /proc (0 where unknown)."""
+  try:
+    with open("/proc/self/statm") as f:
+      return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+  except (OSError, ValueError, IndexError):
+    return 0
 
 
 def _host_name() -> str:
@@ -299,11 +379,16 @@ class RayRunner(local_runner.ServerSide):
     for w in range(shards):
       lo, hi = self._bounds[w], self._bounds[w + 1]
       self._shard_of[lo:hi] = w
-      ids = data.client_ids[lo:hi]
+      if isinstance(data, LazyFederatedData):  # each actor makes its own clients
+        make_data = data.shard_loader(lo, hi)
+      else:
+        make_data = functools.partial(_given, data.subset(data.client_ids[lo:hi]))
       loads.append(self._actors[w].load.remote(
-          self._key, definition, model_fn, loss, ids, {c: data.train[c] for c in ids},
-          list(range(lo, hi)), seed, jit))
+          self._key, definition, model_fn, loss, make_data, list(range(lo, hi)), seed, jit))
     self._shard_info = self._get(loads)
+    self._num_clients = num_clients
+    self._train_counts = data.num_train_samples()
+    self._test_counts = data.num_test_samples()
     # The server side (broadcast, database, server update) on the driver.
     self.device = local_runner.choose_device()
     self._server: Dict[str, Any] = {}
@@ -339,15 +424,42 @@ class RayRunner(local_runner.ServerSide):
             "model_family": self.model_family, "exact_batches": self.exact_batches,
             "actors": [{"clients": self._bounds[w + 1] - self._bounds[w],
                         "first_client": self._bounds[w], "host": info["host"],
-                        "pid": info["pid"], "device": info["device"]}
+                        "pid": info["pid"], "device": info["device"],
+                        # resident bytes after making its clients
+                        "memory": info.get("memory")}
                        for w, info in enumerate(self._shard_info)]}
 
+
+  # -- evaluation and per-client states in the actors -----------------------------
+
+  def make_evaluator(self, split: str = "test") -> "ShardedEvaluator":
+    """An `Evaluator` of the whole federation whose work runs in the actors,
+    each on its own clients."""
+    return ShardedEvaluator(self, split)
+
+  def client_store(self) -> "ActorClientStates":
+    """Where the driver's per-client states live: with the actor that owns
+    each client (the driver keeps only which keys exist)."""
+    return ActorClientStates(self)
+
+  def shard_of_key(self, state_key: int) -> int:
+    """The actor holding state key `state_key` (client `key mod N`: a
+    driver may keep several states per client, e.g. an ensemble's members)."""
+    return int(self._shard_of[int(state_key) % self._num_clients])
+
+  def memory(self) -> List[int]:
+    """Each actor's resident memory now (bytes)."""
+    return self._get([actor.memory.remote() for actor in self._actors])
 
   def run(self, mode: str, state, clients: Sequence[int], round_num: int,
           work: local_training.LocalWork, lr: float,
           keys: Optional[Sequence[int]] = None,
-          client_states: Optional[List[Any]] = None) -> RoundOutput:
-    """One call of `mode` for `clients` (indices into the data's clients)."""
+          client_states: Optional[List[Any]] = None,
+          state_keys: Optional[Sequence[int]] = None) -> RoundOutput:
+    """One call of `mode` for `clients` (indices into the data's clients).
+    With `state_keys` (one per client), a None in `client_states` is the
+    state the client's actor holds under that key, and the actors keep the
+    new states under those keys (`client_store`)."""
     clients = [int(k) for k in clients]
     num_keys = self.definition.num_keys(mode)
     if num_keys:
@@ -369,7 +481,8 @@ class RayRunner(local_runner.ServerSide):
           None if client_states is None else [client_states[i] for i in idx],
           # The most clients this shard can get in a call of this size: one
           # compiled round per mode and round size, however they fall.
-          min(len(clients), self._bounds[w + 1] - self._bounds[w])))
+          min(len(clients), self._bounds[w + 1] - self._bounds[w]),
+          None if state_keys is None else [int(state_keys[i]) for i in idx]))
     parts = self._get(calls)
     # Each actor's training time in this call (the scale-out benchmark's
     # per-shard times).
@@ -394,6 +507,183 @@ class RayRunner(local_runner.ServerSide):
         actor.drop.remote(self._key)
       except Exception:  # noqa: BLE001  (Ray already stopped)
         pass
+
+
+def _given(data: FederatedData) -> FederatedData:
+  return data
+
+
+class ShardedEvaluator:
+  """`evaluation.Evaluator`'s interface over the ray runner's actors: each
+  actor evaluates its own clients (every choice a client's test makes is
+  its own) and returns per-client sums; the client weights of the averaged
+  metrics are the whole federation's."""
+
+  def __init__(self, runner: RayRunner, split: str):
+    if split not in ("test", "train"):
+      raise ValueError(f"invalid split {split!r}; valid: test, train")
+    self._runner = runner
+    self._split = split
+    counts = runner._test_counts if split == "test" else runner._train_counts  # noqa: SLF001
+    self._counts = np.asarray(counts, np.int64)
+    self._weight = evaluation.client_weights(runner._train_counts, self._counts)  # noqa: SLF001
+
+  def _per_shard(self, method: str, weights, client_model=None):
+    r = self._runner
+    ref = r._ray.put([[np.asarray(a) for a in w] for w in weights]  # noqa: SLF001
+                     if method == "evaluate" else [np.asarray(a) for a in weights])
+    calls = []
+    for w, actor in enumerate(r._actors):  # noqa: SLF001
+      lo, hi = r._bounds[w], r._bounds[w + 1]  # noqa: SLF001
+      if method == "evaluate":
+        part = (client_model if evaluation.is_rule(client_model)
+                else np.asarray(client_model)[lo:hi])
+        calls.append(actor.evaluate.remote(r._key, self._split, ref, part))  # noqa: SLF001
+      else:
+        calls.append(actor.mean_losses.remote(r._key, self._split, ref))  # noqa: SLF001
+    return r._get(calls)  # noqa: SLF001
+
+  def evaluate(self, weights, client_model) -> evaluation.EvalResult:
+    if isinstance(client_model, str):
+      raise TypeError(f"client_model must be indices, ChooseByTestLoss() or Ensemble(vote), "
+                      f"got {client_model!r}")
+    parts = self._per_shard("evaluate", weights, client_model)
+    correct, count, loss_sum, f1, chosen = (np.concatenate(a) for a in zip(*parts))
+    total = count.sum()
+    return evaluation.EvalResult(float(correct.sum() / total), float(loss_sum.sum() / total),
+                                 correct, count, loss_sum, client_model=chosen,
+                                 per_client_f1=f1, client_weight=self._weight.copy())
+
+  def mean_losses(self, weights) -> np.ndarray:
+    return np.concatenate(self._per_shard("mean_losses", weights))
+
+
+class ActorClientStates(collections.abc.MutableMapping):
+  """The driver's per-client states (`Driver.client_states`) held by the
+  actors: each state lives with the actor that owns its client; the driver
+  keeps the set of keys. Reading or writing an entry is a call to its actor
+  (`update` and `items_in_chunks` batch them per actor); the runner's
+  training calls use and keep the states in place (`RayRunner.run`'s
+  `state_keys`). `snapshot()` is cheap (each actor keeps references), and
+  the `SNAPSHOTS` latest snapshots can be restored or read back."""
+
+  on_workers = True
+  SNAPSHOTS = 3
+
+  def __init__(self, runner: RayRunner):
+    self._runner = runner
+    self._keys: set = set()
+    self._next_token = 0
+
+  def _call(self, w: int, method: str, *args):
+    r = self._runner
+    return getattr(r._actors[w], method).remote(r._key, *args)  # noqa: SLF001
+
+  def _by_shard(self, keys) -> Dict[int, List[int]]:
+    out: Dict[int, List[int]] = {}
+    for s in keys:
+      out.setdefault(self._runner.shard_of_key(s), []).append(int(s))
+    return out
+
+  def __contains__(self, key) -> bool:
+    return int(key) in self._keys
+
+  def __len__(self) -> int:
+    return len(self._keys)
+
+  def __iter__(self):
+    return iter(sorted(self._keys))
+
+  def __getitem__(self, key):
+    if int(key) not in self._keys:
+      raise KeyError(key)
+    w = self._runner.shard_of_key(key)
+    return self._runner._get(self._call(w, "get_states", [int(key)]))[0]  # noqa: SLF001
+
+  def __setitem__(self, key, value) -> None:
+    self.update({int(key): value})
+
+  def __delitem__(self, key) -> None:
+    if int(key) not in self._keys:
+      raise KeyError(key)
+    self._runner._get(self._call(self._runner.shard_of_key(key), "delete_states",  # noqa: SLF001
+                                 [int(key)]))
+    self._keys.discard(int(key))
+
+  def update(self, items=(), chunk: int = 4096) -> None:  # noqa: D102
+    pairs = items.items() if hasattr(items, "items") else items
+    pending: Dict[int, Dict[int, Any]] = {}
+    calls = []
+    for key, value in pairs:
+      w = self._runner.shard_of_key(key)
+      pending.setdefault(w, {})[int(key)] = to_numpy(value)
+      self._keys.add(int(key))
+      if len(pending[w]) >= chunk:
+        calls.append(self._call(w, "put_states", pending.pop(w)))
+    calls += [self._call(w, "put_states", part) for w, part in pending.items()]
+    self._runner._get(calls)  # noqa: SLF001
+
+  def clear(self) -> None:
+    calls = [self._call(w, "delete_states", keys)
+             for w, keys in self._by_shard(self._keys).items()]
+    self._runner._get(calls)  # noqa: SLF001
+    self._keys = set()
+
+  def note_stored(self, keys) -> None:
+    """The actors kept states under `keys` (a training call's)."""
+    self._keys.update(int(k) for k in keys)
+
+  def snapshot(self) -> "ActorStatesSnapshot":
+    token = self._next_token
+    self._next_token += 1
+    r = self._runner
+    # Ray runs an actor's calls from one caller in order: the snapshot holds
+    # the states of every training call made before it.
+    for w in range(len(r._actors)):  # noqa: SLF001
+      self._call(w, "snapshot_states", token, self.SNAPSHOTS)
+    return ActorStatesSnapshot(self, token, frozenset(self._keys))
+
+  def items_in_chunks(self, token: Optional[int] = None, keys=None, chunk: int = 4096):
+    """(key, numpy state) of every key (of snapshot `token`), fetched from
+    the actors `chunk` states at a time."""
+    keys = sorted(self._keys if keys is None else keys)
+    for w, shard_keys in sorted(self._by_shard(keys).items()):
+      for i in range(0, len(shard_keys), chunk):
+        part = shard_keys[i:i + chunk]
+        try:
+          values = self._runner._get(self._call(w, "get_states", part, token))  # noqa: SLF001
+        except Exception as e:  # the snapshot is gone (only the latest are kept)
+          if isinstance(e, WorkerLost):
+            raise
+          raise ValueError("these per-client states are no longer held by the Ray workers "
+                           f"(they keep the {self.SNAPSHOTS} latest snapshots)") from None
+        yield from zip(part, values)
+
+  def restore(self, snapshot: "ActorStatesSnapshot") -> None:
+    r = self._runner
+    done = r._get([self._call(w, "restore_states", snapshot.token)  # noqa: SLF001
+                   for w in range(len(r._actors))])  # noqa: SLF001
+    if not all(done):
+      raise ValueError("these per-client states are no longer held by the Ray workers "
+                       f"(they keep the {self.SNAPSHOTS} latest snapshots); valid: one of "
+                       "the latest states")
+    self._keys = set(snapshot.keys)
+
+
+class ActorStatesSnapshot:
+  """The per-client states at one moment, held by the actors (see
+  `ActorClientStates.snapshot`); `items()` reads them back in chunks."""
+
+  def __init__(self, store: ActorClientStates, token: int, keys):
+    self.store = store
+    self.token = token
+    self.keys = keys
+
+  def __len__(self) -> int:
+    return len(self.keys)
+
+  def items(self):
+    return self.store.items_in_chunks(self.token, self.keys)
 
 
 def _lost_actor_text(error, runner: RayRunner) -> str:

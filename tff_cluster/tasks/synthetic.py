@@ -11,11 +11,16 @@ hold 75,349 samples, ours 35,621 at seed 0).
 """
 
 from tff_cluster import models
-from tff_cluster.data.synthetic import NUM_CLASSES, NUM_FEATURES, generate_synthetic
+from tff_cluster.data.synthetic import (NUM_CLASSES, NUM_FEATURES, generate_synthetic,
+                                        synthetic_per_client)
 from tff_cluster.hparams import HParam
 from tff_cluster.task import DataOptions, TaskSpec, task_arg
 
 NUM_CLUSTERS = HParam("num_clusters", int, 5, "true clusters", low=1)
+SAMPLES_PER_CLIENT = HParam(
+    "samples_per_client", int, 0,
+    "samples of every client, each client drawn from its own seed (made where it "
+    "trains: the ray runner's actors); 0: FedProx's lognormal sizes, one generator", low=0)
 
 DEFAULTS = dict(rounds=200, clients_per_round=20, local_epochs=20, batch_size=10,
                 client_lr=0.01, mu=1.0, num_clients=100)
@@ -26,6 +31,12 @@ def _mclr():
 
 
 def _load(options: DataOptions, iid: bool):
+  samples = task_arg(options, SAMPLES_PER_CLIENT)
+  if samples:
+    return synthetic_per_client(
+        options.num_clients or DEFAULTS["num_clients"], samples,
+        alpha=options.synthetic_alpha, beta=options.synthetic_beta, iid=iid,
+        seed=options.seed)
   return generate_synthetic(
       num_clients=options.num_clients or DEFAULTS["num_clients"],
       alpha=options.synthetic_alpha, beta=options.synthetic_beta, iid=iid,
@@ -49,6 +60,11 @@ def _load_clusters(options: DataOptions):
   w = rng.normal(u[:, None, None], 1.0, (m, NUM_FEATURES, NUM_CLASSES))
   b = rng.normal(u[:, None], 1.0, (m, NUM_CLASSES))
   v = rng.normal(b_mean[:, None], 1.0, (m, NUM_FEATURES))
+  samples = task_arg(options, SAMPLES_PER_CLIENT)
+  if samples:
+    return synthetic_per_client(num_clients, samples, alpha=options.synthetic_alpha,
+                                beta=options.synthetic_beta, seed=options.seed,
+                                true_clusters=clusters, cluster_models=(w, b, v))
   return generate_synthetic(num_clients=num_clients, alpha=options.synthetic_alpha,
                             beta=options.synthetic_beta, seed=options.seed,
                             true_clusters=clusters, cluster_models=(w, b, v))
@@ -58,19 +74,19 @@ TASKS = [
     TaskSpec(
         name="synthetic",
         description="Synthetic(alpha, beta) (default (1, 1)), FedProx recipe, MCLR 60->10",
-        load_data=lambda options: _load(options, iid=False),
+        load_data=lambda options: _load(options, iid=False), task_args=(SAMPLES_PER_CLIENT,),
         model_fn=_mclr, model_name="mclr", loss=models.SPARSE_CE_LOGITS, defaults=DEFAULTS,
         source="FedGroup (Duan et al.) synthetic setting; FedProx generator"),
     TaskSpec(
         name="synthetic_iid",
         description="Synthetic-IID: one shared model and input distribution, MCLR 60->10",
-        load_data=lambda options: _load(options, iid=True),
+        load_data=lambda options: _load(options, iid=True), task_args=(SAMPLES_PER_CLIENT,),
         model_fn=_mclr, model_name="mclr", loss=models.SPARSE_CE_LOGITS, defaults=DEFAULTS,
         source="FedProx synthetic IID generator"),
     TaskSpec(
         name="synthetic_clusters",
         description="Synthetic with 5 true clusters (clients of a cluster share model and inputs), MCLR",
-        load_data=_load_clusters, task_args=(NUM_CLUSTERS,),
+        load_data=_load_clusters, task_args=(NUM_CLUSTERS, SAMPLES_PER_CLIENT),
         model_fn=_mclr, model_name="mclr", loss=models.SPARSE_CE_LOGITS, defaults=DEFAULTS,
         source="cluster-structured variant of the FedProx generator (ground truth for ARI)"),
 ]
