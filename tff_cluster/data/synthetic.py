@@ -29,6 +29,25 @@ def _client_sizes(rng: np.random.Generator, num_clients: int) -> np.ndarray:
   return rng.lognormal(4, 2, num_clients).astype(np.int64) + 50
 
 
+def _draw_client_model(rng: np.random.Generator, alpha: float, beta: float):
+  """(W_k, b_k, v_k) of one client: u_k ~ N(0, alpha^2), B_k ~ N(0, beta^2),
+  W_k ~ N(u_k, 1), b_k ~ N(u_k, 1), v_k ~ N(B_k, 1)."""
+  u_k = rng.normal(0.0, alpha)
+  b_mean = rng.normal(0.0, beta)
+  w = rng.normal(u_k, 1.0, (NUM_FEATURES, NUM_CLASSES))
+  b = rng.normal(u_k, 1.0, NUM_CLASSES)
+  v = rng.normal(b_mean, 1.0, NUM_FEATURES)
+  return w, b, v
+
+
+def _draw_samples(rng: np.random.Generator, n: int, w, b, v):
+  """n samples x ~ N(v, Sigma), Sigma = diag(j^-1.2), y = argmax(x W + b)."""
+  sigma_diag = np.arange(1, NUM_FEATURES + 1, dtype=np.float64) ** -1.2
+  x = v + rng.normal(size=(n, NUM_FEATURES)) * np.sqrt(sigma_diag)
+  y = np.argmax(x @ w + b, axis=1)
+  return x.astype(np.float32), y.astype(np.int32)
+
+
 def generate_synthetic(num_clients: int = 100, alpha: float = 1.0,
                        beta: float = 1.0, iid: bool = False, seed: int = 0,
                        true_clusters: Optional[np.ndarray] = None,
@@ -54,7 +73,6 @@ def generate_synthetic(num_clients: int = 100, alpha: float = 1.0,
         f"synthetic alpha and beta must be >= 0, got alpha={alpha}, beta={beta}")
   rng = np.random.default_rng(seed)
   sizes = _client_sizes(rng, num_clients)
-  sigma_diag = np.arange(1, NUM_FEATURES + 1, dtype=np.float64) ** -1.2
   if iid:
     w_shared = rng.normal(0.0, 1.0, (NUM_FEATURES, NUM_CLASSES))
     b_shared = rng.normal(0.0, 1.0, NUM_CLASSES)
@@ -63,19 +81,12 @@ def generate_synthetic(num_clients: int = 100, alpha: float = 1.0,
     if iid:
       w, b, v = w_shared, b_shared, np.zeros(NUM_FEATURES)
     else:
-      u_k = rng.normal(0.0, alpha)
-      b_mean = rng.normal(0.0, beta)
-      w = rng.normal(u_k, 1.0, (NUM_FEATURES, NUM_CLASSES))
-      b = rng.normal(u_k, 1.0, NUM_CLASSES)
-      v = rng.normal(b_mean, 1.0, NUM_FEATURES)
+      w, b, v = _draw_client_model(rng, alpha, beta)
       if true_clusters is not None:
         w, b, v = (part[true_clusters[k]] for part in cluster_models)
-    x = v + rng.normal(size=(sizes[k], NUM_FEATURES)) * np.sqrt(sigma_diag)
-    y = np.argmax(x @ w + b, axis=1)
     cid = f"f_{k:05d}"
     client_ids.append(cid)
-    train[cid], test[cid] = split_train_test(
-        x.astype(np.float32), y.astype(np.int32), rng)
+    train[cid], test[cid] = split_train_test(*_draw_samples(rng, sizes[k], w, b, v), rng)
   kind = "IID" if iid else f"({alpha:g}, {beta:g})"
   return FederatedData(
       client_ids, train, test, NUM_CLASSES,
@@ -89,7 +100,6 @@ def _client_arrays(k: int, samples: int, alpha: float, beta: float, iid: bool, s
   from the client's own generator (seeded by (seed, k)), the same recipe as
   `generate_synthetic`."""
   rng = np.random.default_rng(np.random.SeedSequence([seed, 5, k]))
-  sigma_diag = np.arange(1, NUM_FEATURES + 1, dtype=np.float64) ** -1.2
   if iid:
     shared = np.random.default_rng(np.random.SeedSequence([seed, 6]))
     w = shared.normal(0.0, 1.0, (NUM_FEATURES, NUM_CLASSES))
@@ -98,14 +108,8 @@ def _client_arrays(k: int, samples: int, alpha: float, beta: float, iid: bool, s
   elif cluster is not None:
     w, b, v = (part[cluster] for part in cluster_models)
   else:
-    u_k = rng.normal(0.0, alpha)
-    b_mean = rng.normal(0.0, beta)
-    w = rng.normal(u_k, 1.0, (NUM_FEATURES, NUM_CLASSES))
-    b = rng.normal(u_k, 1.0, NUM_CLASSES)
-    v = rng.normal(b_mean, 1.0, NUM_FEATURES)
-  x = v + rng.normal(size=(samples, NUM_FEATURES)) * np.sqrt(sigma_diag)
-  y = np.argmax(x @ w + b, axis=1)
-  return split_train_test(x.astype(np.float32), y.astype(np.int32), rng)
+    w, b, v = _draw_client_model(rng, alpha, beta)
+  return split_train_test(*_draw_samples(rng, samples, w, b, v), rng)
 
 
 def _client_id(k: int) -> str:
