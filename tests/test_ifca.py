@@ -195,3 +195,37 @@ def test_a_training_client_is_scored_with_its_assignment_not_its_test_labels(ifc
   _, client_model = driver.eval_models()
   if ifca_eval == "assigned":
     np.testing.assert_array_equal(client_model, [0, 0, -1])  # c1 re-chooses: unsampled
+
+
+@pytest.mark.tff
+def test_round_outputs_are_server_placed_and_read_back_in_client_order():
+  """The round computation returns everything at SERVER (the per-client
+  results through the collect aggregation, each row with its client's
+  position), so TFF's mergeable context need not re-run the clients; rows
+  that come back in another order (as from several workers) are put back
+  in the clients' order, and a missing row is refused."""
+  import tensorflow_federated as tff
+  data = _data(5)
+  definition, comps = api.computations("ifca", _mclr, models.SPARSE_CE_LOGITS, _spec(data),
+                                       dict(num_groups=3))
+  comp = comps["train"]
+  assert all(t.placement is tff.SERVER for t in comp.computation.type_signature.result)
+  rng = np.random.default_rng(1)
+  starts = [[w + rng.normal(0, s, w.shape).astype(np.float32) for w in local_training.get_weights(_mclr())]
+            for s in (2.0, 0.0, 1.0)]
+  state = definition.initial_state(starts)
+  clients = [4, 0, 3, 1, 2]
+  datasets = _datasets(data, clients, seed=3)
+  positions = [np.int32(i) for i in range(len(clients))]
+  _, _, collected = comp.computation(state, round_params(LR), datasets, positions)
+  np.testing.assert_array_equal(np.sort(np.asarray(collected[0])), np.arange(5))
+  in_order, _ = comp.unpack(collected, 5)
+  for i, k in enumerate(clients):  # each result is its own client's
+    expected = [_mean_loss(m, _datasets(data, [k], seed=3)[0]) for m in starts]
+    np.testing.assert_allclose(np.asarray(in_order[i]["losses"]), expected, rtol=1e-4)
+  shuffled = [np.asarray(t)[[3, 0, 4, 2, 1]] for t in collected]
+  again, _ = comp.unpack(shuffled, 5)
+  for a, b in zip(in_order, again):
+    np.testing.assert_array_equal(np.asarray(a["losses"]), np.asarray(b["losses"]))
+  with pytest.raises(RuntimeError, match="positions"):
+    comp.unpack([np.asarray(t)[:4] for t in collected], 5)

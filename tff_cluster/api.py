@@ -347,8 +347,10 @@ def computations(algo: str, model_fn, loss, element_spec, options=None, **defini
   Returns `(definition, {mode: computation})`: the algorithm's `Definition`
   made from its `options` (a mapping of its option names to values, checked;
   the declared defaults fill the rest) and `tff_runner.build_computations` of
-  it. Each computation is `(state, params, datasets[, keys][, client_states])
-  -> (state, summed, per-client results[, client_states])` (see
+  it. Each computation is called `(state, params, datasets[, keys][,
+  client_states]) -> (state, summed, per-client results[, client_states])`;
+  its `.computation` is the TFF computation itself, every output at SERVER
+  (the per-client outputs gathered with their positions; see
   `tff_cluster.runners.tff_runner`); the state starts as
   `definition.initial_state(weights)`. `definition_args` go to the
   definition: the local solver (`momentum=...`) and what an algorithm needs

@@ -48,6 +48,7 @@ from tensorflow_federated.python.core.environments.tensorflow_frontend import (
 )
 from tensorflow_federated.python.core.impl.context_stack import context_stack_impl
 from tensorflow_federated.python.core.impl.execution_contexts import (
+    async_execution_context,
     sync_execution_context,
 )
 from tensorflow_federated.python.core.impl.executor_stacks import (
@@ -146,11 +147,8 @@ class TffRuntime:
         self._launch()
       return self._stub
 
-  def install(self) -> "TffRuntime":
-    """Makes this runtime TFF's default context; the worker starts on first use.
-
-    Registers `stop` at exit once per runtime.
-    """
+  def _context_args(self):
+    """What a TFF execution context over this runtime's worker is made of."""
 
     def stack_fn(cardinalities):
       cardinalities.setdefault(placements.CLIENTS, 0)
@@ -160,15 +158,27 @@ class TffRuntime:
 
     factory = python_executor_stacks.ResourceManagingExecutorFactory(
         executor_stack_fn=stack_fn)
-    context = sync_execution_context.SyncExecutionContext(
-        executor_fn=factory,
-        compiler_fn=_compiler.desugar_and_transform_to_native,
-        transform_args=_tf_computation.transform_args,
-        transform_result=_tf_computation.transform_result,
-    )
+    return dict(executor_fn=factory,
+                compiler_fn=_compiler.desugar_and_transform_to_native,
+                transform_args=_tf_computation.transform_args,
+                transform_result=_tf_computation.transform_result)
+
+  def install(self) -> "TffRuntime":
+    """Makes this runtime TFF's default context; the worker starts on first use.
+
+    Registers `stop` at exit once per runtime.
+    """
+    context = sync_execution_context.SyncExecutionContext(**self._context_args())
     context_stack_impl.context_stack.set_default_context(context)
     atexit.register(self.stop)
     return self
+
+  def async_context(self):
+    """An asynchronous TFF context over this runtime's worker (what
+    `tff.program.NativeFederatedContext` wraps); the worker stays this
+    runtime's, stopped with it."""
+    atexit.register(self.stop)
+    return async_execution_context.AsyncExecutionContext(**self._context_args())
 
   def start(self) -> "TffRuntime":
     """Installs this runtime and starts its worker now (from this thread)."""
@@ -221,6 +231,12 @@ def start(log_path: Optional[str] = None) -> TffRuntime:
     _INSTALLED = False
   install()
   return _ACTIVE.start()
+
+
+def async_context():
+  """An asynchronous TFF context over the process-wide runtime's worker (for
+  `tff.program.NativeFederatedContext`; see `TffRuntime.async_context`)."""
+  return _ACTIVE.async_context()
 
 
 def stop() -> None:

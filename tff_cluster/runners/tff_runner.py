@@ -3,14 +3,24 @@
 For each mode of a `Definition`, `build_round` makes one federated
 computation
 
-  round(state@SERVER, params@SERVER, data@CLIENTS[, keys@CLIENTS][, client_state@CLIENTS])
-    -> (new_state@SERVER, summed@SERVER, results@CLIENTS[, new_client_state@CLIENTS])
+  round(state@SERVER, params@SERVER, data@CLIENTS, positions@CLIENTS[, keys@CLIENTS]
+        [, client_state@CLIENTS])
+    -> (new_state@SERVER, summed@SERVER, collected@SERVER)
 
   received  = federated_broadcast(federated_map(broadcast, (state, params)))
   selected  = federated_select(keys, K - 1, federated_map(database, state), row)
-  out       = federated_map(client_work, (selected, received, data, client_state))
+  out       = federated_map(client_work, (selected, received, data, position, client_state))
   summed    = federated_sum(out.summed)
+  collected = federated_aggregate(out.row, collect)   # (position, result[, new state]) rows
   new_state = federated_map(server_update, (state, summed))
+
+Every output is placed at SERVER: the per-client results and new states come
+back through the "collect" aggregation, each row carrying the client's
+position, so TFF's mergeable (multi-worker) context runs the client work once
+and returns the rows whatever order its workers finish in, and
+`tff.program`'s native context accepts the computation. `build_round`
+returns a `RoundComputation`, whose call passes positions 0..n-1 and gives
+the results back per client, in order.
 
 on TFF's C++ runtime (`tff_cluster.runtime` owns the worker and installs its
 context when the first runner or computation is made). `build_computations`
@@ -39,6 +49,7 @@ from tff_cluster.runners.base import RoundOutput, check_keys, to_numpy
 
 PARAMS_SPEC = collections.OrderedDict(lr=tf.TensorSpec([], tf.float32))
 KEY_TYPE = tff.TensorType(np.int32, [1])
+POSITION_TYPE = tff.TensorType(np.int32)  # a client's position in the call's client list
 
 
 def build_round(definition, mode: str, model_fn, loss: str, element_spec):
@@ -83,84 +94,191 @@ def build_round(definition, mode: str, model_fn, loss: str, element_spec):
       return tf.nest.map_structure(lambda t: tf.gather(t, key), database)
 
     arg_types.append(tff.SequenceType(row_fn.type_signature.result))
-  arg_types += [received_type, data_type]
+  arg_types += [received_type, data_type, POSITION_TYPE]
   if stateful:
     arg_types.append(tff_types.to_tff_type(client_state_spec))
+  # The per-client results' and states' specs, recorded when the client
+  # computation is traced (the host unflattens the collected rows with them).
+  specs: Dict[str, Any] = {}
 
-  def client_body(selected, received, dataset, client_state):
+  def client_body(selected, received, dataset, position, client_state):
     trainer = local_training.DatasetTrainer(model_fn(), loss, momentum=d.momentum,
                                              nesterov=d.nesterov)
 
     # A tf.function inside the computation's graph: its automatic control
     # dependencies order the variable assignments and reads of local SGD.
     @tf.function
-    def work(selected, received, dataset, client_state):
+    def work(selected, received, dataset, position, client_state):
       if selected is not None:
         selected = selected.get_single_element()
       out = d.client_work(trainer, selected, received, client_state, dataset, mode)
-      return (out.summed, out.result, out.state) if stateful else (out.summed, out.result)
+      per_client = (out.result, out.state) if stateful else (out.result,)
+      specs["per_client"] = tf.nest.map_structure(
+          lambda t: tf.TensorSpec(t.shape, t.dtype), per_client)
+      # One row of the collect aggregation: the client's position, then its
+      # result's (and state's) tensors, each with a leading axis of 1.
+      row = [tf.reshape(tf.cast(position, tf.int32), [1])] + [
+          tf.expand_dims(t, 0) for t in tf.nest.flatten(per_client)]
+      return out.summed, row
 
-    return work(selected, received, dataset, client_state)
+    return work(selected, received, dataset, position, client_state)
 
   if selecting and stateful:
-    def client_args(selected, received, dataset, client_state):
-      return client_body(selected, received, dataset, client_state)
+    def client_args(selected, received, dataset, position, client_state):
+      return client_body(selected, received, dataset, position, client_state)
   elif selecting:
-    def client_args(selected, received, dataset):
-      return client_body(selected, received, dataset, None)
+    def client_args(selected, received, dataset, position):
+      return client_body(selected, received, dataset, position, None)
   elif stateful:
-    def client_args(received, dataset, client_state):
-      return client_body(None, received, dataset, client_state)
+    def client_args(received, dataset, position, client_state):
+      return client_body(None, received, dataset, position, client_state)
   else:
-    def client_args(received, dataset):
-      return client_body(None, received, dataset, None)
+    def client_args(received, dataset, position):
+      return client_body(None, received, dataset, position, None)
 
   client_fn = tff.tensorflow.computation(*arg_types)(client_args)
   summed_type = client_fn.type_signature.result[0]
+  collect = collect_aggregation(client_fn.type_signature.result[1])
 
   @tff.tensorflow.computation(state_type, summed_type)
   def server_fn(state, summed):
     return d.server_update(state, summed, mode)
 
-  def body(state, params, data, keys, client_states):
+  def body(state, params, data, positions, keys, client_states):
     received = tff.federated_broadcast(tff.federated_map(broadcast_fn, (state, params)))
     args = []
     if selecting:
       database = tff.federated_map(database_fn, state)
       args.append(tff.federated_select(
           keys, tff.federated_value(np.int32(num_keys - 1), tff.SERVER), database, row_fn))
-    args += [received, data]
+    args += [received, data, positions]
     if stateful:
       args.append(client_states)
     out = tff.federated_map(client_fn, tuple(args))
     summed = tff.federated_sum(out[0])
+    zero, accumulate, merge, report = collect
+    collected = tff.federated_aggregate(out[1], zero(), accumulate, merge, report)
     new_state = tff.federated_map(server_fn, (state, summed))
-    if stateful:
-      return new_state, summed, out[1], out[2]
-    return new_state, summed, out[1]
+    return new_state, summed, collected
 
   at_server = lambda t: tff.FederatedType(t, tff.SERVER)  # noqa: E731
   at_clients = lambda t: tff.FederatedType(t, tff.CLIENTS)  # noqa: E731
-  types = [at_server(state_type), at_server(params_type), at_clients(data_type)]
+  types = [at_server(state_type), at_server(params_type), at_clients(data_type),
+           at_clients(POSITION_TYPE)]
   if selecting:
     types.append(at_clients(KEY_TYPE))
   if stateful:
     types.append(at_clients(arg_types[-1]))
 
   if selecting and stateful:
-    def round_fn(state, params, data, keys, client_states):
-      return body(state, params, data, keys, client_states)
+    def round_fn(state, params, data, positions, keys, client_states):
+      return body(state, params, data, positions, keys, client_states)
   elif selecting:
-    def round_fn(state, params, data, keys):
-      return body(state, params, data, keys, None)
+    def round_fn(state, params, data, positions, keys):
+      return body(state, params, data, positions, keys, None)
   elif stateful:
-    def round_fn(state, params, data, client_states):
-      return body(state, params, data, None, client_states)
+    def round_fn(state, params, data, positions, client_states):
+      return body(state, params, data, positions, None, client_states)
   else:
-    def round_fn(state, params, data):
-      return body(state, params, data, None, None)
+    def round_fn(state, params, data, positions):
+      return body(state, params, data, positions, None, None)
 
-  return tff.federated_computation(*types)(round_fn)
+  computation = tff.federated_computation(*types)(round_fn)
+  return RoundComputation(computation, specs["per_client"], stateful)
+
+
+def collect_aggregation(row_type):
+  """(zero, accumulate, merge, report) of the "collect" aggregation: the
+  clients' rows (`row_type`: tensors with a leading axis of 1) gathered into
+  server-placed tensors with one row per client.
+
+  The accumulator is (count, buffers); a buffer doubles when full, so the
+  rows already gathered are copied O(log n) times, not once per client (TFF
+  hands each accumulate call its own copy of the accumulator all the same);
+  `report` cuts the buffers to `count` rows. The rows carry each client's
+  position, so their order does not matter (`RoundComputation.unpack`
+  sorts them)."""
+  row_specs = [tf.TensorSpec([None, *t.shape[1:]], t.dtype) for t in row_type]
+
+  def empty(spec):
+    return tf.raw_ops.PlaceholderWithDefault(
+        input=tf.zeros([0, *spec.shape[1:]], spec.dtype), shape=spec.shape)
+
+  @tff.tensorflow.computation
+  def zero():
+    return (tf.constant(0, tf.int32), [empty(s) for s in row_specs])
+
+  acc_type = zero.type_signature.result
+
+  @tff.tensorflow.computation(acc_type, row_type)
+  def accumulate(acc, row):
+    count, buffers = acc[0], list(acc[1])
+    capacity = tf.shape(buffers[0])[0]
+
+    def grown(b):
+      extra = tf.maximum(capacity, 1)
+      padding = tf.concat([[[0, extra]], tf.zeros([tf.rank(b) - 1, 2], tf.int32)], 0)
+      return tf.pad(b, padding)
+
+    full = count >= capacity
+    out = []
+    for b, r in zip(buffers, row):
+      shape = b.shape
+      b = tf.cond(full, lambda b=b: grown(b), lambda b=b: tf.identity(b))
+      b = tf.tensor_scatter_nd_update(b, [[count]], r)
+      b.set_shape(shape)  # tf.pad's dynamic padding forgets the static row shape
+      out.append(b)
+    return (count + 1, out)
+
+  @tff.tensorflow.computation(acc_type, acc_type)
+  def merge(a, b):
+    return (a[0] + b[0], [tf.concat([x[:a[0]], y[:b[0]]], 0) for x, y in zip(a[1], b[1])])
+
+  @tff.tensorflow.computation(acc_type)
+  def report(acc):
+    return [b[:acc[0]] for b in acc[1]]
+
+  return zero, accumulate, merge, report
+
+
+class RoundComputation:
+  """A round's federated computation (`build_round`) and how to read its
+  collected per-client outputs.
+
+  `computation(state, params, datasets, positions[, keys][, client_states])
+  -> (new_state, summed, collected)`, every output at SERVER: `collected` is
+  the clients' positions, then their results' (and new states') tensors,
+  one row per client in any order. Calling this object passes positions
+  0..n-1 and returns (new_state, summed, per-client results[, per-client
+  states]) in the clients' order."""
+
+  def __init__(self, computation, per_client_specs, stateful: bool):
+    self.computation = computation
+    self.per_client_specs = per_client_specs
+    self.stateful = stateful
+    self.type_signature = computation.type_signature
+
+  def unpack(self, collected, num_clients: int):
+    """Per-client (results, states or None) from the collected rows."""
+    flat = [np.asarray(t) for t in collected]
+    positions = flat[0].astype(np.int64)
+    if sorted(positions.tolist()) != list(range(num_clients)):
+      raise RuntimeError(f"the collect aggregation returned positions {positions.tolist()} "
+                         f"for {num_clients} clients")
+    order = np.argsort(positions)
+    rows = [[a[i] for a in flat[1:]] for i in order]
+    per_client = [tf.nest.pack_sequence_as(self.per_client_specs, row) for row in rows]
+    results = [p[0] for p in per_client]
+    states = [p[1] for p in per_client] if self.stateful else None
+    return results, states
+
+  def __call__(self, state, params, datasets, *rest):
+    positions = [np.int32(i) for i in range(len(datasets))]
+    new_state, summed, collected = self.computation(state, params, datasets, positions, *rest)
+    results, states = self.unpack(collected, len(datasets))
+    if self.stateful:
+      return new_state, summed, results, states
+    return new_state, summed, results
 
 
 def build_computations(definition, model_fn, loss, element_spec) -> Dict[str, Any]:
@@ -238,4 +356,4 @@ class TffRunner:
     out = self.computation(mode)(*args)
     results = [to_numpy(r) for r in out[2]]
     return RoundOutput(out[0], to_numpy(out[1]), results,
-                       list(out[3]) if stateful else None)
+                       [to_numpy(s) for s in out[3]] if stateful else None)
