@@ -231,3 +231,15 @@ def write_emnist_sqlite(path, clients: dict, pixel=lambda label, i: label / 10.0
                   (cid, split, len(labels)))
   con.commit()
   con.close()
+
+
+def namespace_problem():
+  """Why a loopback-only network namespace (`unshare -n`) cannot be made
+  here, or None."""
+  import shutil
+  if os.geteuid() != 0:
+    return "not root: unshare -n needs CAP_SYS_ADMIN"
+  for tool in ("unshare", "ip"):
+    if shutil.which(tool) is None:
+      return f"no `{tool}` command"
+  return None

@@ -26,6 +26,7 @@ ray = pytest.importorskip("ray", reason="needs the ray extra (today's stack)")
 
 import tasks  # noqa: E402
 from tests.conftest import REPO_ROOT  # noqa: E402
+from tests.helpers import namespace_problem  # noqa: E402
 from tests.test_runners import (PARITY_CASES, RTOL, ATOL, SOLVER_CASES,  # noqa: E402
                                 _run, assert_same_run)
 from tff_cluster.runners import ray_runner  # noqa: E402
@@ -33,16 +34,6 @@ from tff_cluster.task import DataOptions  # noqa: E402
 
 ISOLATED_ENV = "TFF_CLUSTER_RAY_ISOLATED"
 SCRIPT = str(REPO_ROOT / "run_experiment.py")
-
-
-def namespace_problem():
-  """Why a loopback-only namespace cannot be made here, or None."""
-  if os.geteuid() != 0:
-    return "not root: unshare -n needs CAP_SYS_ADMIN"
-  for tool in ("unshare", "ip"):
-    if shutil.which(tool) is None:
-      return f"no `{tool}` command"
-  return None
 
 
 ISOLATED = ray_runner.loopback_only()

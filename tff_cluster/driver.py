@@ -35,7 +35,8 @@ class TrainingConfig:
   (exactly one of them). Round t's client learning rate is
   client_lr * lr_decay^(t-1). `runner` is 'local', 'tff' or 'ray'; `jit`
   applies to the local and ray runners, `ray_workers` and `ray_address` to
-  the ray runner.
+  the ray runner, `tff_workers` (HOST:PORT,...), `tff_worker_grace` and
+  `tff_subround_timeout` (seconds) to the tff runner.
   """
   rounds: int
   clients_per_round: int
@@ -52,6 +53,9 @@ class TrainingConfig:
   jit: str = "auto"
   ray_workers: Optional[int] = None
   ray_address: Optional[str] = None
+  tff_workers: Optional[str] = None
+  tff_worker_grace: Optional[float] = None
+  tff_subround_timeout: Optional[float] = None
   divergence_ratio: float = 100.0
 
   def __post_init__(self):
@@ -127,7 +131,10 @@ class Driver:
     self.num_params = int(sum(np.size(w) for w in self.w0))
     self.runner = make_runner(config.runner, definition, task.model_fn,
                               task.loss, data, config.seed, config.jit,
-                              ray_workers=config.ray_workers, ray_address=config.ray_address)
+                              ray_workers=config.ray_workers, ray_address=config.ray_address,
+                              tff_workers=config.tff_workers,
+                              tff_worker_grace=config.tff_worker_grace,
+                              tff_subround_timeout=config.tff_subround_timeout)
     # Per-client states, keyed by `state_key_offset + client index`: a dict,
     # or a mapping whose states stay with the runner's workers (the ray
     # runner's actors; `on_workers`).

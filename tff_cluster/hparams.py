@@ -201,6 +201,17 @@ RAY_ADDRESS = HParam("ray_address", str, None, "ray runner: HOST:PORT of a runni
                      "cluster's head (ray start --head), or auto (default: a Ray instance "
                      "started on this machine for the run and stopped after it).",
                      group="runner")
+TFF_WORKERS = HParam("tff_workers", str, None, "tff runner: HOST:PORT[,HOST:PORT...] of TFF "
+                     "workers (python -m tff_cluster.worker --port=P on each host) to split "
+                     "each round's clients over (default: one worker the run starts and stops).",
+                     group="runner")
+TFF_WORKER_GRACE = HParam("tff_worker_grace", float, None, "tff runner with --tff_workers: "
+                          "seconds a worker may stay unreachable before the run stops with "
+                          "an error (default: 60).", low=0.0, group="runner")
+TFF_SUBROUND_TIMEOUT = HParam("tff_subround_timeout", float, None, "tff runner with "
+                              "--tff_workers: seconds a worker may take for its share of a "
+                              "call before it is taken as frozen (default: no limit).",
+                              low=0.0, group="runner")
 
 
 def resolve(declared: Sequence[HParam], given: Mapping[str, Any], task: Optional[str],

@@ -59,12 +59,22 @@ from tensorflow_federated.python.core.impl.executors import remote_executor
 from tensorflow_federated.python.core.impl.executors import remote_executor_grpc_stub
 from tensorflow_federated.python.core.impl.types import placements
 
-_STARTUP_TIMEOUT_S = 60.0
-_GRPC_OPTIONS = [
+STARTUP_TIMEOUT_S = _STARTUP_TIMEOUT_S = 60.0
+GRPC_OPTIONS = _GRPC_OPTIONS = [
     ("grpc.max_message_length", -1),
     ("grpc.max_receive_message_length", -1),
     ("grpc.max_send_message_length", -1),
 ]
+
+
+def context_args(executor_fn):
+  """The arguments of a TFF execution context over `executor_fn` (a factory
+  of executors talking to a worker): TFF's native compiler and its
+  TensorFlow argument and result conversions."""
+  return dict(executor_fn=executor_fn,
+              compiler_fn=_compiler.desugar_and_transform_to_native,
+              transform_args=_tf_computation.transform_args,
+              transform_result=_tf_computation.transform_result)
 
 
 def worker_binary_path() -> str:
@@ -156,12 +166,8 @@ class TffRuntime:
       executor.set_cardinalities(cardinalities)
       return executor
 
-    factory = python_executor_stacks.ResourceManagingExecutorFactory(
-        executor_stack_fn=stack_fn)
-    return dict(executor_fn=factory,
-                compiler_fn=_compiler.desugar_and_transform_to_native,
-                transform_args=_tf_computation.transform_args,
-                transform_result=_tf_computation.transform_result)
+    return context_args(python_executor_stacks.ResourceManagingExecutorFactory(
+        executor_stack_fn=stack_fn))
 
   def install(self) -> "TffRuntime":
     """Makes this runtime TFF's default context; the worker starts on first use.
@@ -216,6 +222,15 @@ def install() -> TffRuntime:
   if not _INSTALLED:
     _ACTIVE.install()
     _INSTALLED = True
+  return _ACTIVE
+
+
+def use_own_worker() -> TffRuntime:
+  """Makes the process-wide runtime TFF's default context again (after
+  `tff_cluster.workers.connect` made other workers the default)."""
+  global _INSTALLED
+  _ACTIVE.install()
+  _INSTALLED = True
   return _ACTIVE
 
 

@@ -26,7 +26,8 @@ from tff_cluster.task import DataOptions
 ALGOS = registry.ALGORITHMS
 TASKS = tasks.registry()
 ALGO_HPARAMS = registry.all_hparams()
-RUNNER_HPARAMS = (hp.RUNNER, hp.JIT, hp.RAY_WORKERS, hp.RAY_ADDRESS)
+RUNNER_HPARAMS = (hp.RUNNER, hp.JIT, hp.RAY_WORKERS, hp.RAY_ADDRESS, hp.TFF_WORKERS,
+                  hp.TFF_WORKER_GRACE, hp.TFF_SUBROUND_TIMEOUT)
 GENERAL = ("algo", "task", "model", "num_clients", "data_dir", "synthetic_alpha",
            "synthetic_beta", "glove_path", "task_arg", "output_dir", "overwrite",
            "progress", "checkpoint_every", "groups_format", "resume", "eval_only")
@@ -35,12 +36,18 @@ GENERAL = ("algo", "task", "model", "num_clients", "data_dir", "synthetic_alpha"
 # run started on `tff` (or on another stack) may go on with `local`.
 RESUME_MAY_CHANGE = ("rounds", "output_dir", "overwrite", "progress", "checkpoint_every",
                      "resume", "eval_only", "runner", "jit", "divergence_ratio",
-                     "ray_workers", "ray_address")
+                     "ray_workers", "ray_address", "tff_workers", "tff_worker_grace",
+                     "tff_subround_timeout")
 
 
 def flag_names():
   """Every flag's name: the general ones, training, runner, every algorithm's."""
   return [*GENERAL, *(d.name for d in (*hp.TRAINING, *RUNNER_HPARAMS)), *ALGO_HPARAMS]
+
+
+def _host_port(text: str) -> bool:
+  host, _, port = text.rpartition(":")
+  return bool(host) and port.isdigit() and 0 < int(port) < 65536
 
 
 class UsageError(Exception):
@@ -125,6 +132,17 @@ def resolve_settings(values) -> dict:
   if ray_flags and settings["runner"] != "ray":
     raise UsageError(f"{', '.join(ray_flags)} given with --runner={settings['runner']}; "
                      "valid: --runner=ray with them, or neither")
+  tff_flags = [f"--{name}" for name in ("tff_workers", "tff_worker_grace",
+                                         "tff_subround_timeout") if values.get(name) is not None]
+  if tff_flags and settings["runner"] != "tff":
+    raise UsageError(f"{', '.join(tff_flags)} given with --runner={settings['runner']}; "
+                     "valid: --runner=tff with them, or neither")
+  if settings["tff_workers"] is not None:
+    addresses = [a.strip() for a in settings["tff_workers"].split(",") if a.strip()]
+    bad = [a for a in addresses if not _host_port(a)]
+    if not addresses or bad:
+      raise UsageError(f"invalid --tff_workers={settings['tff_workers']}; valid: "
+                       "HOST:PORT[,HOST:PORT...]")
   if settings["runner"] == "ray" and not stack.has_module("ray"):
     raise UsageError(stack.RAY_MISSING)
   if settings["ray_address"] == "":

@@ -10,7 +10,8 @@ from tff_cluster.runners import local_runner, ray_runner
 
 
 def make_runner(name: str, definition, model_fn, loss: str, data, seed: int,
-                jit: str = "auto", modes=None, ray_workers=None, ray_address=None):
+                jit: str = "auto", modes=None, ray_workers=None, ray_address=None,
+                tff_workers=None, tff_worker_grace=None, tff_subround_timeout=None):
   """The runner `name` ('tff', 'local' or 'ray') for `definition` on `data`;
   `modes`: the definition's modes it will run (default all; the tff runner
   builds their computations up front); `ray_*`: the ray runner's actors and
@@ -18,7 +19,9 @@ def make_runner(name: str, definition, model_fn, loss: str, data, seed: int,
   if name == "tff":  # an optional backend: imported only when asked for
     stack.require_tff()
     from tff_cluster.runners import tff_runner
-    return tff_runner.TffRunner(definition, model_fn, loss, data, seed, modes=modes)
+    return tff_runner.TffRunner(definition, model_fn, loss, data, seed, modes=modes,
+                                workers=tff_workers, worker_grace=tff_worker_grace,
+                                subround_timeout=tff_subround_timeout)
   if name == "local":
     return local_runner.LocalRunner(definition, model_fn, loss, data, seed, jit=jit)
   if name == "ray":  # Ray itself is imported by the runner

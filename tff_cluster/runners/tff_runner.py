@@ -215,19 +215,14 @@ def collect_aggregation(row_type):
     count, buffers = acc[0], list(acc[1])
     capacity = tf.shape(buffers[0])[0]
 
-    def grown(b):
-      extra = tf.maximum(capacity, 1)
-      padding = tf.concat([[[0, extra]], tf.zeros([tf.rank(b) - 1, 2], tf.int32)], 0)
-      return tf.pad(b, padding)
+    def grown(b):  # twice the rows (at least one); the row shape stays static
+      return tf.concat([b, tf.zeros([tf.maximum(capacity, 1), *b.shape[1:]], b.dtype)], 0)
 
     full = count >= capacity
     out = []
     for b, r in zip(buffers, row):
-      shape = b.shape
       b = tf.cond(full, lambda b=b: grown(b), lambda b=b: tf.identity(b))
-      b = tf.tensor_scatter_nd_update(b, [[count]], r)
-      b.set_shape(shape)  # tf.pad's dynamic padding forgets the static row shape
-      out.append(b)
+      out.append(tf.tensor_scatter_nd_update(b, [[count]], r))
     return (count + 1, out)
 
   @tff.tensorflow.computation(acc_type, acc_type)
@@ -297,12 +292,18 @@ class TffRunner:
   """Runs a `Definition` through `build_round`'s computations (one per mode).
 
   Args: as `local_runner.LocalRunner` (no jit: TFF's worker does not compile
-  with XLA, and the clients' datasets are `tf.data` pipelines).
+  with XLA, and the clients' datasets are `tf.data` pipelines), and
+    workers: "HOST:PORT,..." of TFF workers to split each call's clients over
+      (`tff_cluster.workers`; default: the process's own worker);
+    worker_grace: seconds a worker may stay unreachable (default 60);
+    subround_timeout: seconds a worker may take for its share of a call.
   """
 
   name = "tff"
 
-  def __init__(self, definition, model_fn, loss: str, data, seed: int, modes=None):
+  def __init__(self, definition, model_fn, loss: str, data, seed: int, modes=None,
+               workers: Optional[str] = None, worker_grace: Optional[float] = None,
+               subround_timeout: Optional[float] = None):
     self.definition = definition
     self._model_fn = model_fn
     self._loss = loss
@@ -317,8 +318,24 @@ class TffRunner:
     self._computations: Dict[str, Any] = {
         mode: build_round(definition, mode, model_fn, loss, self._element_spec)
         for mode in (definition.modes if modes is None else modes)}
+    # Other workers: each round's clients split over them (tff_cluster.workers).
+    self.workers: Optional[List[str]] = None
+    if not workers:
+      runtime.use_own_worker()  # not the workers an earlier runner connected to
+    else:
+      from tff_cluster import workers as tff_workers
+      self.workers = tff_workers.parse_addresses(workers)
+      try:
+        tff_workers.connect(self.workers,
+                            tff_workers.DEFAULT_GRACE_S if worker_grace is None else worker_grace,
+                            subround_timeout)
+      except tff_workers.WorkerUnavailable as e:  # at start: a usage error (exit 2)
+        raise ValueError(f"--tff_workers: {e}") from None
 
   def describe(self) -> Dict[str, Any]:
+    if self.workers:
+      return {"runner": self.name, "jit": False, "workers": list(self.workers),
+              "device": f"TFF C++ runtime (CPU), {len(self.workers)} workers"}
     return {"runner": self.name, "device": "TFF C++ runtime (CPU)", "jit": False}
 
   def computation(self, mode: str):

@@ -1,0 +1,132 @@
+"""The `tff` runner on several TFF workers (`--tff_workers`): the same numbers
+as one worker, one line when a worker cannot be reached.
+
+The workers listen on every interface, so these tests run inside a network
+namespace whose only interface is loopback (`unshare -n`): run elsewhere, the
+module re-executes itself there and its other tests skip (all skip, with the
+reason, where no namespace can be made).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.tff
+pytest.importorskip("tensorflow_federated", reason="needs the TFF stack")
+
+import tasks  # noqa: E402
+from tests.conftest import REPO_ROOT  # noqa: E402
+from tests.helpers import namespace_problem, worker_pids  # noqa: E402
+from tff_cluster import experiment, registry, runtime, workers  # noqa: E402
+from tff_cluster.runners.ray_runner import loopback_only  # noqa: E402
+from tff_cluster.task import DataOptions  # noqa: E402
+
+ISOLATED_ENV = "TFF_CLUSTER_TFF_ISOLATED"
+ISOLATED = loopback_only()
+SCRIPT = str(REPO_ROOT / "run_experiment.py")
+needs_isolation = pytest.mark.skipif(
+    not ISOLATED, reason="TFF workers run in a loopback-only network namespace: "
+    "test_tff_worker_tests_run_in_a_loopback_namespace runs them there")
+
+
+def test_tff_worker_tests_run_in_a_loopback_namespace():
+  if ISOLATED:
+    pytest.skip("already in a loopback-only namespace (this is the inner run)")
+  assert not os.environ.get(ISOLATED_ENV), "re-executed, yet not in a loopback-only namespace"
+  problem = namespace_problem()
+  if problem is not None:
+    pytest.skip(f"cannot make a loopback-only network namespace ({problem})")
+  inner = (f"ip link set lo up && exec {sys.executable} -m pytest -p no:cacheprovider -q "
+           f"-x {__file__}")
+  env = dict(os.environ, **{ISOLATED_ENV: "1"})
+  env.pop("PYTEST_ADDOPTS", None)
+  done = subprocess.run(["unshare", "-n", "sh", "-c", inner], cwd=REPO_ROOT, env=env,
+                        capture_output=True, text=True, timeout=1500)
+  tail = "\n".join((done.stdout + done.stderr).splitlines()[-40:])
+  print(tail)
+  assert done.returncode == 0, tail
+  assert " passed" in tail, tail
+
+
+@pytest.fixture(scope="module")
+def three_workers():
+  before = worker_pids()
+  with workers.local_workers(3) as addresses:
+    yield addresses
+  time.sleep(0.5)
+  assert not (worker_pids() - before), "a worker outlived local_workers"
+
+
+def _run(algo, options, addresses):
+  """3 rounds of `algo` on the tff runner: one worker (the runtime's own) or
+  `addresses`; persisted client momentum (per-client state)."""
+  task = tasks.get_task("synthetic_clusters")
+  data = task.load_data(DataOptions(seed=2, num_clients=16, extra={"num_clusters": 3}))
+  config = experiment.TrainingConfig(
+      rounds=3, clients_per_round=8, local_epochs=1, batch_size=10, client_lr=0.02, seed=1,
+      runner="tff", client_momentum=0.5, client_state="persist",
+      tff_workers=None if addresses is None else ",".join(addresses), tff_worker_grace=10)
+  driver = registry.get_algorithm(algo).make_driver(task, data, config, **options)
+  try:
+    summary = experiment.run_training(task, data, config, driver, None, progress=False)
+  finally:
+    runtime.use_own_worker()
+  weights, client_model = driver.eval_models()
+  return summary, weights, np.asarray(client_model), driver
+
+
+@needs_isolation
+@pytest.mark.parametrize("algo,options", [("fedavg", {}),
+                                          ("fedgroup", dict(num_groups=3, pretrain_scale=2))])
+def test_two_and_three_workers_equal_one(algo, options, three_workers):
+  """Uneven chunks (8 clients over 3 workers: 3/3/2): the same group
+  assignments and accuracies, weights within 1e-6; FedGroup's per-client
+  outputs (its groups) come back in the clients' order."""
+  one = _run(algo, options, None)
+  for k in (2, 3):
+    got = _run(algo, options, three_workers[:k])
+    assert got[0]["final_test_accuracy"] == one[0]["final_test_accuracy"]
+    np.testing.assert_array_equal(got[2], one[2])
+    for wa, wb in zip(got[1], one[1]):
+      for a, b in zip(wa, wb):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert got[3].describe()["workers"] == three_workers[:k]
+
+
+@needs_isolation
+def test_an_unreachable_worker_is_one_line_and_exit_2(tmp_path, three_workers):
+  """One address answers, one does not: exit 2 within the grace + 5 s, one
+  error line, no run directory left."""
+  import portpicker
+  dead = f"127.0.0.1:{portpicker.pick_unused_port()}"
+  start = time.monotonic()
+  done = subprocess.run(
+      [sys.executable, SCRIPT, "--runner=tff", f"--tff_workers={three_workers[0]},{dead}",
+       "--tff_worker_grace=3", "--rounds=1", "--progress=false",
+       f"--output_dir={tmp_path / 'run'}"], cwd=REPO_ROOT, capture_output=True, text=True,
+      timeout=300)
+  elapsed = time.monotonic() - start
+  assert done.returncode == 2, done.stderr[-2000:]
+  errors = [line for line in done.stderr.splitlines() if "error:" in line]
+  assert len(errors) == 1 and dead in errors[0] and "Traceback" not in done.stderr, done.stderr
+  assert elapsed < 3 + 5 + 60  # the grace, 5 s, and the interpreter's start-up with TF
+  assert not (tmp_path / "run").exists()
+
+
+def test_tff_worker_flags_need_the_tff_runner(tmp_path):
+  done = subprocess.run([sys.executable, SCRIPT, "--tff_workers=127.0.0.1:5", "--rounds=1",
+                         "--progress=false", f"--output_dir={tmp_path / 'run'}"],
+                        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+  assert done.returncode == 2
+  assert "valid: --runner=tff with them" in done.stderr
+  done = subprocess.run([sys.executable, SCRIPT, "--runner=tff", "--tff_workers=nohost",
+                         "--rounds=1", "--progress=false", f"--output_dir={tmp_path / 'r2'}"],
+                        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+  assert done.returncode == 2 and "valid: HOST:PORT[,HOST:PORT...]" in done.stderr
