@@ -130,3 +130,51 @@ def test_tff_worker_flags_need_the_tff_runner(tmp_path):
                          "--rounds=1", "--progress=false", f"--output_dir={tmp_path / 'r2'}"],
                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
   assert done.returncode == 2 and "valid: HOST:PORT[,HOST:PORT...]" in done.stderr
+
+
+@needs_isolation
+def test_a_killed_worker_ends_the_run_and_resume_finishes_it(tmp_path):
+  """A worker SIGKILLed after a checkpoint: one error line naming it, exit 4,
+  summary `worker_lost` with the checkpoint round; `--resume` on two fresh
+  workers (other ports) finishes with the final models of an uninterrupted
+  run on the process's own worker."""
+  import signal
+  rounds, run = 12, tmp_path / "run"
+  common = ["--runner=tff", "--algo=fedavg", "--task=synthetic", "--clients_per_round=8",
+            "--local_epochs=1", f"--rounds={rounds}", "--progress=false"]
+  with workers.local_workers(2) as addresses:
+    process = subprocess.Popen(
+        [sys.executable, SCRIPT, *common, f"--tff_workers={','.join(addresses)}",
+         "--tff_worker_grace=3", "--checkpoint_every=1", f"--output_dir={run}"],
+        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not (run / "checkpoints" / "round-000002.npz").exists():
+      assert process.poll() is None and time.monotonic() < deadline, "no checkpoint"
+      time.sleep(0.2)
+    port = addresses[1].rpartition(":")[2]
+    listening = subprocess.run(["ss", "-ltnpH", f"sport = :{port}"], capture_output=True,
+                               text=True).stdout
+    pid = int(listening.split("pid=")[1].split(",")[0])
+    os.kill(pid, signal.SIGKILL)
+    killed = time.monotonic()
+    _, err = process.communicate(timeout=300)
+    assert process.returncode == 4, err[-2000:]
+    assert time.monotonic() - killed < 3 + 10
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and addresses[1] in errors[0] and "Traceback" not in err, err
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["reason"] == "worker_lost" and summary["checkpoint_round"] >= 2
+  with workers.local_workers(2) as fresh:
+    done = subprocess.run([sys.executable, SCRIPT, "--resume", f"--output_dir={run}",
+                           f"--tff_workers={','.join(fresh)}"], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+  whole = subprocess.run([sys.executable, SCRIPT, *common, f"--output_dir={tmp_path / 'whole'}"],
+                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+  assert whole.returncode == 0, whole.stderr[-2000:]
+  for name in ("model_0.npz",):
+    with np.load(run / "models" / "final" / name) as a, \
+         np.load(tmp_path / "whole" / "models" / "final" / name) as b:
+      for key in a.files:
+        np.testing.assert_allclose(a[key], b[key], rtol=1e-5, atol=1e-6)
+  assert json.loads((run / "summary.json").read_text())["completed"] is True

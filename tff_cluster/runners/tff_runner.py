@@ -320,15 +320,16 @@ class TffRunner:
         for mode in (definition.modes if modes is None else modes)}
     # Other workers: each round's clients split over them (tff_cluster.workers).
     self.workers: Optional[List[str]] = None
+    self._context = None  # the workers' context, entered around each call
     if not workers:
       runtime.use_own_worker()  # not the workers an earlier runner connected to
     else:
       from tff_cluster import workers as tff_workers
       self.workers = tff_workers.parse_addresses(workers)
       try:
-        tff_workers.connect(self.workers,
-                            tff_workers.DEFAULT_GRACE_S if worker_grace is None else worker_grace,
-                            subround_timeout)
+        self._context = tff_workers.connect(
+            self.workers, tff_workers.DEFAULT_GRACE_S if worker_grace is None else worker_grace,
+            subround_timeout)
       except tff_workers.WorkerUnavailable as e:  # at start: a usage error (exit 2)
         raise ValueError(f"--tff_workers: {e}") from None
 
@@ -370,7 +371,11 @@ class TffRunner:
     stateful = d.client_state_spec(mode) is not None
     if stateful:
       args.append(list(client_states))
-    out = self.computation(mode)(*args)
+    if self._context is None:
+      out = self.computation(mode)(*args)
+    else:  # whatever the default context is now (the CLI installs the own worker's)
+      with tff.framework.get_context_stack().install(self._context):
+        out = self.computation(mode)(*args)
     results = [to_numpy(r) for r in out[2]]
     return RoundOutput(out[0], to_numpy(out[1]), results,
                        [to_numpy(s) for s in out[3]] if stateful else None)
