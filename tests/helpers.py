@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from typing import Callable, Dict, Optional, Sequence, Set, Tuple
@@ -243,3 +244,30 @@ def namespace_problem():
     if shutil.which(tool) is None:
       return f"no `{tool}` command"
   return None
+
+
+def rerun_in_loopback_namespace(test_file: str, isolated_env: str, why: str) -> None:
+  """The body of a module's "run me in a loopback-only namespace" test:
+  skips inside the namespace (the inner run) or where none can be made
+  (`why`: what must not reach the network); else re-executes `test_file`
+  under `unshare -n` with `isolated_env` set and asserts every test there
+  passed."""
+  import pytest
+  from tests.conftest import REPO_ROOT
+  from tff_cluster.runners.ray_runner import loopback_only
+  if loopback_only():
+    pytest.skip("already in a loopback-only namespace (this is the inner run)")
+  assert not os.environ.get(isolated_env), "re-executed, yet not in a loopback-only namespace"
+  problem = namespace_problem()
+  if problem is not None:
+    pytest.skip(f"cannot make a loopback-only network namespace ({problem}); {why}")
+  inner = (f"ip link set lo up && exec {sys.executable} -m pytest -p no:cacheprovider -q "
+           f"-x {test_file}")
+  env = dict(os.environ, **{isolated_env: "1"})
+  env.pop("PYTEST_ADDOPTS", None)
+  done = subprocess.run(["unshare", "-n", "sh", "-c", inner], cwd=REPO_ROOT, env=env,
+                        capture_output=True, text=True, timeout=1500)
+  tail = "\n".join((done.stdout + done.stderr).splitlines()[-40:])
+  print(tail)
+  assert done.returncode == 0, tail
+  assert " passed" in tail and " skipped" in tail, tail  # the inner run ran the tests

@@ -25,13 +25,13 @@ PACKAGE = "tff_cluster"
 # package's own `__init__` stands for itself only.
 LAYERS: List[Tuple[str, ...]] = [
     ("tff_cluster", "tff_cluster.stack", "tff_cluster.hparams", "tff_cluster.options",
-     "tff_cluster.clustering",
+     "tff_cluster.clustering", "tff_cluster.worker",
      "tff_cluster.plot", "tff_cluster.data"),
     ("tff_cluster.runtime", "tff_cluster.tff_types", "tff_cluster.task",
      "tff_cluster.models", "tff_cluster.checkpoint"),
     ("tff_cluster.local_training", "tff_cluster.evaluation", "tff_cluster.results"),
     ("tff_cluster.core",),
-    ("tff_cluster.runners",),
+    ("tff_cluster.runners", "tff_cluster.workers"),
     ("tff_cluster.driver",),
     ("tff_cluster.algorithms",),
     ("tff_cluster.experiment",),
@@ -42,7 +42,8 @@ LAYERS: List[Tuple[str, ...]] = [
 # Optional backends a function may import lazily (they import TFF, which may
 # be absent): always downward like any other import. `importlib.import_module`
 # by name (the registries) is allowed too, downward.
-LAZY_ALLOWED = {"tff_cluster.runners.tff_runner", "tff_cluster.runtime", "tff_cluster.tff_types"}
+LAZY_ALLOWED = {"tff_cluster.runners.tff_runner", "tff_cluster.runtime", "tff_cluster.tff_types",
+                "tff_cluster.workers"}
 
 
 def module_files(root: pathlib.Path = ROOT) -> Dict[str, pathlib.Path]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -26,7 +25,7 @@ ray = pytest.importorskip("ray", reason="needs the ray extra (today's stack)")
 
 import tasks  # noqa: E402
 from tests.conftest import REPO_ROOT  # noqa: E402
-from tests.helpers import namespace_problem  # noqa: E402
+from tests.helpers import rerun_in_loopback_namespace  # noqa: E402
 from tests.test_runners import (PARITY_CASES, RTOL, ATOL, SOLVER_CASES,  # noqa: E402
                                 _run, assert_same_run)
 from tff_cluster.runners import ray_runner  # noqa: E402
@@ -45,23 +44,8 @@ needs_isolation = pytest.mark.skipif(
 def test_ray_tests_run_in_a_loopback_namespace():
   """Re-executes this module inside `unshare -n` (loopback only) and passes
   when every test there passes."""
-  if ISOLATED:
-    pytest.skip("already in a loopback-only namespace (this is the inner run)")
-  assert not os.environ.get(ISOLATED_ENV), "re-executed, yet not in a loopback-only namespace"
-  problem = namespace_problem()
-  if problem is not None:
-    pytest.skip(f"cannot make a loopback-only network namespace ({problem}); Ray "
-                "must not talk to the machine's network from the tests")
-  inner = (f"ip link set lo up && exec {sys.executable} -m pytest -p no:cacheprovider -q "
-           f"-x {__file__}")
-  env = dict(os.environ, **{ISOLATED_ENV: "1"})
-  env.pop("PYTEST_ADDOPTS", None)
-  done = subprocess.run(["unshare", "-n", "sh", "-c", inner], cwd=REPO_ROOT, env=env,
-                        capture_output=True, text=True, timeout=1500)
-  tail = "\n".join((done.stdout + done.stderr).splitlines()[-40:])
-  print(tail)
-  assert done.returncode == 0, tail
-  assert " passed" in tail and " skipped" in tail, tail  # the inner run ran the tests
+  rerun_in_loopback_namespace(__file__, ISOLATED_ENV,
+                              "Ray must not talk to the machine's network from the tests")
 
 
 @pytest.fixture(scope="module")

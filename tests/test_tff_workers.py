@@ -23,7 +23,7 @@ pytest.importorskip("tensorflow_federated", reason="needs the TFF stack")
 
 import tasks  # noqa: E402
 from tests.conftest import REPO_ROOT  # noqa: E402
-from tests.helpers import namespace_problem, worker_pids  # noqa: E402
+from tests.helpers import rerun_in_loopback_namespace, worker_pids  # noqa: E402
 from tff_cluster import experiment, registry, runtime, workers  # noqa: E402
 from tff_cluster.runners.ray_runner import loopback_only  # noqa: E402
 from tff_cluster.task import DataOptions  # noqa: E402
@@ -37,22 +37,8 @@ needs_isolation = pytest.mark.skipif(
 
 
 def test_tff_worker_tests_run_in_a_loopback_namespace():
-  if ISOLATED:
-    pytest.skip("already in a loopback-only namespace (this is the inner run)")
-  assert not os.environ.get(ISOLATED_ENV), "re-executed, yet not in a loopback-only namespace"
-  problem = namespace_problem()
-  if problem is not None:
-    pytest.skip(f"cannot make a loopback-only network namespace ({problem})")
-  inner = (f"ip link set lo up && exec {sys.executable} -m pytest -p no:cacheprovider -q "
-           f"-x {__file__}")
-  env = dict(os.environ, **{ISOLATED_ENV: "1"})
-  env.pop("PYTEST_ADDOPTS", None)
-  done = subprocess.run(["unshare", "-n", "sh", "-c", inner], cwd=REPO_ROOT, env=env,
-                        capture_output=True, text=True, timeout=1500)
-  tail = "\n".join((done.stdout + done.stderr).splitlines()[-40:])
-  print(tail)
-  assert done.returncode == 0, tail
-  assert " passed" in tail, tail
+  rerun_in_loopback_namespace(__file__, ISOLATED_ENV,
+                              "TFF workers listen on every interface")
 
 
 @pytest.fixture(scope="module")

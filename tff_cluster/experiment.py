@@ -80,13 +80,13 @@ def run_training(task: TaskSpec, data: FederatedData, config: TrainingConfig,
   good state is checkpointed and the summary says `"reason": "diverged"`.
   """
 
-  evaluator = driver.make_evaluator()
-  data = driver.data
   trainable = data.training_clients()
   if config.clients_per_round > len(trainable):
     raise ValueError(f"invalid --clients_per_round={config.clients_per_round}: "
                      f"{len(trainable)} clients have training data; valid: "
                      f"1..{len(trainable)}")
+  evaluator = driver.make_evaluator()
+  data = driver.data  # materialized by the driver unless its runner makes the clients
   start = time.perf_counter()
   rng = np.random.default_rng(np.random.SeedSequence([config.seed, 7]))
   rows: List[Dict[str, Any]] = []

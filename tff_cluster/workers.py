@@ -146,11 +146,21 @@ class FailFastStub(remote_executor_stub.RemoteExecutorStub):
   def compute(self, request):
     return self._call("compute", request)
 
+  def _release(self, name: str, request):
+    """A clean-up call (TFF makes them from finalizers, at exit too): nothing
+    to release on a dead or unreachable worker, and no error to raise."""
+    if self.dead:
+      return None
+    try:
+      return getattr(self._stub, name)(request)
+    except (executors_errors.RetryableGRPCError, grpc.RpcError):
+      return None
+
   def dispose(self, request):
-    return self._call("dispose", request)
+    return self._release("dispose", request)
 
   def dispose_executor(self, request):
-    return self._call("dispose_executor", request)
+    return self._release("dispose_executor", request)
 
   @property
   def is_ready(self) -> bool:
