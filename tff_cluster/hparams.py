@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping, Optional, Sequence, Tuple
+from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 
 class HParamError(ValueError):
@@ -212,6 +212,20 @@ TFF_SUBROUND_TIMEOUT = HParam("tff_subround_timeout", float, None, "tff runner w
                               "--tff_workers: seconds a worker may take for its share of a "
                               "call before it is taken as frozen (default: no limit).",
                               low=0.0, group="runner")
+
+
+def parse_host_ports(text: str, flag: str) -> List[str]:
+  """`HOST:PORT[,HOST:PORT...]` -> the addresses; ValueError (one line naming
+  `--flag`) when there is none or one is not HOST:PORT with a port in 1..65535."""
+  addresses = [a.strip() for a in text.split(",") if a.strip()]
+
+  def valid(address):
+    host, _, port = address.rpartition(":")
+    return bool(host) and port.isdigit() and 0 < int(port) < 65536
+
+  if not addresses or not all(map(valid, addresses)):
+    raise ValueError(f"invalid --{flag}={text}; valid: HOST:PORT[,HOST:PORT...]")
+  return addresses
 
 
 def resolve(declared: Sequence[HParam], given: Mapping[str, Any], task: Optional[str],

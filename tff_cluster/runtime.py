@@ -59,8 +59,8 @@ from tensorflow_federated.python.core.impl.executors import remote_executor
 from tensorflow_federated.python.core.impl.executors import remote_executor_grpc_stub
 from tensorflow_federated.python.core.impl.types import placements
 
-STARTUP_TIMEOUT_S = _STARTUP_TIMEOUT_S = 60.0
-GRPC_OPTIONS = _GRPC_OPTIONS = [
+STARTUP_TIMEOUT_S = 60.0
+GRPC_OPTIONS = [
     ("grpc.max_message_length", -1),
     ("grpc.max_receive_message_length", -1),
     ("grpc.max_send_message_length", -1),
@@ -138,9 +138,9 @@ class TffRuntime:
     finally:
       if out is not subprocess.DEVNULL:
         out.close()
-    channel = grpc.insecure_channel(f"localhost:{port}", _GRPC_OPTIONS)
+    channel = grpc.insecure_channel(f"localhost:{port}", GRPC_OPTIONS)
     self._stub = remote_executor_grpc_stub.RemoteExecutorGrpcStub(channel)
-    deadline = time.monotonic() + _STARTUP_TIMEOUT_S
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while not self._stub.is_ready:
       if self._process.poll() is not None:
         raise RuntimeError(
@@ -148,7 +148,7 @@ class TffRuntime:
       if time.monotonic() > deadline:
         self.stop()
         raise RuntimeError("TFF worker did not become ready within "
-                           f"{_STARTUP_TIMEOUT_S:.0f} s")
+                           f"{STARTUP_TIMEOUT_S:.0f} s")
       time.sleep(0.05)
 
   def _get_stub(self):

@@ -45,11 +45,6 @@ def flag_names():
   return [*GENERAL, *(d.name for d in (*hp.TRAINING, *RUNNER_HPARAMS)), *ALGO_HPARAMS]
 
 
-def _host_port(text: str) -> bool:
-  host, _, port = text.rpartition(":")
-  return bool(host) and port.isdigit() and 0 < int(port) < 65536
-
-
 class UsageError(Exception):
   """Bad command-line input; the message is the one line shown to the user."""
 
@@ -138,11 +133,10 @@ def resolve_settings(values) -> dict:
     raise UsageError(f"{', '.join(tff_flags)} given with --runner={settings['runner']}; "
                      "valid: --runner=tff with them, or neither")
   if settings["tff_workers"] is not None:
-    addresses = [a.strip() for a in settings["tff_workers"].split(",") if a.strip()]
-    bad = [a for a in addresses if not _host_port(a)]
-    if not addresses or bad:
-      raise UsageError(f"invalid --tff_workers={settings['tff_workers']}; valid: "
-                       "HOST:PORT[,HOST:PORT...]")
+    try:
+      hp.parse_host_ports(settings["tff_workers"], "tff_workers")
+    except ValueError as e:
+      raise UsageError(str(e)) from None
   if settings["runner"] == "ray" and not stack.has_module("ray"):
     raise UsageError(stack.RAY_MISSING)
   if settings["ray_address"] == "":

@@ -86,19 +86,6 @@ class WorkerTimeout(WorkerLost):
   """A TFF worker did not finish a sub-round within the timeout; one line."""
 
 
-def parse_addresses(text: str) -> List[str]:
-  """`host:port,host:port` -> the addresses; ValueError (one line) when one
-  is not HOST:PORT."""
-  addresses = [a.strip() for a in text.split(",") if a.strip()]
-  if not addresses:
-    raise ValueError("invalid --tff_workers=: no address; valid: HOST:PORT[,HOST:PORT...]")
-  for a in addresses:
-    host, _, port = a.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-      raise ValueError(f"invalid --tff_workers address {a!r}; valid: HOST:PORT[,HOST:PORT...]")
-  return addresses
-
-
 class FailFastStub(remote_executor_stub.RemoteExecutorStub):
   """A worker's gRPC stub that turns "unreachable for `grace_s` seconds"
   into `WorkerUnavailable`; a worker back within the grace lets TFF retry
@@ -248,26 +235,32 @@ class OrderedMergeableContext(_mergeable.MergeableCompExecutionContext):
     return type_conversions.type_to_py_container(result, comp.after_merge.type_signature.result)
 
 
+def _answers(address: str, timeout_s: float) -> bool:
+  """Whether a gRPC server answers at `address` within `timeout_s` seconds."""
+  channel = grpc.insecure_channel(address, runtime.GRPC_OPTIONS)
+  try:
+    grpc.channel_ready_future(channel).result(timeout=timeout_s)
+    return True
+  except grpc.FutureTimeoutError:
+    return False
+  finally:
+    channel.close()
+
+
 def check_ready(addresses: Sequence[str], grace_s: float) -> None:
   """Every worker answers within `grace_s` seconds, else `WorkerUnavailable`
   naming the first that does not."""
   for address in addresses:
-    channel = grpc.insecure_channel(address, runtime.GRPC_OPTIONS)
-    try:
-      grpc.channel_ready_future(channel).result(timeout=grace_s)
-    except grpc.FutureTimeoutError:
+    if not _answers(address, grace_s):
       raise WorkerUnavailable(f"TFF worker {address} did not answer within {grace_s:g} s "
-                              "(is `python -m tff_cluster.worker --port=P` running there?)"
-                              ) from None
-    finally:
-      channel.close()
+                              "(is `python -m tff_cluster.worker --port=P` running there?)")
 
 
 def connect(addresses: Sequence[str], grace_s: float = DEFAULT_GRACE_S,
             subround_timeout_s: Optional[float] = None) -> OrderedMergeableContext:
   """Makes the workers at `addresses` TFF's default context (after a
-  readiness check) and returns it; `runtime.install()` goes back to the
-  process's own worker."""
+  readiness check) and returns it; `runtime.use_own_worker()` goes back to
+  the process's own worker."""
   check_ready(addresses, grace_s)
   contexts = [ThreadedContext(FailFastStub(a, grace_s), subround_timeout_s) for a in addresses]
   context = OrderedMergeableContext(contexts)
@@ -298,15 +291,8 @@ def local_workers(n: int, log_dir: Optional[str] = None) -> Iterator[List[str]]:
     addresses = [f"127.0.0.1:{port}" for port, _ in processes]
     deadline = time.monotonic() + runtime.STARTUP_TIMEOUT_S
     for address, (_, process) in zip(addresses, processes):
-      channel = grpc.insecure_channel(address, runtime.GRPC_OPTIONS)
-      try:
-        grpc.channel_ready_future(channel).result(
-            timeout=max(deadline - time.monotonic(), 0.1))
-      except grpc.FutureTimeoutError:
-        raise RuntimeError(f"TFF worker {address} did not start "
-                           f"(exit code {process.poll()})") from None
-      finally:
-        channel.close()
+      if not _answers(address, max(deadline - time.monotonic(), 0.1)):
+        raise RuntimeError(f"TFF worker {address} did not start (exit code {process.poll()})")
     yield addresses
   finally:
     for _, process in processes:

@@ -43,7 +43,7 @@ stack.require_tff()  # one line naming the install routes, not a ModuleNotFoundE
 
 import tensorflow_federated as tff  # noqa: E402
 
-from tff_cluster import local_training, models, runtime, tff_types
+from tff_cluster import hparams, local_training, models, runtime, tff_types
 from tff_cluster.core.definition import round_params
 from tff_cluster.runners.base import RoundOutput, check_keys, to_numpy
 
@@ -325,7 +325,7 @@ class TffRunner:
       runtime.use_own_worker()  # not the workers an earlier runner connected to
     else:
       from tff_cluster import workers as tff_workers
-      self.workers = tff_workers.parse_addresses(workers)
+      self.workers = hparams.parse_host_ports(workers, "tff_workers")
       try:
         self._context = tff_workers.connect(
             self.workers, tff_workers.DEFAULT_GRACE_S if worker_grace is None else worker_grace,
