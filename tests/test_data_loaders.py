@@ -551,3 +551,41 @@ def test_synthetic_samples_per_client_makes_each_client_alone():
     data.train  # noqa: B018
   with pytest.raises(DataError, match="valid: >= 2"):
     tasks.get_task("synthetic").load_data(DataOptions(extra={"samples_per_client": 1}))
+
+
+def test_a_file_backed_task_under_ray_is_a_catalogue_read_again_per_shard():
+  """With --runner=ray the CLI keeps only a file-backed task's catalogue on
+  the host; each shard reads the task again and keeps its clients, equal to
+  the same clients of the whole federation, in arrays of their own (views of
+  a whole-dataset array would keep all of it alive in the actor)."""
+  import run_experiment
+  from tff_cluster import tasks
+  from tff_cluster.data.federated import LazyFederatedData, materialize
+  from tff_cluster.settings import load_task_data
+  mnist = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"
+  if not mnist.exists():
+    pytest.skip(f"needs {mnist}")
+  run_experiment.FLAGS.unparse_flags()
+  args = ["--algo=fedavg", "--task=rotated_mnist", f"--data_dir={mnist}", "--runner=local",
+          "--task_arg=clients_per_cluster=5", "--task_arg=samples_per_client=30",
+          "--clients_per_round=4"]
+  run_experiment.FLAGS(["run_experiment.py", *args])
+  settings = run_experiment.resolve_settings(run_experiment._flag_values())  # noqa: SLF001
+  task = tasks.get_task("rotated_mnist")
+  whole = load_task_data(dict(settings), task)
+  assert not isinstance(whole, LazyFederatedData)
+  lazy = load_task_data(dict(settings, runner="ray"), task)
+  assert isinstance(lazy, LazyFederatedData)
+  assert lazy.client_ids == whole.client_ids
+  np.testing.assert_array_equal(lazy.num_train_samples(), whole.num_train_samples())
+  np.testing.assert_array_equal(lazy.true_clusters, whole.true_clusters)
+  for lo, hi in ((0, 7), (7, 20), (13, 14)):
+    shard = lazy.load(lo, hi)
+    assert shard.client_ids == whole.client_ids[lo:hi]
+    np.testing.assert_array_equal(shard.true_clusters, whole.true_clusters[lo:hi])
+    for c in shard.client_ids:
+      for split in ("train", "test"):
+        for mine, theirs in zip(getattr(shard, split)[c], getattr(whole, split)[c]):
+          np.testing.assert_array_equal(mine, theirs)
+          assert mine.base is None  # its own memory
+  assert materialize(lazy).num_clients == whole.num_clients

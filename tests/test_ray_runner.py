@@ -141,6 +141,36 @@ def test_actors_make_their_clients_and_keep_their_states(ray_instance, tmp_path)
 
 
 @needs_isolation
+def test_a_file_backed_task_is_read_by_the_actors(ray_instance, tmp_path):
+  """LEAF FEMNIST through the CLI's loader with --runner=ray: the driver
+  keeps the catalogue, each actor reads the files and keeps its shard; the
+  rows and buffers equal the local runner's on the whole data."""
+  import run_experiment
+  from tff_cluster.data.federated import LazyFederatedData
+  from tff_cluster.settings import load_task_data
+  from tests.conftest import SHARED_DATA
+  femnist = SHARED_DATA / "femnist_leaf"
+  if not femnist.exists():
+    pytest.skip(f"needs {femnist}")
+  run_experiment.FLAGS.unparse_flags()
+  run_experiment.FLAGS(["run_experiment.py", "--algo=fedavg", "--task=femnist",
+                        f"--data_dir={femnist}", "--num_clients=13", "--clients_per_round=8",
+                        "--runner=ray", "--ray_workers=2"])
+  settings = run_experiment.resolve_settings(run_experiment._flag_values())  # noqa: SLF001
+  task = tasks.get_task("femnist")
+  data = load_task_data(settings, task)
+  assert isinstance(data, LazyFederatedData)
+  rows_ray, on_ray = _train(task, data, "ray", 2, tmp_path, "ray", workers=2)
+  rows_local, local = _train(task, load_task_data(dict(settings, runner="local"), task),
+                             "local", 2, tmp_path, "local")
+  assert isinstance(on_ray.data, LazyFederatedData)
+  _same_rows(rows_ray, rows_local)
+  for key, theirs in on_ray.client_states.items():
+    for a, b in zip(theirs["velocity"], local.client_states[key]["velocity"]):
+      np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL)
+
+
+@needs_isolation
 def test_a_checkpoint_resumes_on_another_sharding(ray_instance, tmp_path):
   """Rounds 1-2 on 2 actors, checkpointed (per-client states written by
   client), rounds 3-4 resumed on 1 actor, and on the local runner: both

@@ -117,6 +117,16 @@ def test_spec(name):
   assert spec.loss in models.LOSSES
 
 
+def test_mnist_models_have_fedgroup_table2_sizes():
+  """FedGroup's Table 2: MNIST MCLR 7,850 and MLP 101,770 parameters (784-128-10)."""
+  spec = REGISTRY["mnist"]
+  assert spec.model_names == ("mclr", "mlp")
+  assert spec.model_fn().count_params() == 7850
+  mlp = spec.with_model("mlp").model_fn()
+  assert mlp.count_params() == 101770
+  assert [layer.units for layer in mlp.layers[1:]] == [128, 10]
+
+
 @pytest.mark.parametrize("name", sorted(REGISTRY))
 def test_model_output_matches_classes(name, tmp_path, monkeypatch):
   spec = REGISTRY[name]

@@ -21,6 +21,7 @@ import numpy as np
 
 from tff_cluster import experiment, results, stack
 from tff_cluster.evaluation import Evaluator
+from tff_cluster.data.federated import materialize
 from tff_cluster.settings import TASKS, UsageError, load_task_data, run_dir_settings
 
 
@@ -32,7 +33,7 @@ def evaluate_saved(settings: dict, present: Sequence[str] = ()) -> dict:
   tf.get_logger().setLevel("ERROR")
   run_dir = settings["output_dir"]
   task = TASKS[settings["task"]].with_model(settings["model"])
-  data = load_task_data(settings, task, present)
+  data = materialize(load_task_data(settings, task, present))  # evaluated here
   report = {"task": task.name, "run_dir": run_dir, "num_clients": data.num_clients}
   evaluator = Evaluator(task.model_fn, task.loss, data)
   for which in ("final", "best"):

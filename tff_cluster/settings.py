@@ -11,6 +11,7 @@ user sees. No TensorFlow import.
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import os
 import shutil
@@ -20,7 +21,7 @@ from typing import Any, Dict, Sequence
 
 from tff_cluster import hparams as hp
 from tff_cluster import registry, results, stack, tasks
-from tff_cluster.data.federated import DataError
+from tff_cluster.data.federated import DataError, FederatedData, reloading
 from tff_cluster.task import DataOptions
 
 ALGOS = registry.ALGORITHMS
@@ -315,4 +316,14 @@ def load_task_data(settings: dict, task, present: Sequence[str] = ()):
     raise UsageError(
         f"invalid --clients_per_round={settings['clients_per_round']}: the task has "
         f"{what}; valid: 1..{training}")
+  if settings.get("runner") == "ray" and isinstance(data, FederatedData):
+    # The ray runner's actors read the task again and keep their shard: the
+    # host keeps the catalogue (counts, clusters), not the clients' arrays.
+    data = reloading(data, functools.partial(_reload_task, task.load_data, options))
   return data
+
+
+def _reload_task(load_data, options: DataOptions):
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # the host's load has shown them
+    return load_data(options)

@@ -86,7 +86,7 @@ import tensorflow as tf
 from tff_cluster import driver
 from tff_cluster.runners.factory import make_runner
 from tff_cluster.core.definition import ClientOutput, Definition
-from tff_cluster.data.federated import FederatedData, LazyFederatedData
+from tff_cluster.data.federated import FederatedData, materialize
 from tff_cluster.options import FEDNAG_HPARAMS, PFEDMO_HPARAMS, Options, options_of
 
 RUNNER_SEED_TAG = 91  # the representation model's data order: its own seed stream
@@ -253,10 +253,6 @@ class PFedMoDefinition(Definition):
 
 def public_data(data: FederatedData, fraction: float, seed: int):
   """(x, y, description) of the representation model's public set."""
-  if isinstance(data, LazyFederatedData):
-    raise ValueError("pfedmo draws its public and scoring sets from every client's data on "
-                     "the host, which this task makes in the Ray workers; valid: the task "
-                     "without --task_arg=samples_per_client")
   if data.public is not None:
     x, y = data.public
     return x, y, f"the task's public set ({len(y):,} samples, disjoint from the workers')"
@@ -304,11 +300,14 @@ class PFedMoDriver(driver.Driver):
       raise ValueError(f"invalid --clients_per_round={config.clients_per_round} for "
                        f"{algo}: every worker takes part in every aggregation; valid: "
                        f"{data.num_clients} (the number of clients)")
+    # The scoring batch and the public set are drawn from every client's data
+    # on the host (with the ray runner too, whose actors make their own shards).
+    pooled = materialize(data)
     sizes = data.num_train_samples().astype(np.float64)
     weights = (sizes / sizes.sum() if options.agg_weights == "data"
                else np.full(data.num_clients, 1.0 / data.num_clients))
-    score_x = (scoring_inputs(data, options.score_batch, config.seed) if representation
-               else np.zeros((1,) + data.train[data.client_ids[0]][0].shape[1:], np.float32))
+    score_x = (scoring_inputs(pooled, options.score_batch, config.seed) if representation
+               else np.zeros((1,) + pooled.train[data.client_ids[0]][0].shape[1:], np.float32))
     self.representation = representation
     super().__init__(task, data, config,
                      lambda specs, num_trainable, **solver: PFedMoDefinition(
@@ -321,7 +320,7 @@ class PFedMoDriver(driver.Driver):
     self.public_description = None
     self.rep_runner = None
     if representation:
-      x, y, self.public_description = public_data(data, options.public_fraction, config.seed)
+      x, y, self.public_description = public_data(pooled, options.public_fraction, config.seed)
       public = FederatedData(["public"], {"public": (x, y)},
                              {"public": (x[:0], y[:0])}, data.num_classes,
                              description="public set")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -184,6 +184,8 @@ class LazyFederatedData:
     whole = self.load(0, self.num_clients)
     whole.description = self.description
     whole.client_count_setting = self.client_count_setting
+    if whole.public is None:
+      whole.public = self.public
     return whole
 
 
@@ -196,6 +198,36 @@ def _load_checked(loader, lo: int, hi: int, client_ids, train_counts, test_count
     raise DataError(f"the loader's clients {lo}..{hi - 1} differ from the catalogue")
   shard.true_clusters = true_clusters
   return shard
+
+
+def reloading(data: FederatedData, load: Callable[[], Any]) -> LazyFederatedData:
+  """`data` as a catalogue whose shards `load()` makes again where they are
+  needed: for a task read from files (or partitioned as a whole), `load()`
+  rebuilds the whole federation (deterministic: same files, same seed) and
+  keeps clients lo..hi-1, their arrays copied out of any larger array so the
+  rest is freed. The caller drops `data`; the catalogue keeps the counts, the
+  true clusters and the (small) public set."""
+  lazy = LazyFederatedData(
+      client_ids=list(data.client_ids), train_counts=data.num_train_samples(),
+      test_counts=data.num_test_samples(), num_classes=data.num_classes,
+      loader=functools.partial(_reloaded_shard, load), true_clusters=data.true_clusters,
+      description=data.description,
+      client_count_setting=getattr(data, "client_count_setting", None))
+  lazy.public = data.public
+  return lazy
+
+
+def _own(arrays):
+  return tuple(a.copy() if isinstance(a, np.ndarray) and a.base is not None else a
+               for a in arrays)
+
+
+def _reloaded_shard(load, lo: int, hi: int) -> FederatedData:
+  whole = materialize(load())
+  ids = list(whole.client_ids[lo:hi])
+  return FederatedData(ids, {c: _own(whole.train[c]) for c in ids},
+                       {c: _own(whole.test[c]) for c in ids}, whole.num_classes,
+                       description=whole.description)
 
 
 def materialize(data):
