@@ -85,6 +85,11 @@ From the repository root, in the TFF stack's environment (the `tff` runner
 and TFF's own FedAvg need it; see the README's "Install")::
 
     .venv-tff/bin/python benchmarks/runner_speed.py
+
+or on today's stack (no TFF: the `local` modes only; each CSV row records its
+TensorFlow version, so the two stacks' files can be compared side by side)::
+
+    python benchmarks/runner_speed.py --output=benchmarks/results/runner_speed_today.csv
     # parts only, e.g.:
     .venv-tff/bin/python benchmarks/runner_speed.py --tasks=synthetic \
         --algorithms=fedavg --runners=tff,local_on --baselines=
@@ -136,10 +141,11 @@ RUNNERS = {"tff": ("tff", "auto"), "local_on": ("local", "on"),
 CNN_TASKS = ("fmnist", "fmnist_lenet5")
 BASELINE_TASKS = ("synthetic", "femnist")
 CLIENTS_PER_ROUND = 20
+TF_VERSION = [""]  # set by main: each CSV row says which TensorFlow measured it
 BATCH_SIZE = 10
 SEED = 0
 
-CSV_COLUMNS = ("task", "algorithm", "runner", "jit", "code", "jit_auto_resolves_to", "status",
+CSV_COLUMNS = ("task", "algorithm", "runner", "jit", "tf_version", "code", "jit_auto_resolves_to", "status",
                "median_s_per_round", "mean_s_per_round", "min_s", "max_s", "rounds_timed",
                "warmup", "setup_s", "first_round_s", "examples_per_round",
                "macs_per_example", "flops_per_round", "gflops_per_s",
@@ -153,10 +159,13 @@ def parse_args(argv=None):
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--tasks", default="synthetic,femnist,fmnist,fmnist_lenet5")
   p.add_argument("--algorithms", default=",".join(ALGORITHMS))
-  p.add_argument("--runners", default=",".join(RUNNERS),
-                 help="comma list of tff, local_on, local_off")
-  p.add_argument("--baselines", default="tff_learning",
-                 help="comma list of tff_learning (empty: none)")
+  tff_stack = _tff_stack()
+  p.add_argument("--runners", default=",".join(RUNNERS) if tff_stack else "local_on,local_off",
+                 help="comma list of tff, local_on, local_off (default: all on the TFF "
+                      "stack; local_on,local_off on today's stack, which has no TFF)")
+  p.add_argument("--baselines", default="tff_learning" if tff_stack else "",
+                 help="comma list of tff_learning (empty: none; the default on the TFF "
+                      "stack only)")
   p.add_argument("--rounds_timed", type=int, default=5)
   p.add_argument("--warmup", type=int, default=2)
   p.add_argument("--local_epochs", type=int, default=10,
@@ -195,9 +204,27 @@ def parse_args(argv=None):
     bad = [v for v in values if v not in valid]
     if bad:
       p.error(f"invalid --{name} {bad}; valid: {', '.join(valid)}")
+  needs_tff = [f"--runners={r}" for r in args.runners if r == "tff"] + [
+      f"--baselines={b}" for b in args.baselines]
+  if needs_tff and not tff_stack:
+    p.error(f"{', '.join(needs_tff)} needs TensorFlow Federated, which this stack lacks "
+            f"(Python {sys.version_info[0]}.{sys.version_info[1]}); valid here: "
+            "--runners=local_on,local_off --baselines=")
   if args.rounds_timed < 1 or args.warmup < 0:
     p.error("--rounds_timed must be >= 1 and --warmup >= 0")
   return args
+
+
+def _tff_stack() -> bool:
+  """Whether TensorFlow Federated can be imported here (the TFF stack)."""
+  import importlib.util
+  return importlib.util.find_spec("tensorflow_federated") is not None
+
+
+def _stop_tff_workers():
+  if _tff_stack():
+    from tff_cluster import runtime
+    runtime.stop()
 
 
 def log(*parts):
@@ -436,8 +463,10 @@ def make_config(name: str, args, runner: str, jit: str, rounds: int):
 
 def measure_driver(task_name, task, data, args, algorithm, runner, jit, sampled_rounds):
   import contextlib
-  from tff_cluster import registry, runtime
+  from tff_cluster import registry
   config = make_config(task_name, args, runner, jit, len(sampled_rounds))
+  if runner == "tff":
+    from tff_cluster import runtime
   ctx = runtime.tff_runtime() if runner == "tff" else contextlib.nullcontext()
   with ctx:
     try:
@@ -709,7 +738,9 @@ def main(argv=None):
   log(f"library: {library['label']}, imported from {library['dir']}")
   output = abs_path(args.output)
   QUIET.budget_s, QUIET.threshold = args.quiet_budget_s, args.quiet_threshold
-  import tensorflow as tf  # noqa: F401  (after TF_CPP_MIN_LOG_LEVEL)
+  import tensorflow as tf  # (after TF_CPP_MIN_LOG_LEVEL)
+  TF_VERSION[0] = tf.__version__
+  log(f"TensorFlow {tf.__version__}, Python {sys.version.split()[0]}")
 
   log(f"matmul {args.matmul_n}x{args.matmul_n} float32 ...")
   QUIET.wait()
@@ -722,6 +753,7 @@ def main(argv=None):
   def add(row, examples=None):
     row.setdefault("status", "ok")
     row.setdefault("code", library["label"])
+    row.setdefault("tf_version", TF_VERSION[0])
     info = per_task.get(row["task"], {})
     row.setdefault("jit_auto_resolves_to", info.get("auto_jit"))
     if row["status"] == "ok":
@@ -806,8 +838,7 @@ def main(argv=None):
       per_task[task_name]["schedule"] = sampled_rounds
       del task, data
   finally:
-    from tff_cluster import runtime
-    runtime.stop()
+    _stop_tff_workers()
     shutil.rmtree(library["dir"], ignore_errors=True)
     killed = kill_our_workers()
     if killed:

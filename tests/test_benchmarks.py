@@ -245,3 +245,38 @@ def test_gpu_hlo_round_rewrites_copies_and_products_for_jax():
   assert "mhlo.copy" not in same and "precision = [DEFAULT, DEFAULT]" in same
   highest, _, _ = gpu_hlo_round.rewrite_mlir(text, "highest")
   assert "precision = [HIGHEST, HIGHEST]" in highest and "DEFAULT" not in highest
+
+
+def test_runner_speed_defaults_follow_the_stack(capsys):
+  """runner_speed.py times the local modes on today's stack (no TFF) and
+  refuses the tff runner and TFF's FedAvg there in one line; on the TFF stack
+  it times all three and the baseline by default."""
+  import runner_speed
+  args = runner_speed.parse_args([])
+  if runner_speed._tff_stack():  # noqa: SLF001
+    assert args.runners == ["tff", "local_on", "local_off"]
+    assert args.baselines == ["tff_learning"]
+    return
+  assert args.runners == ["local_on", "local_off"] and args.baselines == []
+  for bad in (["--runners=tff,local_on"], ["--baselines=tff_learning"]):
+    with pytest.raises(SystemExit) as e:
+      runner_speed.parse_args(bad)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "needs TensorFlow Federated" in err and "valid here: --runners=local_on,local_off" in err
+
+
+def test_fedgroup_table3_knows_the_mlp_and_lstm_rows():
+  """Rows MNIST-MLP and Sent140-LSTM: the task flags and the paper's values."""
+  import argparse
+  import fedgroup_table3 as t3
+  args = argparse.Namespace(mnist_dir="M", mnist_models="mclr,mlp", sent140_dir="S",
+                            min_tweets=5, femnist_dir="F", femnist_models="mlp")
+  rows = {r["row"]: r["flags"] for r in t3.rows_for(["mnist", "sent140", "femnist_fedprox"], args)}
+  assert rows["MNIST-MLP"] == ["--task=mnist", "--data_dir=M", "--model=mlp"]
+  assert rows["MNIST-MCLR"] == ["--task=mnist", "--data_dir=M"]  # as its recorded runs
+  assert rows["Sent140-LSTM"] == ["--task=sent140", "--data_dir=S", "--glove_path=S",
+                                  "--task_arg=min_tweets=5"]
+  assert rows["FEMNIST-MLP"][-1] == "--model=mlp"
+  assert t3.PAPER["MNIST-MLP"]["FG-EDC"] == 97.9 and t3.PAPER["MNIST-MLP"]["FedAvg"] == 95.3
+  assert t3.PAPER["Sent140-LSTM"]["IFCA"] == 76.8 and t3.PAPER["Sent140-LSTM"]["FeSEM"] == 70.0
