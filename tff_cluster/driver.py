@@ -34,7 +34,7 @@ class TrainingConfig:
   Local work is `local_epochs` passes or `local_steps` mini-batch steps
   (exactly one of them). Round t's client learning rate is
   client_lr * lr_decay^(t-1). `runner` is 'local', 'tff' or 'ray'; `jit`
-  applies to the local and ray runners, `ray_workers` and `ray_address` to
+  and `client_batching` apply to the local and ray runners, `ray_workers` and `ray_address` to
   the ray runner, `tff_workers` (HOST:PORT,...), `tff_worker_grace` and
   `tff_subround_timeout` (seconds) to the tff runner.
   """
@@ -51,6 +51,7 @@ class TrainingConfig:
   client_state: str = "persist"
   runner: str = "local"
   jit: str = "auto"
+  client_batching: str = "auto"
   ray_workers: Optional[int] = None
   ray_address: Optional[str] = None
   tff_workers: Optional[str] = None
@@ -131,6 +132,7 @@ class Driver:
     self.num_params = int(sum(np.size(w) for w in self.w0))
     self.runner = make_runner(config.runner, definition, task.model_fn,
                               task.loss, data, config.seed, config.jit,
+                              client_batching=config.client_batching,
                               ray_workers=config.ray_workers, ray_address=config.ray_address,
                               tff_workers=config.tff_workers,
                               tff_worker_grace=config.tff_worker_grace,

@@ -194,6 +194,11 @@ RUNNER = HParam("runner", str, "local", "Execution: local (in-process, XLA-compi
 JIT = HParam("jit", str, "auto", "local runner: XLA-compile the client loop: auto "
              "(by model family and device, see README), on, off.",
              choices=("auto", "on", "off"), group="runner")
+CLIENT_BATCHING = HParam("client_batching", str, "auto", "local and ray runners: train "
+                         "a round's clients one at a time (sequential) or side by side in "
+                         "chunks (parallel: dense models only, e.g. MCLR and the MLPs); auto "
+                         "picks per device from measurements (docs/runners.md).",
+                         choices=("auto", "sequential", "parallel"), group="runner")
 RAY_WORKERS = HParam("ray_workers", int, None, "ray runner: the number of actors, each "
                      "owning a contiguous shard of the clients (default: this machine's "
                      "CPU count, at most one per client).", low=1, group="runner")

@@ -591,3 +591,226 @@ def build_local_sgd(model: tf.keras.Model, loss: str, momentum: float = 0.0):
                                    loss_sum=out.loss_sum)
 
   return local_sgd
+
+
+# ---------------------------------------------------------------------------
+# Local SGD as pure functions of the weights (clients side by side).
+
+
+class UnsupportedModel(ValueError):
+  """The model cannot be written as a function of its weights here."""
+
+
+def stateless_forward(model: tf.keras.Model):
+  """`forward(weights, x) -> outputs`: the model's inference as a pure function
+  of its weight list (`model_variables` order), for a chain of Dense,
+  Flatten, Reshape and Activation layers (MCLR, the MLPs); raises
+  `UnsupportedModel` naming the first other layer.
+
+  Nothing is read from or written to a Keras variable, so the function can
+  be vectorized over clients (`tf.vectorized_map`) with a weight list per
+  client. The chain is checked against the model's own call on random
+  inputs (equal to 1e-5), so a model whose layers are not one chain is
+  refused rather than computed wrongly.
+  """
+  variables = model_variables(model)
+
+  def index_of(weight):
+    found = [i for i, var in enumerate(variables) if var is weight]
+    if not found:
+      raise UnsupportedModel(f"a weight of layer {weight.name!r} is not among the model's weights")
+    return found[0]
+
+  ops = []
+  for layer in model.layers:
+    kind = type(layer).__name__
+    if kind == "InputLayer":
+      continue
+    if isinstance(layer, tf.keras.layers.Dense):
+      bias = index_of(layer.bias) if layer.use_bias else None
+      ops.append(("dense", index_of(layer.kernel), bias, layer.activation))
+    elif isinstance(layer, tf.keras.layers.Flatten):
+      ops.append(("reshape", (-1,), None, None))
+    elif isinstance(layer, tf.keras.layers.Reshape):
+      ops.append(("reshape", tuple(layer.target_shape), None, None))
+    elif isinstance(layer, tf.keras.layers.Activation):
+      ops.append(("activation", None, None, layer.activation))
+    else:
+      raise UnsupportedModel(f"layer {layer.name!r} ({kind})")
+  if len(ops) + sum(type(l).__name__ == "InputLayer" for l in model.layers) != len(model.layers):
+    raise UnsupportedModel("its layers are not one chain")
+  num_weights = len(variables)
+
+  def forward(weights, x):
+    h = x
+    for op, a, b, activation in ops:
+      if op == "dense":
+        h = tf.matmul(h, weights[a])
+        if b is not None:
+          h = tf.nn.bias_add(h, weights[b])
+        if activation is not None:
+          h = activation(h)
+      elif op == "reshape":
+        h = tf.reshape(h, tf.concat([tf.shape(h)[:1], a], 0))
+      else:
+        h = activation(h)
+    return h
+
+  rng = np.random.default_rng(0)
+  shape = [2] + [int(d) for d in model.input_shape[1:]]
+  if model.input.dtype not in (tf.float32, "float32"):
+    raise UnsupportedModel(f"its input is {model.input.dtype}, not float32")
+  probe = tf.constant(rng.normal(size=shape).astype(np.float32))
+  weights = [tf.convert_to_tensor(v) for v in variables]
+  if len(weights) != num_weights or not np.allclose(
+      forward(weights, probe).numpy(), model(probe, training=False).numpy(), rtol=1e-5, atol=1e-5):
+    raise UnsupportedModel("its layers are not one chain")
+  return forward
+
+
+class FunctionalTrainer:
+  """`PaddedTrainer`'s local SGD with the weights as loop values, not Keras
+  variables: the same batches, masks and update rule (`sgd_step`'s, term
+  for term), on a `stateless_forward` model.
+
+  `bound` (None, or a scalar tensor shared by every client of a
+  `tf.vectorized_map`): the loops run exactly `bound` iterations and
+  iterations at or past a client's own count leave its values unchanged
+  (a select, not a multiply, so they cannot turn a finite value into NaN).
+  A loop whose length is the same for every vectorized client is what
+  `tf.vectorized_map` compiles under XLA; a per-client length is not.
+  """
+
+  def __init__(self, forward, num_weights: int, num_trainable: int, loss: str, x, y,
+               momentum: float = 0.0, nesterov: bool = False, bound=None):
+    self.forward = forward
+    self.loss_kind = loss
+    self.momentum = float(momentum)
+    self.nesterov = bool(nesterov)
+    self._num_weights = num_weights
+    self._num_trainable = num_trainable
+    self._x, self._y = x, y
+    self._bound = bound
+
+  # -- the loop ----------------------------------------------------------------
+
+  def _loop(self, limit, body, init, max_iterations):
+    """`body(i, *values)` for i < limit; with a shared `bound`, `bound`
+    iterations, values kept where i >= limit."""
+    if self._bound is None:
+      out = tf.while_loop(lambda i, *_: i < limit, lambda i, *v: (i + 1,) + tuple(body(i, *v)),
+                          (tf.constant(0),) + tuple(init), maximum_iterations=max_iterations)
+      return out[1:]
+
+    def masked(i, *values):
+      new = body(i, *values)
+      active = i < limit
+      return (i + 1,) + tuple(tf.nest.map_structure(
+          lambda n, o: tf.where(active, n, o), tuple(new), tuple(values)))
+
+    out = tf.while_loop(lambda i, *_: i < self._bound, masked,
+                        (tf.constant(0),) + tuple(init))
+    return out[1:]
+
+  def _batch(self, data: PaddedBatches, i):
+    rows = data.indices[i]
+    mask = tf.cast(tf.range(tf.shape(data.indices)[1]) < data.sizes[i], tf.float32)
+    return tf.gather(self._x, rows), tf.gather(self._y, rows), mask
+
+  def _mean_loss(self, trainable, rest, x, y, mask, training: bool = True):
+    per_example = models.per_example_loss(self.loss_kind, y, self.forward(list(trainable) + list(rest), x))
+    count = tf.reduce_sum(mask)
+    return tf.reduce_sum(per_example * mask) / count, count
+
+  def _grad(self, trainable, rest, x, y, mask):
+    trainable = [tf.convert_to_tensor(t) for t in trainable]
+    with tf.GradientTape() as tape:
+      tape.watch(trainable)
+      batch_loss, count = self._mean_loss(trainable, rest, x, y, mask)
+    return tape.gradient(batch_loss, trainable), batch_loss, count
+
+  # -- the trainer interface ---------------------------------------------------
+
+  def predict(self, weights, x):
+    return self.forward(list(weights), x)
+
+  def train(self, start, data: PaddedBatches, lr, mu: float = 0.0, velocity=None,
+            anchor=None, grad_offset=None, grad_scale: float = 1.0,
+            control=None) -> TrainResult:
+    start = [tf.convert_to_tensor(w) for w in start]
+    nt = self._num_trainable
+    rest = start[nt:]
+    anchor = start[:nt] if anchor is None else list(anchor)
+    lr = tf.cast(lr, tf.float32)
+    if self.nesterov:
+      if velocity is None:
+        raise ValueError("Nesterov local steps need the look-ahead point y (velocity)")
+      v0 = tuple(velocity)
+    elif self.momentum:
+      v0 = tuple(tf.zeros_like(w) for w in start[:nt]) if velocity is None else tuple(velocity)
+    else:
+      v0 = ()
+
+    def body(i, w, num_examples, loss_sum, v):
+      x, y, mask = self._batch(data, i)
+      grads, batch_loss, count = self._grad(w, rest, x, y, mask)
+      if control is not None:
+        at_control, _, _ = self._grad(list(control), rest, x, y, mask)
+        grads = [g - c for g, c in zip(grads, at_control)]
+      if grad_scale != 1.0:
+        grads = [grad_scale * g for g in grads]
+      new_w, new_v = [], []
+      for j, (var, grad) in enumerate(zip(w, grads)):
+        if mu:
+          grad = grad + mu * (var - anchor[j])
+        if grad_offset is not None:
+          grad = grad + grad_offset[j]
+        if self.nesterov:
+          y_new = var - lr * grad
+          new_v.append(y_new)
+          new_w.append(y_new + self.momentum * (y_new - v[j]))
+          continue
+        if self.momentum:
+          grad = self.momentum * v[j] + grad
+          new_v.append(grad)
+        new_w.append(var - lr * grad)
+      return tuple(new_w), num_examples + count, loss_sum + batch_loss * count, tuple(new_v)
+
+    w, num_examples, loss_sum, v = self._loop(
+        data.num_steps, body, (tuple(start[:nt]), tf.constant(0.0), tf.constant(0.0), v0),
+        data.indices.shape[0])
+    final = list(w) + rest
+    return TrainResult([f - s for f, s in zip(final, start)], num_examples, loss_sum,
+                       list(v) if self.momentum or self.nesterov else None)
+
+  def gradient(self, weights, data: PaddedBatches, max_batches: int = 1):
+    weights = [tf.convert_to_tensor(w) for w in weights]
+    nt = self._num_trainable
+    limit = data.num_steps if not max_batches else tf.minimum(data.num_steps, max_batches)
+
+    def body(i, total, count):
+      x, y, mask = self._batch(data, i)
+      trainable = list(weights[:nt])
+      with tf.GradientTape() as tape:
+        tape.watch(trainable)
+        per_example = models.per_example_loss(
+            self.loss_kind, y, self.forward(trainable + weights[nt:], x))
+        summed = tf.reduce_sum(per_example * mask)
+      grads = tape.gradient(summed, trainable)
+      return tuple(a + g for a, g in zip(total, grads)), count + tf.reduce_sum(mask)
+
+    total, count = self._loop(limit, body, (tuple(tf.zeros_like(w) for w in weights[:nt]),
+                                            tf.constant(0.0)), data.indices.shape[0])
+    return [t / tf.maximum(count, 1.0) for t in total], count
+
+  def loss(self, weights, data: PaddedBatches, max_batches: int = 0):
+    weights = [tf.convert_to_tensor(w) for w in weights]
+    limit = data.num_steps if not max_batches else tf.minimum(data.num_steps, max_batches)
+
+    def body(i, loss_sum, count):
+      x, y, mask = self._batch(data, i)
+      per_example = models.per_example_loss(self.loss_kind, y, self.forward(weights, x))
+      return loss_sum + tf.reduce_sum(per_example * mask), count + tf.reduce_sum(mask)
+
+    return tuple(self._loop(limit, body, (tf.constant(0.0), tf.constant(0.0)),
+                            data.indices.shape[0]))

@@ -40,7 +40,7 @@ KEY_SETTINGS = (("algo", ""), ("task", ""), ("model", ""), ("num_groups", "group
                 ("client_lr", "lr"), ("local_epochs", "E"), ("local_steps", "steps"),
                 ("runner", "runner"))
 OTHER_SETTINGS = ("batch_size", "clients_per_round", "rounds", "num_clients", "lr_decay",
-                  "client_momentum", "client_state", "eval_every", "jit",
+                  "client_momentum", "client_state", "eval_every", "jit", "client_batching",
                   "synthetic_alpha", "synthetic_beta", "data_dir", "glove_path")
 SHORT_NAMES = dict(KEY_SETTINGS, batch_size="B", clients_per_round="clients/round")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p")

@@ -331,6 +331,7 @@ class PFedMoDriver(driver.Driver):
       rep = "local" if config.runner == "ray" else config.runner
       self.rep_runner = make_runner(rep, self.definition, task.model_fn,
                                             task.loss, public, seed, config.jit,
+                                            client_batching=config.client_batching,
                                             modes=("represent",))
     self._evaluator = None
 

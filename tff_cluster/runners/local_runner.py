@@ -36,6 +36,9 @@ from tff_cluster.core.definition import round_params
 from tff_cluster.runners.base import RoundOutput, check_keys, to_numpy
 
 JIT_CHOICES = ("auto", "on", "off")
+BATCHING_CHOICES = ("auto", "sequential", "parallel")
+# Clients trained side by side in one vectorized step, at most (a chunk).
+DEFAULT_CHUNK = 16
 
 
 def choose_device() -> str:
@@ -56,6 +59,38 @@ def resolve_jit(setting: str, family: str, exact_batches: bool, device: str) -> 
     return False
   return device.startswith("/GPU") or family == "dense"
 
+
+
+def resolve_client_batching(setting: str, forward_error: Optional[str], device: str) -> str:
+  """'sequential' or 'parallel' (see `LocalRunner`); `forward_error` is why
+  the model has no stateless forward (None when it has one)."""
+  if setting not in BATCHING_CHOICES:
+    raise ValueError(f"invalid --client_batching={setting}; valid: "
+                     f"{', '.join(BATCHING_CHOICES)}")
+  if setting == "parallel" and forward_error is not None:
+    raise ValueError(f"invalid --client_batching=parallel for this model: {forward_error} is "
+                     "not supported side by side (Dense, Flatten, Reshape and Activation "
+                     "layers are); valid: auto or sequential")
+  if setting != "auto":
+    return setting
+  # Measured on CPUs (benchmarks/client_batching.py, docs/runners.md): side by
+  # side is slower or equal for every task measured, so auto keeps the loop.
+  del device
+  return "sequential"
+
+
+def chunk_plan(num_steps: Sequence[int], width: int):
+  """(order [num_chunks, width], bounds [num_chunks]): the clients
+  (positions 0..n-1) from the most steps to the fewest, cut into chunks of
+  `width`, the last chunk padded with its last client (trained twice, read
+  once); `bounds` is each chunk's largest step count."""
+  steps = np.asarray(num_steps, np.int64)
+  order = np.argsort(-steps, kind="stable")
+  n = len(order)
+  chunks = -(-n // width)
+  padded = np.concatenate([order, np.full(chunks * width - n, order[-1])]).astype(np.int32)
+  bounds = steps[padded.reshape(chunks, width)[:, 0]].astype(np.int32)
+  return padded.reshape(chunks, width), bounds
 
 
 def stack_client_states(client_states: Sequence[Any]):
@@ -128,7 +163,8 @@ class LocalRunner(ServerSide):
 
   def __init__(self, definition, model_fn, loss: str, data, seed: int,
                jit: str = "auto", device: Optional[str] = None,
-               client_index: Optional[Sequence[int]] = None):
+               client_index: Optional[Sequence[int]] = None,
+               client_batching: str = "auto", chunk: Optional[int] = None):
     self.definition = definition
     self._data = data
     self._seed = seed
@@ -143,6 +179,20 @@ class LocalRunner(ServerSide):
     self.model_family = local_training.model_family(self._model)
     self.exact_batches = local_training.has_batch_statistics(self._model)
     self.jit = resolve_jit(jit, self.model_family, self.exact_batches, self.device)
+    self._forward, forward_error = None, None
+    if self.exact_batches:
+      forward_error = "BatchNorm"
+    else:
+      try:
+        with tf.device(self.device):
+          self._forward = local_training.stateless_forward(self._model)
+      except local_training.UnsupportedModel as e:
+        forward_error = str(e)
+    self.client_batching = resolve_client_batching(client_batching, forward_error, self.device)
+    chunk = DEFAULT_CHUNK if chunk is None else chunk
+    if int(chunk) < 1:
+      raise ValueError(f"invalid chunk={chunk}; valid: 1 or more clients")
+    self.chunk = int(chunk)
     self._loss = loss
     xs = [data.train[c][0] for c in data.client_ids]
     ys = [data.train[c][1] for c in data.client_ids]
@@ -164,22 +214,34 @@ class LocalRunner(ServerSide):
 
   def describe(self) -> Dict[str, Any]:
     """What `config.json` records about this runner."""
-    return {"runner": self.name, "device": self.device, "jit": self.jit,
-            "model_family": self.model_family, "exact_batches": self.exact_batches}
+    info = {"runner": self.name, "device": self.device, "jit": self.jit,
+            "model_family": self.model_family, "exact_batches": self.exact_batches,
+            "client_batching": self.client_batching}
+    if self.client_batching == "parallel":
+      info["chunk"] = self.chunk
+    return info
 
-  def _one_client(self, mode: str):
-    """Client c of a round's stacked inputs -> (summed, result, state)."""
+  def _one_client(self, mode: str, bound=None, functional: bool = False):
+    """Client c of a round's stacked inputs -> (summed, result, state).
+    `functional`: local SGD on the weights as values (`FunctionalTrainer`,
+    whose loops run `bound` masked iterations when `bound` is given)."""
     d, model, loss = self.definition, self._model, self._loss
 
     def one(c, database, keys, received, client_states, indices, sizes, num_steps, x, y):
-      trainer = local_training.PaddedTrainer(
-          model, loss, x, y, momentum=d.momentum, exact_batches=self.exact_batches,
-          nesterov=d.nesterov)
+      if functional:
+        trainer = local_training.FunctionalTrainer(
+            self._forward, len(d.weights_spec), d.num_trainable, loss, x, y,
+            momentum=d.momentum, nesterov=d.nesterov, bound=bound)
+      else:
+        trainer = local_training.PaddedTrainer(
+            model, loss, x, y, momentum=d.momentum, exact_batches=self.exact_batches,
+            nesterov=d.nesterov)
       selected = None if database is None else tf.nest.map_structure(
-          lambda t: tf.gather(t, keys[c]), database)
+          lambda t: tf.gather(t, tf.gather(keys, c)), database)
       client_state = None if client_states is None else tf.nest.map_structure(
-          lambda t: t[c], client_states)
-      data = local_training.PaddedBatches(indices[c], sizes[c], num_steps[c])
+          lambda t: tf.gather(t, c), client_states)
+      data = local_training.PaddedBatches(
+          tf.gather(indices, c), tf.gather(sizes, c), tf.gather(num_steps, c))
       out = d.client_work(trainer, selected, received, client_state, data, mode)
       return out.summed, out.result, () if out.state is None else out.state
 
@@ -228,6 +290,75 @@ class LocalRunner(ServerSide):
       return total, stack(result_spec, results), stack(state_spec, states)
 
     self._rounds[mode] = round_fn
+    return round_fn
+
+  def _parallel_round_fn(self, mode: str, args):
+    """Trains the round's clients side by side: chunks of `self.chunk`
+    clients (from the most steps to the fewest, `chunk_plan`), each chunk one
+    `tf.vectorized_map` of the client function whose loops run the chunk's
+    largest step count, a client's later steps masked; a `tf.while_loop`
+    over the chunks writes each chunk's sums, results and states, and the
+    sums are then added in client order (the sequential loop's order)."""
+    key = ("parallel", mode)
+    if key in self._rounds:
+      return self._rounds[key]
+    traced = tf.function(self._one_client(mode, functional=True)).get_concrete_function(
+        tf.constant(0), *args)
+    specs = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype),
+                                  traced.structured_outputs)
+    summed_spec, result_spec, state_spec = specs
+
+    @tf.function(jit_compile=self.jit)
+    def round_fn(database, keys, received, client_states, indices, sizes, num_steps, x, y,
+                 order, bounds, inverse):
+      num_chunks, width = order.shape
+
+      def arrays(spec):
+        return [tf.TensorArray(s.dtype, size=num_chunks, element_shape=[width] + s.shape)
+                for s in tf.nest.flatten(spec)]
+
+      def body(j, total, results, states):
+        one = self._one_client(mode, bound=bounds[j], functional=True)
+        def client(c):
+          out = one(c, database, keys, received, client_states, indices, sizes,
+                    num_steps, x, y)
+          # An output that is the same for every client (e.g. the round's
+          # learning rate) made to depend on c (+ 0): pfor's stacking of an
+          # output taken straight from a captured input does not compile
+          # under XLA.
+          return tf.nest.map_structure(
+              lambda v: v if v.dtype == tf.bool else v + tf.cast(0 * c, v.dtype), out)
+
+        summed, result, state = tf.vectorized_map(client, order[j],
+                                                  fallback_to_while_loop=False)
+        sums = [a.write(j, v) for a, v in zip(total, tf.nest.flatten(summed))]
+        results = [a.write(j, v) for a, v in zip(results, tf.nest.flatten(result))]
+        states = [a.write(j, v) for a, v in zip(states, tf.nest.flatten(state))]
+        return j + 1, sums, results, states
+
+      _, sums, results, states = tf.while_loop(
+          lambda j, *_: j < num_chunks, body,
+          (tf.constant(0), arrays(summed_spec), arrays(result_spec), arrays(state_spec)))
+
+      def unchunk(spec, arrs):
+        return tf.nest.pack_sequence_as(spec, [
+            tf.gather(tf.reshape(a.stack(), [num_chunks * width] + s.shape), inverse)
+            for s, a in zip(tf.nest.flatten(spec), arrs)])
+
+      # The clients' sum in client order, as the sequential loop adds them
+      # (the same float32 additions in the same order: equal totals).
+      per_client = tf.nest.flatten(unchunk(summed_spec, sums))
+
+      def add(c, total):
+        return c + 1, [t + tf.gather(s, c) for t, s in zip(total, per_client)]
+
+      zeros = [tf.zeros(s.shape, s.dtype) for s in tf.nest.flatten(summed_spec)]
+      _, total = tf.while_loop(lambda c, *_: c < tf.shape(inverse)[0], add,
+                               (tf.constant(0), zeros))
+      total = tf.nest.pack_sequence_as(summed_spec, total)
+      return total, unchunk(result_spec, results), unchunk(state_spec, states)
+
+    self._rounds[key] = round_fn
     return round_fn
 
   def run(self, mode: str, state, clients: Sequence[int], round_num: int,
@@ -285,8 +416,17 @@ class LocalRunner(ServerSide):
       database = database_fn(state) if d.num_keys(mode) else None
       args = (database, key_array, received, stacked_states, batches.indices, batches.sizes,
               batches.num_steps, self._x, self._y)
-      total, results, new_states = self._round_fn(mode, args)(
-          *args, tf.constant(count) if dynamic else None)
+      if self.client_batching == "parallel" and count:
+        # Only the first `count` clients are trained (the rest pad a shard).
+        order, bounds = chunk_plan(batches.num_steps[:count],
+                                          min(self.chunk, count))
+        inverse = np.empty(count, np.int32)
+        inverse[order.reshape(-1)[:count]] = np.arange(count, dtype=np.int32)
+        total, results, new_states = self._parallel_round_fn(mode, args)(
+            *args, order, bounds, inverse)
+      else:
+        total, results, new_states = self._round_fn(mode, args)(
+            *args, tf.constant(count) if dynamic else None)
     results = to_numpy(results)
     per_client = [tf.nest.map_structure(lambda a, i=i: a[i], results) for i in range(count)]
     if client_states is None:

@@ -1,0 +1,242 @@
+"""Clients one at a time or side by side: seconds, GFLOP/s and memory per round.
+
+The `local` runner trains a round's clients either one after another
+(`--client_batching=sequential`: one compiled loop over the clients, each
+client's local SGD a loop over its batches) or side by side
+(`--client_batching=parallel`: the clients sorted by step count and cut into
+chunks of `chunk` clients; each chunk is one `tf.vectorized_map` of the client
+function whose loops run the chunk's largest step count, shorter clients'
+extra steps masked). This script measures both on FedAvg, XLA on (the dense
+models' default on CPUs), one configuration per subprocess so that each
+peak memory is its own.
+
+Settings (`--settings`):
+  synthetic20   Synthetic(1,1), 100 clients, MCLR 60->10; 20 clients per round
+                (runner_speed.py's sample), 10 local epochs, batch 10, lr 0.01.
+  synthetic100  The same task with data seed 11, all 100 clients every round.
+  femnist       LEAF FEMNIST (51 writers, `--femnist_dir`), MLP 784-512-62;
+                20 clients per round, 10 local epochs, batch 10, lr 0.003.
+Modes (`--modes`): `sequential`, `parallel:C` (chunks of C clients).
+
+Per configuration: the median seconds of `--rounds_timed` rounds after
+`--warmup` rounds (compilation happens there), training + aggregation, no
+evaluation; FLOPs per round = 6 x MACs per example x examples trained
+(runner_speed.py's count); GFLOP/s and its ratio to a 2048x2048 float32
+matmul measured in the same process; the longest-client floor: the round's
+largest step count times the sequential mode's seconds per step (what a round
+would take if every other client ran for free beside the longest), and the
+ratio that floor would reach; memory: resident MiB after the runner was
+built (before any round) and the process's peak (VmHWM) after the rounds.
+
+    python benchmarks/client_batching.py
+    python benchmarks/client_batching.py --settings=synthetic100 \\
+        --modes=sequential,parallel:8,parallel:100
+
+Writes `--output` (CSV, one row per configuration) and prints a Markdown
+table. Other processes on the machine slow every number: run it alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO_ROOT)
+
+SETTINGS = {
+    "synthetic20": dict(task="synthetic", num_clients=100, seed=0, per_round=20, lr=0.01,
+                        data_dir=None, model="MCLR 60->10"),
+    "synthetic100": dict(task="synthetic", num_clients=100, seed=11, per_round=100, lr=0.01,
+                         data_dir=None, model="MCLR 60->10"),
+    "femnist": dict(task="femnist", num_clients=None, seed=0, per_round=20, lr=0.003,
+                    data_dir="femnist_dir", model="MLP 784-512-62"),
+}
+EPOCHS, BATCH = 10, 10
+COLUMNS = ("setting", "model", "mode", "chunk", "tf_version", "clients_per_round",
+           "median_s_per_round", "round_seconds", "flops_per_round", "gflops_per_s",
+           "matmul_gflops_per_s", "pct_of_matmul", "steps_per_round", "longest_client_steps",
+           "floor_s", "floor_pct_of_matmul", "rss_before_mib", "peak_mib", "last_train_loss",
+           "status")
+
+
+def parse_args(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--settings", default="synthetic20,synthetic100,femnist")
+  p.add_argument("--modes", default="sequential,parallel:4,parallel:16,parallel:100")
+  p.add_argument("--rounds_timed", type=int, default=5)
+  p.add_argument("--warmup", type=int, default=2)
+  p.add_argument("--femnist_dir", default=os.path.join(REPO_ROOT, "..", "shared", "data",
+                                                       "femnist_leaf"))
+  p.add_argument("--output", default="benchmarks/results/client_batching.csv")
+  p.add_argument("--one", default=None, help=argparse.SUPPRESS)
+  args = p.parse_args(argv)
+  args.settings = [s for s in args.settings.split(",") if s]
+  bad = [s for s in args.settings if s not in SETTINGS]
+  if bad:
+    p.error(f"invalid --settings {bad}; valid: {', '.join(SETTINGS)}")
+  modes = []
+  for m in (m for m in args.modes.split(",") if m):
+    name, _, chunk = m.partition(":")
+    if name == "sequential" and not chunk:
+      modes.append(("sequential", 0))
+    elif name == "parallel" and chunk.isdigit() and int(chunk) >= 1:
+      modes.append(("parallel", int(chunk)))
+    else:
+      p.error(f"invalid --modes entry {m!r}; valid: sequential or parallel:C (C >= 1)")
+  args.modes = modes
+  if args.rounds_timed < 1 or args.warmup < 0:
+    p.error("--rounds_timed must be >= 1 and --warmup >= 0")
+  return args
+
+
+def _status_mib(field: str) -> float:
+  with open("/proc/self/status") as f:
+    for line in f:
+      if line.startswith(field + ":"):
+        return int(line.split()[1]) / 1024.0
+  return float("nan")
+
+
+def measure_one(spec: Dict[str, Any]) -> Dict[str, Any]:
+  """One configuration in this process (the subprocess's work)."""
+  import numpy as np
+  import tensorflow as tf
+  import tasks
+  from tff_cluster import experiment, local_training, registry
+  from tff_cluster.runners import local_runner
+  from tff_cluster.task import DataOptions
+  sys.path.insert(0, os.path.join(REPO_ROOT, "benchmarks"))
+  import runner_speed
+
+  setting = SETTINGS[spec["setting"]]
+  options = dict(seed=setting["seed"])
+  if setting["num_clients"]:
+    options["num_clients"] = setting["num_clients"]
+  if setting["data_dir"]:
+    options["data_dir"] = os.path.abspath(spec["data_dir"])
+  task = tasks.get_task(setting["task"])
+  data = task.load_data(DataOptions(**options))
+  rounds = spec["warmup"] + spec["rounds_timed"]
+  n = data.num_clients
+  if setting["per_round"] >= n:
+    sampled = [np.arange(n) for _ in range(rounds)]
+  else:
+    rng = np.random.default_rng(np.random.SeedSequence([setting["seed"], 7]))
+    sampled = [experiment.sample_clients(rng, n, setting["per_round"]) for _ in range(rounds)]
+  if spec["mode"] == "parallel":
+    local_runner.DEFAULT_CHUNK = spec["chunk"]
+  config = experiment.TrainingConfig(
+      rounds=rounds, clients_per_round=min(setting["per_round"], n), local_epochs=EPOCHS,
+      batch_size=BATCH, client_lr=setting["lr"], seed=setting["seed"], runner="local",
+      jit="on", client_batching=spec["mode"])
+  driver = registry.get_algorithm("fedavg").make_driver(task, data, config)
+  driver.setup()
+  rss_before = _status_mib("VmRSS")
+  seconds, loss = [], None
+  for r, s in enumerate(sampled, start=1):
+    t0 = time.perf_counter()
+    out = driver.run_round(r, s)
+    seconds.append(time.perf_counter() - t0)
+    loss = out.get("train_loss") if isinstance(out, dict) else None
+  peak = _status_mib("VmHWM")
+  timed = sampled[spec["warmup"]:]
+  sizes = data.num_train_samples()
+  work = local_training.LocalWork(BATCH, epochs=EPOCHS)
+  steps = [sum(work.num_steps(int(sizes[k])) for k in s) for s in timed]
+  longest = [max(work.num_steps(int(sizes[k])) for k in s) for s in timed]
+  examples = [EPOCHS * float(sizes[list(s)].sum()) for s in timed]
+  macs = runner_speed.model_macs(task.model_fn())
+  median = statistics.median(seconds[spec["warmup"]:])
+  flops = 6.0 * macs * statistics.fmean(examples)
+  matmul = runner_speed.matmul_gflops(2048)
+  return dict(setting=spec["setting"], model=setting["model"], mode=spec["mode"],
+              chunk=spec["chunk"] or "", tf_version=tf.__version__,
+              clients_per_round=len(sampled[0]), median_s_per_round=median,
+              round_seconds=";".join(f"{x:.4f}" for x in seconds),
+              flops_per_round=flops, gflops_per_s=flops / median / 1e9,
+              matmul_gflops_per_s=matmul, pct_of_matmul=100.0 * flops / median / 1e9 / matmul,
+              steps_per_round=statistics.fmean(steps),
+              longest_client_steps=statistics.fmean(longest),
+              rss_before_mib=rss_before, peak_mib=peak, last_train_loss=loss,
+              status="ok", described=driver.describe())
+
+
+def run_config(args, setting: str, mode: str, chunk: int) -> Dict[str, Any]:
+  spec = dict(setting=setting, mode=mode, chunk=chunk, warmup=args.warmup,
+              rounds_timed=args.rounds_timed, data_dir=args.femnist_dir)
+  proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", json.dumps(spec)],
+                        capture_output=True, text=True, cwd=REPO_ROOT)
+  lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+  if proc.returncode or not lines:
+    tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    return dict(setting=setting, mode=mode, chunk=chunk or "", status=f"failed: {tail}")
+  return json.loads(lines[-1][len("RESULT "):])
+
+
+def add_floor(rows: List[Dict[str, Any]]) -> None:
+  """The longest-client floor of every row, from its setting's sequential row."""
+  for row in rows:
+    seq = [r for r in rows if r["setting"] == row["setting"] and r.get("mode") == "sequential"
+           and r["status"] == "ok"]
+    if row["status"] != "ok" or not seq:
+      continue
+    per_step = seq[0]["median_s_per_round"] / seq[0]["steps_per_round"]
+    row["floor_s"] = per_step * row["longest_client_steps"]
+    row["floor_pct_of_matmul"] = (100.0 * row["flops_per_round"] / row["floor_s"] / 1e9
+                                  / row["matmul_gflops_per_s"])
+
+
+def fmt(x, digits=3):
+  return "-" if x is None or x == "" else f"{x:.{digits}f}"
+
+
+def print_table(rows: List[Dict[str, Any]]) -> None:
+  print("\n| setting | model | mode | chunk | clients | s/round | GFLOP/s | % of matmul | "
+        "steps (longest) | floor s (% of matmul) | MiB before | peak MiB |")
+  print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+  for r in rows:
+    if r["status"] != "ok":
+      print(f"| {r['setting']} | | {r['mode']} | {r['chunk']} | | {r['status']} | | | | | | |")
+      continue
+    print(f"| {r['setting']} | {r['model']} | {r['mode']} | {r['chunk']} | "
+          f"{r['clients_per_round']} | {fmt(r['median_s_per_round'])} | "
+          f"{fmt(r['gflops_per_s'], 2)} | {fmt(r['pct_of_matmul'], 2)} | "
+          f"{r['steps_per_round']:.0f} ({r['longest_client_steps']:.0f}) | "
+          f"{fmt(r.get('floor_s'))} ({fmt(r.get('floor_pct_of_matmul'), 2)}) | "
+          f"{r['rss_before_mib']:.0f} | {r['peak_mib']:.0f} |")
+
+
+def main(argv=None) -> int:
+  args = parse_args(argv)
+  if args.one:
+    print("RESULT " + json.dumps(measure_one(json.loads(args.one)), default=str), flush=True)
+    return 0
+  rows = []
+  for setting in args.settings:
+    for mode, chunk in args.modes:
+      print(f"{setting} {mode}{':' + str(chunk) if chunk else ''} ...", file=sys.stderr,
+            flush=True)
+      rows.append(run_config(args, setting, mode, chunk))
+  add_floor(rows)
+  print_table(rows)
+  out = os.path.join(REPO_ROOT, args.output) if not os.path.isabs(args.output) else args.output
+  os.makedirs(os.path.dirname(out), exist_ok=True)
+  with open(out, "w", newline="") as f:
+    writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+  print(f"\nwrote {out}", file=sys.stderr)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
