@@ -77,6 +77,9 @@ def parse_args(argv=None):
   p.add_argument("--femnist_dir", default=os.path.join(REPO_ROOT, "..", "shared", "data",
                                                        "femnist_leaf"))
   p.add_argument("--output", default="benchmarks/results/client_batching.csv")
+  p.add_argument("--step_cost", action="store_true",
+                 help="instead: the cost of one local SGD step with W clients side by side "
+                 "(equal step counts, nothing masked), MCLR 60->10 and MLP 784-512-62")
   p.add_argument("--one", default=None, help=argparse.SUPPRESS)
   args = p.parse_args(argv)
   args.settings = [s for s in args.settings.split(",") if s]
@@ -112,7 +115,6 @@ def measure_one(spec: Dict[str, Any]) -> Dict[str, Any]:
   import tensorflow as tf
   import tasks
   from tff_cluster import experiment, local_training, registry
-  from tff_cluster.runners import local_runner
   from tff_cluster.task import DataOptions
   sys.path.insert(0, os.path.join(REPO_ROOT, "benchmarks"))
   import runner_speed
@@ -132,12 +134,10 @@ def measure_one(spec: Dict[str, Any]) -> Dict[str, Any]:
   else:
     rng = np.random.default_rng(np.random.SeedSequence([setting["seed"], 7]))
     sampled = [experiment.sample_clients(rng, n, setting["per_round"]) for _ in range(rounds)]
-  if spec["mode"] == "parallel":
-    local_runner.DEFAULT_CHUNK = spec["chunk"]
   config = experiment.TrainingConfig(
       rounds=rounds, clients_per_round=min(setting["per_round"], n), local_epochs=EPOCHS,
       batch_size=BATCH, client_lr=setting["lr"], seed=setting["seed"], runner="local",
-      jit="on", client_batching=spec["mode"])
+      jit="on", client_batching=spec["mode"], client_chunk=spec["chunk"] or 4)
   driver = registry.get_algorithm("fedavg").make_driver(task, data, config)
   driver.setup()
   rss_before = _status_mib("VmRSS")
@@ -215,8 +215,84 @@ def print_table(rows: List[Dict[str, Any]]) -> None:
           f"{r['rss_before_mib']:.0f} | {r['peak_mib']:.0f} |")
 
 
+STEP_MODELS = {"MCLR 60->10": ((60,), None, 10, (1, 2, 4, 8, 16, 32, 64)),
+               "MLP 784-512-62": ((784,), 512, 62, (1, 2, 4, 8))}
+
+
+def step_cost(steps: int = 300) -> List[Dict[str, Any]]:
+  """Microseconds per step of W clients side by side: the library's
+  `FunctionalTrainer` in one `tf.vectorized_map` under XLA, every client with
+  the same number of steps (the best case: no masked step), batch 10."""
+  import numpy as np
+  import tensorflow as tf
+  from tff_cluster import local_training, models
+  sys.path.insert(0, os.path.join(REPO_ROOT, "benchmarks"))
+  import runner_speed
+  matmul = runner_speed.matmul_gflops(2048)
+  rows = []
+  rng = np.random.default_rng(0)
+  for name, (shape, hidden, classes, widths) in STEP_MODELS.items():
+    model = (models.mclr(shape[0], classes) if hidden is None
+             else models.mlp(shape[0], hidden, classes))
+    macs = runner_speed.model_macs(model)
+    forward = local_training.stateless_forward(model)
+    weights = local_training.get_weights(model)
+    n = 4000
+    x = tf.constant(rng.normal(size=(n,) + shape).astype(np.float32))
+    y = tf.constant(rng.integers(0, classes, n).astype(np.int32))
+    for width in widths:
+      idx = tf.constant(rng.integers(0, n, (width, steps, BATCH)).astype(np.int32))
+      sizes = tf.fill([width, steps], BATCH)
+      counts = tf.fill([width], steps)
+
+      def client(c):
+        trainer = local_training.FunctionalTrainer(
+            forward, len(weights), len(weights), models.SPARSE_CE_LOGITS, x, y,
+            bound=tf.constant(steps))
+        data = local_training.PaddedBatches(tf.gather(idx, c), tf.gather(sizes, c),
+                                            tf.gather(counts, c))
+        return trainer.train(weights, data, 0.01).delta
+
+      fn = tf.function(lambda: tf.vectorized_map(client, tf.range(width),
+                                                 fallback_to_while_loop=False),
+                       jit_compile=True)
+      fn()
+      times = []
+      for _ in range(3):
+        t0 = time.perf_counter()
+        tf.nest.map_structure(lambda t: t.numpy(), fn())
+        times.append(time.perf_counter() - t0)
+      per_step = min(times) / steps
+      flops = 6.0 * macs * BATCH * width
+      rows.append(dict(model=name, width=width, us_per_step=per_step * 1e6,
+                       us_per_client_step=per_step * 1e6 / width,
+                       gflops_per_s=flops / per_step / 1e9,
+                       pct_of_matmul=100.0 * flops / per_step / 1e9 / matmul,
+                       matmul_gflops_per_s=matmul, tf_version=tf.__version__))
+      print(f"{name} W={width}: {per_step * 1e6:.1f} us/step", file=sys.stderr, flush=True)
+  return rows
+
+
 def main(argv=None) -> int:
   args = parse_args(argv)
+  if args.step_cost:
+    rows = step_cost()
+    print(f"\nmatmul 2048x2048: {rows[0]['matmul_gflops_per_s']:.1f} GFLOP/s\n")
+    print("| model | clients side by side | us per step | us per client-step | GFLOP/s | "
+          "% of matmul |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for r in rows:
+      print(f"| {r['model']} | {r['width']} | {r['us_per_step']:.1f} | "
+            f"{r['us_per_client_step']:.2f} | {r['gflops_per_s']:.2f} | "
+            f"{r['pct_of_matmul']:.2f} |")
+    out = args.output.replace(".csv", "_steps.csv")
+    out = os.path.join(REPO_ROOT, out) if not os.path.isabs(out) else out
+    with open(out, "w", newline="") as f:
+      writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+      writer.writeheader()
+      writer.writerows(rows)
+    print(f"\nwrote {out}", file=sys.stderr)
+    return 0
   if args.one:
     print("RESULT " + json.dumps(measure_one(json.loads(args.one)), default=str), flush=True)
     return 0

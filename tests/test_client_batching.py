@@ -24,10 +24,11 @@ CASES = [(algo, SOLVERS[i % len(SOLVERS)])
          for i, algo in enumerate(sorted(test_runners.PARITY_CASES))]
 
 
-def _run(cluster_data, algo, solver, batching, tmp_path, case=0):
+def _run(cluster_data, algo, solver, batching, tmp_path, case=0, chunk=3):
   task, data = cluster_data
   options = dict(test_runners.PARITY_CASES[algo][case])
-  options["_config"] = dict(options.get("_config", {}), client_batching=batching)
+  options["_config"] = dict(options.get("_config", {}), client_batching=batching,
+                            client_chunk=chunk)
   return test_runners._run(task, data, algo, options, "local", tmp_path / batching,
                            test_runners.SOLVER_CASES[solver])
 
@@ -37,29 +38,36 @@ def test_every_algorithm_is_covered():
 
 
 @pytest.mark.parametrize("algo,solver", CASES)
-def test_parallel_clients_give_the_sequential_numbers(algo, solver, cluster_data, tmp_path,
-                                                      monkeypatch):
+def test_parallel_clients_give_the_sequential_numbers(algo, solver, cluster_data, tmp_path):
   """Identical assignments and accuracies, losses and weights within rtol
   1e-4 / atol 1e-6 (the runner parity tolerance)."""
-  monkeypatch.setattr(local_runner, "DEFAULT_CHUNK", 3)
   sequential = _run(cluster_data, algo, solver, "sequential", tmp_path)
   parallel = _run(cluster_data, algo, solver, "parallel", tmp_path)
   test_runners.assert_same_run(sequential, parallel)
   assert sequential[0][-1]["train_loss"] < sequential[0][0]["train_loss"] * 1.5
 
 
-def test_parallel_without_xla_and_in_one_chunk(cluster_data, tmp_path, monkeypatch):
-  """jit off, and every client in one chunk: still the sequential numbers
+@pytest.mark.parametrize("chunk,memory", [(100, None), (100, 1)])
+def test_parallel_without_xla_and_in_one_chunk(chunk, memory, cluster_data, tmp_path,
+                                               monkeypatch, capsys):
+  """jit off, and every client in one chunk, or chunks of one client where
+  the memory available is too small for more: still the sequential numbers
   (IFCA with persistent momentum: keys, client states and results)."""
-  monkeypatch.setattr(local_runner, "DEFAULT_CHUNK", 100)
+  if memory is not None:
+    monkeypatch.setattr(local_runner, "available_memory", lambda device: memory)
   task, data = cluster_data
   runs = []
   for batching in ("sequential", "parallel"):
     options = dict(test_runners.PARITY_CASES["ifca"][1])
-    options["_config"] = {"client_batching": batching, "jit": "off"}
+    options["_config"] = {"client_batching": batching, "jit": "off", "client_chunk": chunk}
     runs.append(test_runners._run(task, data, "ifca", options, "local", tmp_path / batching,
                                   test_runners.SOLVER_CASES["steps_momentum_persist_decay"]))
   test_runners.assert_same_run(*runs)
+  warned = [l for l in capsys.readouterr().err.splitlines() if "client_batching: chunks" in l]
+  if memory is None:
+    assert not warned
+  else:  # said once, at the first round
+    assert len(warned) == 1 and "chunks of 1 clients, not 8" in warned[0], warned
 
 
 def test_chunk_plan_sorts_pads_and_bounds():

@@ -138,7 +138,7 @@ class Process:
                runner: str = "local", seed: int = 0, initial_weights=None,
                lr_decay: float = 1.0, client_momentum: float = 0.0,
                client_state: str = "persist", jit: str = "auto", evaluate: bool = True,
-               client_batching: str = "auto",
+               client_batching: str = "auto", client_chunk: int = 4,
                rounds: int = 100, ray_workers: Optional[int] = None,
                ray_address: Optional[str] = None, **hparams):
     spec = registry.get_algorithm(algo)  # KeyError names the valid algorithms
@@ -175,7 +175,7 @@ class Process:
         client_lr=float(client_lr), batch_size=int(batch_size), local_epochs=local_epochs,
         local_steps=local_steps, runner=runner, seed=int(seed), lr_decay=float(lr_decay),
         client_momentum=float(client_momentum), client_state=client_state, jit=jit,
-        client_batching=client_batching, ray_workers=ray_workers, ray_address=ray_address)
+        client_batching=client_batching, client_chunk=int(client_chunk), ray_workers=ray_workers, ray_address=ray_address)
     self._options = resolved
     self._rounds = rounds
     self._all_clients = spec.all_clients

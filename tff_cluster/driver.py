@@ -33,8 +33,8 @@ class TrainingConfig:
 
   Local work is `local_epochs` passes or `local_steps` mini-batch steps
   (exactly one of them). Round t's client learning rate is
-  client_lr * lr_decay^(t-1). `runner` is 'local', 'tff' or 'ray'; `jit`
-  and `client_batching` apply to the local and ray runners, `ray_workers` and `ray_address` to
+  client_lr * lr_decay^(t-1). `runner` is 'local', 'tff' or 'ray'; `jit`,
+  `client_batching` and `client_chunk` apply to the local and ray runners, `ray_workers` and `ray_address` to
   the ray runner, `tff_workers` (HOST:PORT,...), `tff_worker_grace` and
   `tff_subround_timeout` (seconds) to the tff runner.
   """
@@ -52,6 +52,7 @@ class TrainingConfig:
   runner: str = "local"
   jit: str = "auto"
   client_batching: str = "auto"
+  client_chunk: int = 4
   ray_workers: Optional[int] = None
   ray_address: Optional[str] = None
   tff_workers: Optional[str] = None
@@ -133,6 +134,7 @@ class Driver:
     self.runner = make_runner(config.runner, definition, task.model_fn,
                               task.loss, data, config.seed, config.jit,
                               client_batching=config.client_batching,
+                              client_chunk=config.client_chunk,
                               ray_workers=config.ray_workers, ray_address=config.ray_address,
                               tff_workers=config.tff_workers,
                               tff_worker_grace=config.tff_worker_grace,

@@ -199,6 +199,10 @@ CLIENT_BATCHING = HParam("client_batching", str, "auto", "local and ray runners:
                          "chunks (parallel: dense models only, e.g. MCLR and the MLPs); auto "
                          "picks per device from measurements (docs/runners.md).",
                          choices=("auto", "sequential", "parallel"), group="runner")
+CLIENT_CHUNK = HParam("client_chunk", int, 4, "client_batching=parallel: clients trained "
+                      "side by side in one chunk (fewer are taken where a chunk's estimated "
+                      "memory would pass a quarter of the memory available).", low=1,
+                      group="runner")
 RAY_WORKERS = HParam("ray_workers", int, None, "ray runner: the number of actors, each "
                      "owning a contiguous shard of the clients (default: this machine's "
                      "CPU count, at most one per client).", low=1, group="runner")

@@ -183,7 +183,8 @@ def tensorboard_tag(column: str) -> str:
 # config.json keys recorded as TensorBoard HParams (when scalar and set).
 HPARAM_KEYS = ("algo", "task", "model", "seed", "rounds", "clients_per_round", "batch_size",
                "client_lr", "local_epochs", "local_steps", "lr_decay", "client_momentum",
-               "client_state", "eval_every", "num_clients", "runner", "jit", "client_batching")
+               "client_state", "eval_every", "num_clients", "runner", "jit", "client_batching",
+               "client_chunk")
 
 
 def hparams_of(config: Mapping[str, Any]) -> Dict[str, Any]:

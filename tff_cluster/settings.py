@@ -27,7 +27,7 @@ from tff_cluster.task import DataOptions
 ALGOS = registry.ALGORITHMS
 TASKS = tasks.registry()
 ALGO_HPARAMS = registry.all_hparams()
-RUNNER_HPARAMS = (hp.RUNNER, hp.JIT, hp.CLIENT_BATCHING, hp.RAY_WORKERS, hp.RAY_ADDRESS, hp.TFF_WORKERS,
+RUNNER_HPARAMS = (hp.RUNNER, hp.JIT, hp.CLIENT_BATCHING, hp.CLIENT_CHUNK, hp.RAY_WORKERS, hp.RAY_ADDRESS, hp.TFF_WORKERS,
                   hp.TFF_WORKER_GRACE, hp.TFF_SUBROUND_TIMEOUT)
 GENERAL = ("algo", "task", "model", "num_clients", "data_dir", "synthetic_alpha",
            "synthetic_beta", "glove_path", "task_arg", "output_dir", "overwrite",
@@ -36,7 +36,7 @@ GENERAL = ("algo", "task", "model", "num_clients", "data_dir", "synthetic_alpha"
 # The runner and its XLA setting compute the same rounds (parity tests), so a
 # run started on `tff` (or on another stack) may go on with `local`.
 RESUME_MAY_CHANGE = ("rounds", "output_dir", "overwrite", "progress", "checkpoint_every",
-                     "resume", "eval_only", "runner", "jit", "client_batching",
+                     "resume", "eval_only", "runner", "jit", "client_batching", "client_chunk",
                      "divergence_ratio",
                      "ray_workers", "ray_address", "tff_workers", "tff_worker_grace",
                      "tff_subround_timeout")
@@ -122,7 +122,7 @@ def resolve_settings(values) -> dict:
     problem = stack.tff_problem()
     if problem is not None:
       raise UsageError(f"--runner=tff: {problem} (--runner=local, the default)")
-  for name in ("jit", "client_batching"):
+  for name in ("jit", "client_batching", "client_chunk"):
     if settings["runner"] == "tff" and values.get(name) is not None:
       print(f"warning: --{name} ignored by --runner={settings['runner']}", file=sys.stderr)
   ray_flags = [f"--{name}" for name in ("ray_workers", "ray_address")

@@ -332,6 +332,7 @@ class PFedMoDriver(driver.Driver):
       self.rep_runner = make_runner(rep, self.definition, task.model_fn,
                                             task.loss, public, seed, config.jit,
                                             client_batching=config.client_batching,
+                                            client_chunk=config.client_chunk,
                                             modes=("represent",))
     self._evaluator = None
 

@@ -12,7 +12,7 @@ from tff_cluster.runners import local_runner, ray_runner
 def make_runner(name: str, definition, model_fn, loss: str, data, seed: int,
                 jit: str = "auto", modes=None, ray_workers=None, ray_address=None,
                 tff_workers=None, tff_worker_grace=None, tff_subround_timeout=None,
-                client_batching: str = "auto"):
+                client_batching: str = "auto", client_chunk=None):
   """The runner `name` ('tff', 'local' or 'ray') for `definition` on `data`;
   `modes`: the definition's modes it will run (default all; the tff runner
   builds their computations up front); `ray_*`: the ray runner's actors and
@@ -25,9 +25,9 @@ def make_runner(name: str, definition, model_fn, loss: str, data, seed: int,
                                 subround_timeout=tff_subround_timeout)
   if name == "local":
     return local_runner.LocalRunner(definition, model_fn, loss, data, seed, jit=jit,
-                                    client_batching=client_batching)
+                                    client_batching=client_batching, chunk=client_chunk)
   if name == "ray":  # Ray itself is imported by the runner
     return ray_runner.RayRunner(definition, model_fn, loss, data, seed, jit=jit,
-                                client_batching=client_batching,
+                                client_batching=client_batching, chunk=client_chunk,
                                 num_workers=ray_workers, address=ray_address)
   raise ValueError(f"invalid --runner={name}; valid: {', '.join(RUNNERS)}")

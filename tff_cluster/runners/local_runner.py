@@ -28,6 +28,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence
 
+import sys
+
 import numpy as np
 import tensorflow as tf
 
@@ -37,8 +39,34 @@ from tff_cluster.runners.base import RoundOutput, check_keys, to_numpy
 
 JIT_CHOICES = ("auto", "on", "off")
 BATCHING_CHOICES = ("auto", "sequential", "parallel")
-# Clients trained side by side in one vectorized step, at most (a chunk).
-DEFAULT_CHUNK = 16
+# Clients trained side by side in one vectorized step, at most (a chunk;
+# `--client_chunk`): 4 was the fastest width measured on CPUs
+# (benchmarks/client_batching.py).
+DEFAULT_CHUNK = 4
+# A chunk may use at most this share of the memory available.
+MEMORY_SHARE = 0.25
+
+
+def available_memory(device: str) -> Optional[int]:
+  """Bytes available for a chunk on `device`: MemAvailable of /proc/meminfo
+  on a CPU; None where unknown (a GPU, or no /proc)."""
+  if not device.startswith("/CPU"):
+    return None
+  try:
+    with open("/proc/meminfo") as f:
+      for line in f:
+        if line.startswith("MemAvailable:"):
+          return int(line.split()[1]) * 1024
+  except OSError:
+    pass
+  return None
+
+
+def chunk_bytes_per_client(num_params: int, activations: int, batch_size: int) -> int:
+  """An upper estimate of one client's memory inside a chunk: 10 float32
+  copies of its weights (start, current, anchor, velocity, gradients, their
+  updates, delta, sums) and 4 of a batch's activations (forward, backward)."""
+  return 4 * (10 * num_params + 4 * batch_size * activations)
 
 
 def choose_device() -> str:
@@ -189,6 +217,12 @@ class LocalRunner(ServerSide):
       except local_training.UnsupportedModel as e:
         forward_error = str(e)
     self.client_batching = resolve_client_batching(client_batching, forward_error, self.device)
+    self._num_params = local_training.num_parameters(self._model)
+    # Floats of one example's activations: the input and every layer's output.
+    self._activations = int(np.prod(self._model.input_shape[1:])) + sum(
+        int(np.prod(layer.output.shape[1:])) for layer in self._model.layers
+        if type(layer).__name__ != "InputLayer")
+    self.chunk_capped: Optional[str] = None
     chunk = DEFAULT_CHUNK if chunk is None else chunk
     if int(chunk) < 1:
       raise ValueError(f"invalid chunk={chunk}; valid: 1 or more clients")
@@ -219,6 +253,8 @@ class LocalRunner(ServerSide):
             "client_batching": self.client_batching}
     if self.client_batching == "parallel":
       info["chunk"] = self.chunk
+      info["chunk_bytes_per_client_b10"] = chunk_bytes_per_client(
+          self._num_params, self._activations, 10)
     return info
 
   def _one_client(self, mode: str, bound=None, functional: bool = False):
@@ -291,6 +327,25 @@ class LocalRunner(ServerSide):
 
     self._rounds[mode] = round_fn
     return round_fn
+
+  def _chunk_width(self, count: int, batch_size: int) -> int:
+    """`self.chunk` clients (at most `count`), fewer where a chunk's estimated
+    memory would pass MEMORY_SHARE of what is available (then
+    `chunk_capped` says so, and a line goes to stderr once)."""
+    width = min(self.chunk, count)
+    available = available_memory(self.device)
+    if available is None:
+      return width
+    per_client = chunk_bytes_per_client(self._num_params, self._activations, batch_size)
+    fits = max(1, int(MEMORY_SHARE * available // per_client))
+    if fits < width:
+      text = (f"client_batching: chunks of {fits} clients, not {width}: about "
+              f"{per_client / 2**20:.1f} MiB per client, {available / 2**20:.0f} MiB available")
+      if self.chunk_capped != text:
+        print(f"warning: {text}", file=sys.stderr)
+      self.chunk_capped = text
+      return fits
+    return width
 
   def _parallel_round_fn(self, mode: str, args):
     """Trains the round's clients side by side: chunks of `self.chunk`
@@ -419,7 +474,7 @@ class LocalRunner(ServerSide):
       if self.client_batching == "parallel" and count:
         # Only the first `count` clients are trained (the rest pad a shard).
         order, bounds = chunk_plan(batches.num_steps[:count],
-                                          min(self.chunk, count))
+                                   self._chunk_width(count, work.batch_size))
         inverse = np.empty(count, np.int32)
         inverse[order.reshape(-1)[:count]] = np.arange(count, dtype=np.int32)
         total, results, new_states = self._parallel_round_fn(mode, args)(

@@ -124,13 +124,13 @@ class ShardHost:
 
   def load(self, key: str, definition, model_fn, loss: str, make_data,
            client_index, seed: int, jit: str,
-           client_batching: str = "auto") -> Dict[str, Any]:
+           client_batching: str = "auto", chunk=None) -> Dict[str, Any]:
     """Builds a `LocalRunner` over this shard (`make_data()`: its clients'
     `FederatedData`, arrays given or made here); returns its description."""
     data = make_data()
     runner = local_runner.LocalRunner(definition, model_fn, loss, data, seed, jit=jit,
                                       client_index=client_index,
-                                      client_batching=client_batching)
+                                      client_batching=client_batching, chunk=chunk)
     self._shards[key] = _Shard(runner, data, model_fn, loss)
     out = dict(runner.describe())
     out.update(pid=os.getpid(), host=_host_name(), memory=_rss_bytes())
@@ -346,7 +346,7 @@ class RayRunner(local_runner.ServerSide):
   module docstring). Same interface as `LocalRunner`.
 
   Args:
-    definition, model_fn, loss, data, seed, jit, client_batching: as `LocalRunner`.
+    definition, model_fn, loss, data, seed, jit, client_batching, chunk: as `LocalRunner`.
     num_workers: the number of shards (actors); default: the machine's CPU
       count (capped at the number of clients).
     address: a Ray cluster's address, or None for a Ray instance started on
@@ -357,7 +357,8 @@ class RayRunner(local_runner.ServerSide):
 
   def __init__(self, definition, model_fn, loss: str, data, seed: int,
                jit: str = "auto", num_workers: Optional[int] = None,
-               address: Optional[str] = None, client_batching: str = "auto"):
+               address: Optional[str] = None, client_batching: str = "auto",
+               chunk: Optional[int] = None):
     ray = import_ray()
     self._ray = ray
     self.definition = definition
@@ -387,7 +388,7 @@ class RayRunner(local_runner.ServerSide):
         make_data = functools.partial(_given, data.subset(data.client_ids[lo:hi]))
       loads.append(self._actors[w].load.remote(
           self._key, definition, model_fn, loss, make_data, list(range(lo, hi)), seed, jit,
-          client_batching))
+          client_batching, chunk))
     self._shard_info = self._get(loads)
     self._num_clients = num_clients
     self._train_counts = data.num_train_samples()
@@ -398,6 +399,7 @@ class RayRunner(local_runner.ServerSide):
     first = self._shard_info[0]
     self.jit = first["jit"]
     self.client_batching = first["client_batching"]
+    self.chunk = first.get("chunk")
     self.model_family = first["model_family"]
     self.exact_batches = first["exact_batches"]
 
@@ -425,7 +427,8 @@ class RayRunner(local_runner.ServerSide):
     return {"runner": self.name, "ray_version": ray.__version__,
             "ray_address": self.address or "local",
             "ray_workers": len(self._actors), "device": self.device, "jit": self.jit,
-            "client_batching": self.client_batching, "model_family": self.model_family, "exact_batches": self.exact_batches,
+            "client_batching": self.client_batching,
+            **({"chunk": self.chunk} if self.chunk else {}), "model_family": self.model_family, "exact_batches": self.exact_batches,
             "actors": [{"clients": self._bounds[w + 1] - self._bounds[w],
                         "first_client": self._bounds[w], "host": info["host"],
                         "pid": info["pid"], "device": info["device"],
