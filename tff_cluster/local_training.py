@@ -276,6 +276,55 @@ def stacked_padded_batches(num_samples: Sequence[int], offsets: Sequence[int],
   return PaddedBatches(indices, sizes, np.asarray(steps, np.int32))
 
 
+# Index batches whose rows are gathered together: one gather of BLOCK batches
+# instead of one per step (a small model's step spent about as long gathering
+# its 10 rows as computing: benchmarks/client_batching.py --step_cost).
+BLOCK = 32
+
+
+def batch_loop(x, y, data: PaddedBatches, limit, body, init, bound=None):
+  """`carry = body(i, x_i, y_i, mask_i, *carry)` for batches i = 0 .. limit-1
+  of `data`, in order (x_i: the batch's full B rows, mask_i 1.0/0.0 per row).
+
+  The rows of BLOCK consecutive batches are gathered from `x`, `y` at once
+  (the same rows as batch by batch, so the same numbers). With `bound` (a
+  scalar shared by every client of a `tf.vectorized_map`), exactly `bound`
+  iterations run and those at i >= limit keep the carry (a select).
+  Returns the final carry (a tuple).
+  """
+  indices, sizes = data.indices, data.sizes
+  steps, width = indices.shape[0], indices.shape[1]
+  block = max(1, min(steps, BLOCK))
+  blocks = -(-steps // block)
+  if blocks * block != steps:  # padded batches point at row 0 and are never run
+    indices = tf.pad(indices, [[0, blocks * block - steps], [0, 0]])
+    sizes = tf.pad(sizes, [[0, blocks * block - steps]])
+  indices = tf.reshape(indices, [blocks, block, width])
+  last = limit if bound is None else bound
+
+  def outer(j, *carry):
+    rows = indices[j]
+    xb, yb = tf.gather(x, rows), tf.gather(y, rows)
+    first = j * block
+
+    def inner(g, *carry):
+      i = first + g
+      mask = tf.cast(tf.range(width) < sizes[i], tf.float32)
+      new = tuple(body(i, xb[g], yb[g], mask, *carry))
+      if bound is not None:
+        active = i < limit
+        new = tuple(tf.nest.map_structure(lambda n, o: tf.where(active, n, o), new, carry))
+      return (g + 1,) + new
+
+    out = tf.while_loop(lambda g, *_: tf.logical_and(g < block, first + g < last), inner,
+                        (tf.constant(0),) + tuple(carry))
+    return (j + 1,) + tuple(out[1:])
+
+  out = tf.while_loop(lambda j, *_: j * block < last, outer, (tf.constant(0),) + tuple(init),
+                      maximum_iterations=blocks)
+  return tuple(out[1:])
+
+
 # ---------------------------------------------------------------------------
 # Local SGD.
 
@@ -530,21 +579,33 @@ class PaddedTrainer(_Trainer):
     lr = tf.cast(lr, tf.float32)
     v = self._start(start, velocity)
 
-    def body(i, num_examples, loss_sum, v):
-      x, y, mask = self._batch(data, i)
+    def step(x, y, mask, num_examples, loss_sum, v):
       loss_x_n, n, new_v = sgd_step(self.model, self.loss_kind, x, y, mask, lr, anchor, mu,
                                     self.momentum, v, grad_offset, self.nesterov,
                                     grad_scale, control)
-      return i + 1, num_examples + n, loss_sum + loss_x_n, \
-          tuple(new_v) if new_v is not None else ()
+      return num_examples + n, loss_sum + loss_x_n, tuple(new_v) if new_v is not None else ()
 
-    # The padded length bounds the loop: a static bound, so XLA compiles one
-    # loop for every client (a bound of num_steps would recompile per value).
-    _, num_examples, loss_sum, v = tf.while_loop(
-        lambda i, *_: i < data.num_steps, body,
-        (tf.constant(0), tf.constant(0.0), tf.constant(0.0), v),
-        maximum_iterations=data.indices.shape[0])
+    num_examples, loss_sum, v = self._batches(
+        data, data.num_steps, step, (tf.constant(0.0), tf.constant(0.0), v))
     return self._finish(start, num_examples, loss_sum, v)
+
+  def _batches(self, data: PaddedBatches, limit, step, init):
+    """`carry = step(x, y, mask, *carry)` over batches 0..limit-1: their rows
+    gathered in blocks (`batch_loop`), or, with `exact_batches`, each batch
+    sliced to its real size (mask None)."""
+    if not self._exact:
+      return batch_loop(self._x, self._y, data, limit,
+                        lambda i, x, y, mask, *carry: step(x, y, mask, *carry), init)
+
+    def body(i, *carry):
+      x, y, mask = self._batch(data, i)
+      return (i + 1,) + tuple(step(x, y, mask, *carry))
+
+    # The padded length bounds the loop: a static bound, so one compiled loop
+    # serves every client.
+    out = tf.while_loop(lambda i, *_: i < limit, body, (tf.constant(0),) + tuple(init),
+                        maximum_iterations=data.indices.shape[0])
+    return tuple(out[1:])
 
   def gradient(self, weights, data: PaddedBatches, max_batches: int = 1):
     for var, value in zip(self._variables, weights):
@@ -552,13 +613,11 @@ class PaddedTrainer(_Trainer):
     limit = data.num_steps if not max_batches else tf.minimum(data.num_steps, max_batches)
     zeros = tuple(tf.zeros_like(v) for v in self.model.trainable_variables)
 
-    def body(i, total, count):
-      grads, n = self._batch_gradient(*self._batch(data, i))
-      return i + 1, tuple(a + g for a, g in zip(total, grads)), count + n
+    def step(x, y, mask, total, count):
+      grads, n = self._batch_gradient(x, y, mask)
+      return tuple(a + g for a, g in zip(total, grads)), count + n
 
-    _, total, count = tf.while_loop(
-        lambda i, *_: i < limit, body, (tf.constant(0), zeros, tf.constant(0.0)),
-        maximum_iterations=data.indices.shape[0])
+    total, count = self._batches(data, limit, step, (zeros, tf.constant(0.0)))
     return [t / tf.maximum(count, 1.0) for t in total], count
 
   def loss(self, weights, data: PaddedBatches, max_batches: int = 0):
@@ -566,14 +625,11 @@ class PaddedTrainer(_Trainer):
       var.assign(value)
     limit = data.num_steps if not max_batches else tf.minimum(data.num_steps, max_batches)
 
-    def body(i, loss_sum, count):
-      batch_loss, n = self._batch_loss(*self._batch(data, i))
-      return i + 1, loss_sum + batch_loss, count + n
+    def step(x, y, mask, loss_sum, count):
+      batch_loss, n = self._batch_loss(x, y, mask)
+      return loss_sum + batch_loss, count + n
 
-    _, loss_sum, count = tf.while_loop(
-        lambda i, *_: i < limit, body, (tf.constant(0), tf.constant(0.0), tf.constant(0.0)),
-        maximum_iterations=data.indices.shape[0])
-    return loss_sum, count
+    return self._batches(data, limit, step, (tf.constant(0.0), tf.constant(0.0)))
 
 
 def build_local_sgd(model: tf.keras.Model, loss: str, momentum: float = 0.0):
@@ -694,28 +750,12 @@ class FunctionalTrainer:
 
   # -- the loop ----------------------------------------------------------------
 
-  def _loop(self, limit, body, init, max_iterations):
-    """`body(i, *values)` for i < limit; with a shared `bound`, `bound`
-    iterations, values kept where i >= limit."""
-    if self._bound is None:
-      out = tf.while_loop(lambda i, *_: i < limit, lambda i, *v: (i + 1,) + tuple(body(i, *v)),
-                          (tf.constant(0),) + tuple(init), maximum_iterations=max_iterations)
-      return out[1:]
-
-    def masked(i, *values):
-      new = body(i, *values)
-      active = i < limit
-      return (i + 1,) + tuple(tf.nest.map_structure(
-          lambda n, o: tf.where(active, n, o), tuple(new), tuple(values)))
-
-    out = tf.while_loop(lambda i, *_: i < self._bound, masked,
-                        (tf.constant(0),) + tuple(init))
-    return out[1:]
-
-  def _batch(self, data: PaddedBatches, i):
-    rows = data.indices[i]
-    mask = tf.cast(tf.range(tf.shape(data.indices)[1]) < data.sizes[i], tf.float32)
-    return tf.gather(self._x, rows), tf.gather(self._y, rows), mask
+  def _loop(self, data: PaddedBatches, limit, step, init):
+    """`carry = step(x, y, mask, *carry)` over batches 0..limit-1
+    (`batch_loop`, with this trainer's `bound`)."""
+    return batch_loop(self._x, self._y, data, limit,
+                      lambda i, x, y, mask, *carry: step(x, y, mask, *carry), init,
+                      bound=self._bound)
 
   def _mean_loss(self, trainable, rest, x, y, mask, training: bool = True):
     per_example = models.per_example_loss(self.loss_kind, y, self.forward(list(trainable) + list(rest), x))
@@ -751,8 +791,7 @@ class FunctionalTrainer:
     else:
       v0 = ()
 
-    def body(i, w, num_examples, loss_sum, v):
-      x, y, mask = self._batch(data, i)
+    def body(x, y, mask, w, num_examples, loss_sum, v):
       grads, batch_loss, count = self._grad(w, rest, x, y, mask)
       if control is not None:
         at_control, _, _ = self._grad(list(control), rest, x, y, mask)
@@ -777,8 +816,7 @@ class FunctionalTrainer:
       return tuple(new_w), num_examples + count, loss_sum + batch_loss * count, tuple(new_v)
 
     w, num_examples, loss_sum, v = self._loop(
-        data.num_steps, body, (tuple(start[:nt]), tf.constant(0.0), tf.constant(0.0), v0),
-        data.indices.shape[0])
+        data, data.num_steps, body, (tuple(start[:nt]), tf.constant(0.0), tf.constant(0.0), v0))
     final = list(w) + rest
     return TrainResult([f - s for f, s in zip(final, start)], num_examples, loss_sum,
                        list(v) if self.momentum or self.nesterov else None)
@@ -788,8 +826,7 @@ class FunctionalTrainer:
     nt = self._num_trainable
     limit = data.num_steps if not max_batches else tf.minimum(data.num_steps, max_batches)
 
-    def body(i, total, count):
-      x, y, mask = self._batch(data, i)
+    def body(x, y, mask, total, count):
       trainable = list(weights[:nt])
       with tf.GradientTape() as tape:
         tape.watch(trainable)
@@ -799,18 +836,16 @@ class FunctionalTrainer:
       grads = tape.gradient(summed, trainable)
       return tuple(a + g for a, g in zip(total, grads)), count + tf.reduce_sum(mask)
 
-    total, count = self._loop(limit, body, (tuple(tf.zeros_like(w) for w in weights[:nt]),
-                                            tf.constant(0.0)), data.indices.shape[0])
+    total, count = self._loop(data, limit, body, (tuple(tf.zeros_like(w) for w in weights[:nt]),
+                                                  tf.constant(0.0)))
     return [t / tf.maximum(count, 1.0) for t in total], count
 
   def loss(self, weights, data: PaddedBatches, max_batches: int = 0):
     weights = [tf.convert_to_tensor(w) for w in weights]
     limit = data.num_steps if not max_batches else tf.minimum(data.num_steps, max_batches)
 
-    def body(i, loss_sum, count):
-      x, y, mask = self._batch(data, i)
+    def body(x, y, mask, loss_sum, count):
       per_example = models.per_example_loss(self.loss_kind, y, self.forward(weights, x))
       return loss_sum + tf.reduce_sum(per_example * mask), count + tf.reduce_sum(mask)
 
-    return tuple(self._loop(limit, body, (tf.constant(0.0), tf.constant(0.0)),
-                            data.indices.shape[0]))
+    return self._loop(data, limit, body, (tf.constant(0.0), tf.constant(0.0)))
