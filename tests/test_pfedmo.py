@@ -13,6 +13,7 @@ import tasks
 from tff_cluster import experiment, local_training, models, registry
 from tff_cluster.algorithms.pfedmo import (PFedMoDefinition, personalise,
                                            running_max_scores, soft_cross_entropy)
+from tff_cluster.data import federated
 from tff_cluster.data.federated import FederatedData
 from tff_cluster.task import DataOptions
 
@@ -402,3 +403,22 @@ def test_two_workers_over_four_aggregations_equal_the_papers_equations(rule):
                                                            expected["x_bar"])))
     assert row["personalisation_gap"] == pytest.approx(gap, rel=1e-3, abs=1e-6)
   assert oracle[0]["s"].max() == 0 and min(oracle[-1]["s"]) > 0.1  # personalised from k = 2
+
+
+def test_a_federation_read_on_demand_is_read_once(workers):
+  """Data made on demand (a `LazyFederatedData`, as `--runner=ray` gets from
+  the CLI) on the local runner: pFedMo's pooled batch and the runner share
+  one reading."""
+  task, data = workers
+  calls = []
+
+  def load():
+    calls.append(1)
+    return data
+
+  lazy = federated.reloading(data, load)
+  config = experiment.TrainingConfig(rounds=1, clients_per_round=data.num_clients,
+                                     local_epochs=1, batch_size=10, client_lr=0.05,
+                                     runner="local")
+  registry.get_algorithm("pfedmo").make_driver(task, lazy, config)
+  assert len(calls) == 1

@@ -303,6 +303,8 @@ class PFedMoDriver(driver.Driver):
     # The scoring batch and the public set are drawn from every client's data
     # on the host (with the ray runner too, whose actors make their own shards).
     pooled = materialize(data)
+    if config.runner != "ray":  # the driver would materialize it again: read once
+      data = pooled
     sizes = data.num_train_samples().astype(np.float64)
     weights = (sizes / sizes.sum() if options.agg_weights == "data"
                else np.full(data.num_clients, 1.0 / data.num_clients))
