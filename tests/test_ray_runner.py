@@ -89,6 +89,21 @@ def test_ray_gives_the_local_runners_numbers(algo, ray_instance, uneven_data, tm
                   _run(task, data, algo, with_workers, "ray", tmp_path, SOLVER_CASES[SOLVER]))
 
 
+@needs_isolation
+@pytest.mark.parametrize("algo", ["ifca", "fedgroup"])
+def test_actors_train_their_clients_side_by_side(algo, ray_instance, uneven_data, tmp_path):
+  """--client_batching=parallel in the actors (each shard's share of a round
+  padded to the same count, the padding never trained): local's sequential
+  numbers."""
+  task, data = uneven_data
+  options = PARITY_CASES[algo][0]
+  parallel = dict(options, _config={**options.get("_config", {}), "ray_workers": 2,
+                                    "client_batching": "parallel", "client_chunk": 2})
+  sequential = _run(task, data, algo, options, "local", tmp_path, SOLVER_CASES[SOLVER])
+  on_ray = _run(task, data, algo, parallel, "ray", tmp_path, SOLVER_CASES[SOLVER])
+  assert_same_run(sequential, on_ray)
+
+
 def _train(task, data, runner, rounds, tmp_path, name, workers=None, resume=None,
            checkpoint_dir=None):
   """FedAvg with persisted client momentum for `rounds` rounds: (rows, driver)."""
