@@ -90,7 +90,7 @@ def test_ray_gives_the_local_runners_numbers(algo, ray_instance, uneven_data, tm
 
 
 @needs_isolation
-@pytest.mark.parametrize("algo", ["ifca", "fedgroup"])
+@pytest.mark.parametrize("algo", ["ifca"])
 def test_actors_train_their_clients_side_by_side(algo, ray_instance, uneven_data, tmp_path):
   """--client_batching=parallel in the actors (each shard's share of a round
   padded to the same count, the padding never trained): local's sequential
