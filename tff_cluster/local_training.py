@@ -90,14 +90,16 @@ def dense_indices(model: tf.keras.Model, last_only: bool = False) -> List[int]:
            if isinstance(layer, tf.keras.layers.Dense)]
   if not dense:
     raise ValueError(f"model {model.name!r} has no Dense layer")
-  out = []
-  for layer in dense[-1:] if last_only else dense:
-    for weight in layer.weights:
-      found = [i for i, var in enumerate(variables) if var is weight]
-      if not found:
-        raise ValueError("a Dense layer's weights are not among the model's weights")
-      out.append(found[0])
-  return out
+  return [weight_index(variables, weight)
+          for layer in (dense[-1:] if last_only else dense) for weight in layer.weights]
+
+
+def weight_index(variables: Sequence[tf.Variable], weight) -> int:
+  """The position of the Keras weight `weight` in `variables` (by identity)."""
+  for i, var in enumerate(variables):
+    if var is weight:
+      return i
+  raise ValueError(f"weight {weight.name!r} is not among the model's weights")
 
 
 def last_dense_indices(model: tf.keras.Model) -> List[int]:
@@ -381,8 +383,20 @@ def sgd_step(model: tf.keras.Model, loss: str, x, y, mask, lr, anchor, mu: float
     grads = [g - c for g, c in zip(grads, _gradient_at(model, loss, x, y, mask, control))]
   if grad_scale != 1.0:
     grads = [grad_scale * g for g in grads]
-  new_velocity = [] if momentum or nesterov else None
-  for i, (var, grad) in enumerate(zip(trainable, grads)):
+  new_weights, new_velocity = sgd_update(trainable, grads, lr, anchor, mu, momentum, velocity,
+                                         grad_offset, nesterov)
+  for var, value in zip(trainable, new_weights):
+    var.assign(value)
+  return batch_loss * count, count, new_velocity
+
+
+def sgd_update(weights, grads, lr, anchor, mu: float, momentum: float, velocity,
+               grad_offset=None, nesterov: bool = False):
+  """`sgd_step`'s update of the trainable weights from the batch's (scaled,
+  control-corrected) gradients, as values: (new weights, new velocity or
+  None). The proximal term and the gradient offset are added here."""
+  new_weights, new_velocity = [], [] if momentum or nesterov else None
+  for i, (var, grad) in enumerate(zip(weights, grads)):
     if mu:
       grad = grad + mu * (var - anchor[i])
     if grad_offset is not None:
@@ -390,13 +404,13 @@ def sgd_step(model: tf.keras.Model, loss: str, x, y, mask, lr, anchor, mu: float
     if nesterov:
       y_new = var - lr * grad
       new_velocity.append(y_new)
-      var.assign(y_new + momentum * (y_new - velocity[i]))
+      new_weights.append(y_new + momentum * (y_new - velocity[i]))
       continue
     if momentum:
       grad = momentum * velocity[i] + grad
       new_velocity.append(grad)
-    var.assign_sub(lr * grad)
-  return batch_loss * count, count, new_velocity
+    new_weights.append(var - lr * grad)
+  return new_weights, new_velocity
 
 
 def _gradient_at(model, loss: str, x, y, mask, point):
@@ -672,10 +686,10 @@ def stateless_forward(model: tf.keras.Model):
   variables = model_variables(model)
 
   def index_of(weight):
-    found = [i for i, var in enumerate(variables) if var is weight]
-    if not found:
-      raise UnsupportedModel(f"a weight of layer {weight.name!r} is not among the model's weights")
-    return found[0]
+    try:
+      return weight_index(variables, weight)
+    except ValueError as e:
+      raise UnsupportedModel(str(e)) from None
 
   ops = []
   for layer in model.layers:
@@ -693,9 +707,6 @@ def stateless_forward(model: tf.keras.Model):
       ops.append(("activation", None, None, layer.activation))
     else:
       raise UnsupportedModel(f"layer {layer.name!r} ({kind})")
-  if len(ops) + sum(type(l).__name__ == "InputLayer" for l in model.layers) != len(model.layers):
-    raise UnsupportedModel("its layers are not one chain")
-  num_weights = len(variables)
 
   def forward(weights, x):
     h = x
@@ -718,7 +729,7 @@ def stateless_forward(model: tf.keras.Model):
     raise UnsupportedModel(f"its input is {model.input.dtype}, not float32")
   probe = tf.constant(rng.normal(size=shape).astype(np.float32))
   weights = [tf.convert_to_tensor(v) for v in variables]
-  if len(weights) != num_weights or not np.allclose(
+  if not np.allclose(
       forward(weights, probe).numpy(), model(probe, training=False).numpy(), rtol=1e-5, atol=1e-5):
     raise UnsupportedModel("its layers are not one chain")
   return forward
@@ -757,7 +768,7 @@ class FunctionalTrainer:
                       lambda i, x, y, mask, *carry: step(x, y, mask, *carry), init,
                       bound=self._bound)
 
-  def _mean_loss(self, trainable, rest, x, y, mask, training: bool = True):
+  def _mean_loss(self, trainable, rest, x, y, mask):
     per_example = models.per_example_loss(self.loss_kind, y, self.forward(list(trainable) + list(rest), x))
     count = tf.reduce_sum(mask)
     return tf.reduce_sum(per_example * mask) / count, count
@@ -798,22 +809,10 @@ class FunctionalTrainer:
         grads = [g - c for g, c in zip(grads, at_control)]
       if grad_scale != 1.0:
         grads = [grad_scale * g for g in grads]
-      new_w, new_v = [], []
-      for j, (var, grad) in enumerate(zip(w, grads)):
-        if mu:
-          grad = grad + mu * (var - anchor[j])
-        if grad_offset is not None:
-          grad = grad + grad_offset[j]
-        if self.nesterov:
-          y_new = var - lr * grad
-          new_v.append(y_new)
-          new_w.append(y_new + self.momentum * (y_new - v[j]))
-          continue
-        if self.momentum:
-          grad = self.momentum * v[j] + grad
-          new_v.append(grad)
-        new_w.append(var - lr * grad)
-      return tuple(new_w), num_examples + count, loss_sum + batch_loss * count, tuple(new_v)
+      new_w, new_v = sgd_update(w, grads, lr, anchor, mu, self.momentum, v, grad_offset,
+                                self.nesterov)
+      return (tuple(new_w), num_examples + count, loss_sum + batch_loss * count,
+              tuple(new_v or ()))
 
     w, num_examples, loss_sum, v = self._loop(
         data, data.num_steps, body, (tuple(start[:nt]), tf.constant(0.0), tf.constant(0.0), v0))
