@@ -290,11 +290,7 @@ class LocalRunner(ServerSide):
     if mode in self._rounds:
       return self._rounds[mode]
     one = self._one_client(mode)
-    # The output structure (shapes, dtypes) of one client, from a trace only.
-    traced = tf.function(one).get_concrete_function(tf.constant(0), *args)
-    specs = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype),
-                                  traced.structured_outputs)
-    summed_spec, result_spec, state_spec = specs
+    summed_spec, result_spec, state_spec = output_specs(one, args)
 
     @tf.function(jit_compile=self.jit)
     def round_fn(database, keys, received, client_states, indices, sizes, num_steps, x, y,
@@ -357,11 +353,8 @@ class LocalRunner(ServerSide):
     key = ("parallel", mode)
     if key in self._rounds:
       return self._rounds[key]
-    traced = tf.function(self._one_client(mode, functional=True)).get_concrete_function(
-        tf.constant(0), *args)
-    specs = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype),
-                                  traced.structured_outputs)
-    summed_spec, result_spec, state_spec = specs
+    summed_spec, result_spec, state_spec = output_specs(
+        self._one_client(mode, functional=True), args)
 
     @tf.function(jit_compile=self.jit)
     def round_fn(database, keys, received, client_states, indices, sizes, num_steps, x, y,
@@ -489,6 +482,14 @@ class LocalRunner(ServerSide):
     new_states = to_numpy(new_states)
     return to_numpy(total), per_client, [
         tf.nest.map_structure(lambda a, i=i: a[i], new_states) for i in range(count)]
+
+
+def output_specs(one, args):
+  """The output structure (shapes, dtypes) of client function `one` on a
+  round's stacked inputs `args`, from a trace only."""
+  traced = tf.function(one).get_concrete_function(tf.constant(0), *args)
+  return tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype),
+                               traced.structured_outputs)
 
 
 def server_functions(definition, mode: str):
