@@ -88,3 +88,40 @@ def test_sent140_lstm_built_in_graph_keeps_matrix():
 def test_sent140_lstm_bad_matrix():
   with pytest.raises(DataError, match="2-D"):
     models.sent140_lstm(np.zeros(300))
+
+
+def test_sent140_lstm_unrolled_computes_the_rolled_model():
+  # `unroll` changes how the time loop is built, not what it computes: with the
+  # same weights both give the same probabilities and the same gradients.
+  rng = np.random.default_rng(3)
+  matrix = rng.normal(size=(30, 8)).astype(np.float32)
+  rolled = models.sent140_lstm(matrix, seq_len=6, unroll=False)
+  unrolled = models.sent140_lstm(matrix, seq_len=6, unroll=True)
+  assert not rolled.layers[2].unroll and unrolled.layers[2].unroll
+  assert unrolled.layers[3].unroll
+  unrolled.set_weights(rolled.get_weights())
+  tokens = rng.integers(0, 30, size=(5, 6)).astype(np.int32)
+  labels = np.array([0, 1, 1, 0, 1], np.float32)
+
+  def probs_and_grads(model):
+    with tf.GradientTape() as tape:
+      probs = model(tokens, training=True)
+      loss = tf.reduce_sum(models.per_example_loss(models.BINARY_PROBS, labels, probs))
+    return probs.numpy(), [g.numpy() for g in tape.gradient(loss, model.trainable_variables)]
+
+  p0, g0 = probs_and_grads(rolled)
+  p1, g1 = probs_and_grads(unrolled)
+  np.testing.assert_allclose(p1, p0, rtol=1e-6, atol=1e-7)
+  assert len(g0) == len(g1) == 10  # 2 LSTMs x 3, 2 Dense x 2
+  for a, b in zip(g1, g0):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_sent140_lstm_unrolls_unless_a_gpu_is_visible(monkeypatch):
+  matrix = np.zeros((4, 3), np.float32)
+  monkeypatch.setattr(tf.config, "list_physical_devices",
+                      lambda kind=None: [] if kind == "GPU" else ["cpu"])
+  assert models.sent140_lstm(matrix, seq_len=2).layers[2].unroll
+  monkeypatch.setattr(tf.config, "list_physical_devices",
+                      lambda kind=None: ["gpu"] if kind == "GPU" else ["cpu"])
+  assert not models.sent140_lstm(matrix, seq_len=2).layers[2].unroll

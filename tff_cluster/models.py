@@ -8,7 +8,7 @@ its variables exist before any TFF computation or tf.function touches them.
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import numpy as np
 
@@ -227,14 +227,22 @@ def _lenet_body(h: tf.Tensor, first_padding: str) -> tf.Tensor:
 
 
 def sent140_lstm(embedding_matrix: np.ndarray, seq_len: int = 25,
-                 name: str = "sent140_lstm") -> tf.keras.Model:
+                 name: str = "sent140_lstm", unroll: Optional[bool] = None) -> tf.keras.Model:
   """Sent140 stacked LSTM of LEAF / FedGroup, sigmoid probability out.
 
   Token ids [seq_len] -> frozen Embedding (the given [vocab, 300] matrix, e.g.
   GloVe) -> LSTM 100 (sequences) -> LSTM 100 -> dense 30 ReLU -> dense 1
   sigmoid. Train with loss kind BINARY_PROBS. 243,861 trainable parameters
   (FedGroup's count); the embedding adds vocab * 300 frozen ones.
+
+  `unroll`: build the LSTMs' time loop unrolled (the same arithmetic in the
+  same order, so the same numbers; a larger graph). None (the default) unrolls
+  unless a GPU is visible: on a CPU the unrolled step is faster (measured in
+  docs/runners.md), while on a GPU Keras's fused cuDNN kernel needs the loop
+  rolled.
   """
+  if unroll is None:
+    unroll = not tf.config.list_physical_devices("GPU")
   embedding_matrix = np.asarray(embedding_matrix, dtype=np.float32)
   if embedding_matrix.ndim != 2:
     raise DataError(
@@ -248,8 +256,9 @@ def sent140_lstm(embedding_matrix: np.ndarray, seq_len: int = 25,
       vocab, dim,
       embeddings_initializer=tf.keras.initializers.Constant(embedding_matrix),
       trainable=False, name="embedding")(inputs)
-  h = tf.keras.layers.LSTM(100, return_sequences=True, **_keras3_lstm_seed(1))(h)
-  h = tf.keras.layers.LSTM(100, **_keras3_lstm_seed(2))(h)
+  h = tf.keras.layers.LSTM(100, return_sequences=True, unroll=bool(unroll),
+                           **_keras3_lstm_seed(1))(h)
+  h = tf.keras.layers.LSTM(100, unroll=bool(unroll), **_keras3_lstm_seed(2))(h)
   h = tf.keras.layers.Dense(30, activation="relu")(h)
   probs = tf.keras.layers.Dense(1, activation="sigmoid", name="probs")(h)
   return tf.keras.Model(inputs, probs, name=name)
