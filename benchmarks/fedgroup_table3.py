@@ -31,7 +31,9 @@ Rows:
 Settings are each task's defaults (the paper's E = 20, K = 20, B = 10, alpha = 20,
 eta_g = 0; rounds: FedProx's T, as the FedGroup paper does not state T), on
 `--runner` (default local). Rows where not every client is pre-trained (MNIST,
-FEMNIST) add FG-EDC and FG-MADC with `--newcomer_rule=flexcfl`. `--ablation`
+FEMNIST) add FG-EDC and FG-MADC with `--newcomer_rule=flexcfl` when any FedGroup
+column runs (`--no-newcomer_columns` leaves them out; `--columns` may also name them,
+so that two processes can share a row's columns without running one twice). `--ablation`
 adds FedGroup-EDC with alpha = 4 under both newcomer rules and RAC (80 of 100
 Synthetic clients then join by client cold start).
 
@@ -172,11 +174,48 @@ def num_clients(directory: str) -> Optional[int]:
     return json.load(f).get("num_clients_loaded")
 
 
+def jobs_for(args) -> List[tuple]:
+  """(row, column, seed, run_experiment flags) of every run the arguments ask for."""
+  seeds = [int(s) for s in args.seeds.split(",")]
+  available = registered_algorithms()
+  columns, newcomer = {}, {}
+  for name in args.columns.split(","):
+    if name in NEWCOMER_COLUMNS:
+      newcomer[name] = NEWCOMER_COLUMNS[name]
+      continue
+    if name not in COLUMNS:
+      raise SystemExit(f"fedgroup_table3.py: error: unknown column {name!r}; valid: "
+                       f"{', '.join([*COLUMNS, *NEWCOMER_COLUMNS])}")
+    algo = COLUMNS[name][0].split("=", 1)[1]
+    if algo in available:
+      columns[name] = COLUMNS[name]
+    else:
+      print(f"(column {name}: --algo={algo} is not implemented yet; left out)")
+  rows = rows_for(args.tasks.split(","), args)
+  jobs = []
+  for row in rows:
+    cols = dict(columns)
+    if args.ablation and row["row"].startswith("Synthetic"):
+      cols.update(ABLATION)
+    if not row["row"].startswith("Synthetic"):  # (there all 100 clients are pre-trained)
+      if args.newcomer_columns and any(c.startswith("FG") for c in columns):
+        cols.update(NEWCOMER_COLUMNS)
+      cols.update(newcomer)
+    for column, flags in cols.items():
+      for seed in seeds:
+        jobs.append((row, column, seed, [*row["flags"], *flags]))
+
+  return jobs
+
+
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--tasks", default="synthetic,mnist")
   p.add_argument("--seeds", default="0,1,2")
   p.add_argument("--columns", default=",".join(COLUMNS))
+  p.add_argument("--newcomer_columns", default=True, action=argparse.BooleanOptionalAction,
+                 help="rows where not every client is pre-trained: add the flexcfl "
+                      "newcomer columns when a FedGroup column runs")
   p.add_argument("--ablation", action="store_true",
                  help="add FedGroup-EDC with alpha = 4 (Synthetic rows only)")
   p.add_argument("--runner", default="local", choices=("local", "tff"))
@@ -201,29 +240,9 @@ def main(argv=None):
   p.add_argument("--project", action="store_true",
                  help="time 2 rounds of each run instead and project the total")
   args = p.parse_args(argv)
-  seeds = [int(s) for s in args.seeds.split(",")]
-  available = registered_algorithms()
-  columns = {}
-  for name in args.columns.split(","):
-    if name not in COLUMNS:
-      raise SystemExit(f"fedgroup_table3.py: error: unknown column {name!r}; valid: "
-                       f"{', '.join(COLUMNS)}")
-    algo = COLUMNS[name][0].split("=", 1)[1]
-    if algo in available:
-      columns[name] = COLUMNS[name]
-    else:
-      print(f"(column {name}: --algo={algo} is not implemented yet; left out)")
+  jobs = jobs_for(args)
   rows = rows_for(args.tasks.split(","), args)
-  jobs = []
-  for row in rows:
-    cols = dict(columns)
-    if args.ablation and row["row"].startswith("Synthetic"):
-      cols.update(ABLATION)
-    if not row["row"].startswith("Synthetic") and any(c.startswith("FG") for c in columns):
-      cols.update(NEWCOMER_COLUMNS)  # (on Synthetic all 100 clients are pre-trained)
-    for column, flags in cols.items():
-      for seed in seeds:
-        jobs.append((row, column, seed, [*row["flags"], *flags]))
+  seeds = [int(s) for s in args.seeds.split(",")]
 
   if args.project:
     return project(jobs, args)

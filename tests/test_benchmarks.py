@@ -280,3 +280,28 @@ def test_fedgroup_table3_knows_the_mlp_and_lstm_rows():
   assert rows["FEMNIST-MLP"][-1] == "--model=mlp"
   assert t3.PAPER["MNIST-MLP"]["FG-EDC"] == 97.9 and t3.PAPER["MNIST-MLP"]["FedAvg"] == 95.3
   assert t3.PAPER["Sent140-LSTM"]["IFCA"] == 76.8 and t3.PAPER["Sent140-LSTM"]["FeSEM"] == 70.0
+
+
+def test_fedgroup_table3_columns_can_be_shared_by_two_processes():
+  """A row's columns split between two invocations run each column once."""
+  import argparse
+  import fedgroup_table3 as t3
+
+  def columns(**kw):
+    args = argparse.Namespace(mnist_dir="M", mnist_models="mlp", sent140_dir="S", min_tweets=5,
+                              femnist_dir="F", femnist_models="mlp", seeds="0",
+                              tasks="sent140", ablation=False, newcomer_columns=True)
+    vars(args).update(kw)
+    return [c for (_, c, _, _) in t3.jobs_for(args)]
+
+  every = columns(columns=",".join(t3.COLUMNS))
+  assert every == [*t3.COLUMNS, *t3.NEWCOMER_COLUMNS]  # added where FedGroup runs
+  first = columns(columns="IFCA,FG-RCC-EDC,FedAvg", newcomer_columns=False)
+  second = columns(columns="FG-EDC,FG-MADC,FG-EDC newcomer=flexcfl,FG-MADC newcomer=flexcfl")
+  assert first == ["IFCA", "FG-RCC-EDC", "FedAvg"]
+  assert second == ["FG-EDC", "FG-MADC", "FG-EDC newcomer=flexcfl", "FG-MADC newcomer=flexcfl"]
+  # Synthetic pre-trains every client: no newcomer column there, even named.
+  assert "FG-EDC newcomer=flexcfl" not in columns(
+      tasks="synthetic", columns="FG-EDC,FG-EDC newcomer=flexcfl")
+  with pytest.raises(SystemExit, match="unknown column 'FG-X'.*FG-MADC newcomer=flexcfl"):
+    columns(columns="FG-X")
