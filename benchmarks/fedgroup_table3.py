@@ -12,6 +12,8 @@ over the rounds, for FedGroup columns over the clients ever assigned to a group
 all clients (`max_test_accuracy`), each tested with the model it holds: IFCA's
 clients with the cluster their training loss chose (`--ifca_eval=assigned`; a
 client not sampled yet, the argmin of its training loss over the K models).
+A cell whose runs the divergence guard stopped reads "diverged at round r (k/n
+seeds)", never an accuracy; `--record` keeps each run's largest loss ratio.
 
 Rows:
   synthetic      Synthetic(1,1)-MCLR: our seeded draws of FedProx's generator,
@@ -52,14 +54,15 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from _sweep import (REPO_ROOT, SHARED, fmt, registered_algorithms, run_one, save_recorded,
-                    truncated)
+from _sweep import (REPO_ROOT, SHARED, diverged_cell, fmt, registered_algorithms, run_one,
+                    save_recorded, truncated)
 
 # benchmarks/recorded/fedgroup_table3.csv: one row per finished run (`seeds` one
 # seed) or, for the cells re-entered from an earlier README, per cell (`seeds`
 # the list, `mean` and `std` over them).
 RECORD_KEY = ("row", "column", "seeds")
-RECORD_FIELDS = RECORD_KEY + ("mean", "std", "seconds_per_round", "recorded", "note")
+RECORD_FIELDS = RECORD_KEY + ("mean", "std", "seconds_per_round", "max_loss_ratio",
+                              "diverged_round", "recorded", "note")
 
 # Table 3 of the FedGroup paper (accuracy in %), by row and column.
 PAPER = {
@@ -293,6 +296,11 @@ def default_rounds(row) -> int:
   return int(tasks.get_task(name).defaults["rounds"])
 
 
+def _diverged(summary: dict) -> bool:
+  """Whether the divergence guard stopped the run (its score is no result)."""
+  return summary.get("reason") == "diverged"
+
+
 def write_table(results, rows, seeds, args):
   os.makedirs(os.path.dirname(args.table) or ".", exist_ok=True)
   lines = [f"Seeds {','.join(map(str, seeds))}; runner {args.runner}; "
@@ -317,22 +325,27 @@ def write_table(results, rows, seeds, args):
     lines += [f"**{label}**{note}", "", "| column | ours | paper | seconds/round |",
               "|---|---|---|---|"]
     for column in cols:
-      got = [score(column, results[(label, column, s)][0]) for s in seeds
-             if (label, column, s) in results]
-      secs = [results[(label, column, s)][0].get("mean_round_seconds", np.nan)
-              for s in seeds if (label, column, s) in results]
+      runs = [(s, results[(label, column, s)][0]) for s in seeds if (label, column, s) in results]
+      got = [score(column, summary) for _, summary in runs if not _diverged(summary)]
+      stopped = [int(summary["diverged_round"]) for _, summary in runs if _diverged(summary)]
+      secs = [summary.get("mean_round_seconds", np.nan) for _, summary in runs]
       paper = PAPER.get(label, {}).get(column)
-      lines.append(f"| {column} | {fmt(got)} | {'–' if paper is None else paper} | "
+      cell = diverged_cell(stopped, len(runs)) if stopped else fmt(got)
+      lines.append(f"| {column} | {cell} | {'–' if paper is None else paper} | "
                    f"{np.mean(secs):.3f} |")
-      for s in seeds:
-        if (label, column, s) not in results:
-          continue
-        summary = results[(label, column, s)][0]
-        csv_rows.append(dict(row=label, column=column, seed=s, score=score(column, summary),
-                             paper=paper, note=note.strip()))
+      for s, summary in runs:
+        stop = int(summary["diverged_round"]) if _diverged(summary) else None
+        value = None if stop is not None else score(column, summary)
+        ratio = summary.get("max_loss_ratio")
+        csv_rows.append(dict(row=label, column=column, seed=s,
+                             score="" if value is None else value, paper=paper,
+                             note=note.strip()))
         recorded.append(dict(
-            row=label, column=column, seeds=str(s), mean=f"{score(column, summary):.6f}",
-            std="", seconds_per_round=truncated(summary.get("mean_round_seconds", 0.0), 3),
+            row=label, column=column, seeds=str(s),
+            mean="" if value is None else f"{value:.6f}", std="",
+            seconds_per_round=truncated(summary.get("mean_round_seconds", 0.0), 3),
+            max_loss_ratio="" if ratio is None else f"{ratio:.4g}",
+            diverged_round="" if stop is None else stop,
             recorded=time.strftime("%Y-%m-%d"), note=note.strip()))
     lines.append("")
   text = "\n".join(lines)

@@ -305,3 +305,31 @@ def test_fedgroup_table3_columns_can_be_shared_by_two_processes():
       tasks="synthetic", columns="FG-EDC,FG-EDC newcomer=flexcfl")
   with pytest.raises(SystemExit, match="unknown column 'FG-X'.*FG-MADC newcomer=flexcfl"):
     columns(columns="FG-X")
+
+
+def test_fedgroup_table3_prints_diverged_runs_as_diverged(tmp_path, monkeypatch):
+  """A run the divergence guard stopped is no accuracy: its cell says where it
+  stopped, its recorded row has no score, and every row keeps its loss ratio."""
+  import argparse
+  import fedgroup_table3 as t3
+  saved = {}
+  monkeypatch.setattr(t3, "save_recorded", lambda name, rows, key, fields: saved.update(
+      name=name, rows=rows, fields=fields))
+  fine = dict(completed=True, max_test_accuracy=0.81, mean_round_seconds=1.25,
+              max_loss_ratio=0.93)
+  stopped = dict(completed=False, reason="diverged", diverged_round=7, max_test_accuracy=0.19,
+                 mean_round_seconds=1.5, max_loss_ratio=4.2e30)
+  results = {("MNIST-MLP", "FedAvg", 0): (fine, str(tmp_path)),
+             ("MNIST-MLP", "FedAvg", 1): (stopped, str(tmp_path)),
+             ("MNIST-MLP", "FedProx", 0): (fine, str(tmp_path))}
+  args = argparse.Namespace(table=str(tmp_path / "t3"), runner="local", rounds=None, record=True)
+  t3.write_table(results, [dict(row="MNIST-MLP")], [0, 1], args)
+  table = (tmp_path / "t3.md").read_text()
+  assert "| FedAvg | diverged at round 7 (1/2 seeds) |" in table
+  assert "| FedProx | 81.0 ± 0.0 |" in table
+  assert "0.19" not in table and "19.0" not in table
+  rows = {(r["column"], r["seeds"]): r for r in saved["rows"]}
+  assert rows[("FedAvg", "1")]["mean"] == "" and rows[("FedAvg", "1")]["diverged_round"] == 7
+  assert rows[("FedAvg", "1")]["max_loss_ratio"] == "4.2e+30"
+  assert rows[("FedAvg", "0")]["mean"] == "0.810000" and rows[("FedAvg", "0")]["diverged_round"] == ""
+  assert {"max_loss_ratio", "diverged_round"} <= set(saved["fields"])
