@@ -14,6 +14,9 @@ clients with the cluster their training loss chose (`--ifca_eval=assigned`; a
 client not sampled yet, the argmin of its training loss over the K models).
 A cell whose runs the divergence guard stopped reads "diverged at round r (k/n
 seeds)", never an accuracy; `--record` keeps each run's largest loss ratio.
+Seconds per round: the median round of each run (training, aggregation and the
+host steps, no evaluation; a median, so a run paused for a while is not
+inflated), the median over the seeds in the table.
 
 Rows:
   synthetic      Synthetic(1,1)-MCLR: our seeded draws of FedProx's generator,
@@ -296,6 +299,20 @@ def default_rounds(row) -> int:
   return int(tasks.get_task(name).defaults["rounds"])
 
 
+def round_seconds(summary: dict, directory: str) -> float:
+  """The run's median seconds per round (its metrics.jsonl; the summary's mean
+  where the file is missing). The median, because a run paused for a while
+  (SIGSTOP, a suspended machine) has one round that counts the pause."""
+  path = os.path.join(directory, "metrics.jsonl")
+  if os.path.exists(path):
+    with open(path) as f:
+      times = [json.loads(line).get("round_seconds") for line in f if line.strip()]
+    times = [t for t in times if t is not None]
+    if times:
+      return float(np.median(times))
+  return float(summary.get("mean_round_seconds", np.nan))
+
+
 def _diverged(summary: dict) -> bool:
   """Whether the divergence guard stopped the run (its score is no result)."""
   return summary.get("reason") == "diverged"
@@ -326,13 +343,14 @@ def write_table(results, rows, seeds, args):
               "|---|---|---|---|"]
     for column in cols:
       runs = [(s, results[(label, column, s)][0]) for s in seeds if (label, column, s) in results]
+      dirs = {s: results[(label, column, s)][1] for s, _ in runs}
       got = [score(column, summary) for _, summary in runs if not _diverged(summary)]
       stopped = [int(summary["diverged_round"]) for _, summary in runs if _diverged(summary)]
-      secs = [summary.get("mean_round_seconds", np.nan) for _, summary in runs]
+      secs = [round_seconds(summary, dirs[s]) for s, summary in runs]
       paper = PAPER.get(label, {}).get(column)
       cell = diverged_cell(stopped, len(runs)) if stopped else fmt(got)
       lines.append(f"| {column} | {cell} | {'–' if paper is None else paper} | "
-                   f"{np.mean(secs):.3f} |")
+                   f"{np.median(secs):.3f} |")
       for s, summary in runs:
         stop = int(summary["diverged_round"]) if _diverged(summary) else None
         value = None if stop is not None else score(column, summary)
@@ -343,7 +361,7 @@ def write_table(results, rows, seeds, args):
         recorded.append(dict(
             row=label, column=column, seeds=str(s),
             mean="" if value is None else f"{value:.6f}", std="",
-            seconds_per_round=truncated(summary.get("mean_round_seconds", 0.0), 3),
+            seconds_per_round=truncated(round_seconds(summary, dirs[s]), 3),
             max_loss_ratio="" if ratio is None else f"{ratio:.4g}",
             diverged_round="" if stop is None else stop,
             recorded=time.strftime("%Y-%m-%d"), note=note.strip()))

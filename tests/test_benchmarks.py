@@ -333,3 +333,13 @@ def test_fedgroup_table3_prints_diverged_runs_as_diverged(tmp_path, monkeypatch)
   assert rows[("FedAvg", "1")]["max_loss_ratio"] == "4.2e+30"
   assert rows[("FedAvg", "0")]["mean"] == "0.810000" and rows[("FedAvg", "0")]["diverged_round"] == ""
   assert {"max_loss_ratio", "diverged_round"} <= set(saved["fields"])
+
+
+def test_fedgroup_table3_round_seconds_is_the_median_round(tmp_path):
+  """A run paused for an hour has one long round; the median ignores it."""
+  import fedgroup_table3 as t3
+  with open(tmp_path / "metrics.jsonl", "w") as f:
+    for seconds in (0.5, 0.75, 3600.0, 0.25, 0.5):
+      f.write(json.dumps({"round": 1, "round_seconds": seconds}) + "\n")
+  assert t3.round_seconds({"mean_round_seconds": 720.4}, str(tmp_path)) == 0.5
+  assert t3.round_seconds({"mean_round_seconds": 0.3}, str(tmp_path / "gone")) == 0.3
