@@ -99,6 +99,25 @@ def _run(cmd: List[str], directory: str, rounds: Optional[int], what: str) -> di
   return summary
 
 
+def median_round_seconds(directory: str, default: float = float("nan")) -> float:
+  """The median seconds of a run's rounds (its metrics.jsonl, else its
+  metrics.csv; training, aggregation and host steps, no evaluation), robust to
+  a machine paused or shared for a while, which inflates one round and so the
+  mean; `default` where neither file holds any."""
+  times: List[float] = []
+  try:
+    with open(os.path.join(directory, "metrics.jsonl")) as f:
+      times = [float(r["round_seconds"]) for r in map(json.loads, filter(str.strip, f))
+               if r.get("round_seconds") is not None]
+  except (OSError, ValueError):
+    try:
+      with open(os.path.join(directory, "metrics.csv"), newline="") as f:
+        times = [float(r["round_seconds"]) for r in csv.DictReader(f) if r.get("round_seconds")]
+    except (OSError, ValueError, KeyError):
+      pass
+  return float(np.median(times)) if times else default
+
+
 def measured(text: str) -> float:
   """A recorded time back as a number: NaN for "–" or "" (none measured, e.g.
   a run the divergence guard stopped), the inverse of `truncated`'s "–"."""

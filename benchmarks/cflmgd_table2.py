@@ -47,7 +47,7 @@ from typing import List, Sequence
 
 import numpy as np
 
-from _sweep import (completed_summary, diverged_cell, diverged_summary,
+from _sweep import (completed_summary, diverged_cell, diverged_summary, median_round_seconds,
                              load_recorded, mean_std, measured, run_one, save_markdown,
                              save_recorded, truncated)
 
@@ -98,12 +98,12 @@ def final_accuracy(directory: str):
   diverged round or None) of a finished run, else None."""
   summary = completed_summary(directory)
   if summary is not None:
-    return (summary.get("final_test_accuracy"), summary.get("mean_round_seconds"),
+    return (summary.get("final_test_accuracy"),
+            median_round_seconds(directory, summary.get("mean_round_seconds", float("nan"))),
             summary.get("max_loss_ratio"), None)
   summary = diverged_summary(directory)
   if summary is not None:
-    return None, summary.get("mean_round_seconds", float("nan")), None, \
-        summary["diverged_round"]
+    return None, median_round_seconds(directory), None, summary["diverged_round"]
   return None
 
 

@@ -57,8 +57,8 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from _sweep import (REPO_ROOT, SHARED, diverged_cell, fmt, registered_algorithms, run_one,
-                    save_recorded, truncated)
+from _sweep import (REPO_ROOT, SHARED, diverged_cell, fmt, median_round_seconds,
+                    registered_algorithms, run_one, save_recorded, truncated)
 
 # benchmarks/recorded/fedgroup_table3.csv: one row per finished run (`seeds` one
 # seed) or, for the cells re-entered from an earlier README, per cell (`seeds`
@@ -299,20 +299,6 @@ def default_rounds(row) -> int:
   return int(tasks.get_task(name).defaults["rounds"])
 
 
-def round_seconds(summary: dict, directory: str) -> float:
-  """The run's median seconds per round (its metrics.jsonl; the summary's mean
-  where the file is missing). The median, because a run paused for a while
-  (SIGSTOP, a suspended machine) has one round that counts the pause."""
-  path = os.path.join(directory, "metrics.jsonl")
-  if os.path.exists(path):
-    with open(path) as f:
-      times = [json.loads(line).get("round_seconds") for line in f if line.strip()]
-    times = [t for t in times if t is not None]
-    if times:
-      return float(np.median(times))
-  return float(summary.get("mean_round_seconds", np.nan))
-
-
 def _diverged(summary: dict) -> bool:
   """Whether the divergence guard stopped the run (its score is no result)."""
   return summary.get("reason") == "diverged"
@@ -343,10 +329,12 @@ def write_table(results, rows, seeds, args):
               "|---|---|---|---|"]
     for column in cols:
       runs = [(s, results[(label, column, s)][0]) for s in seeds if (label, column, s) in results]
-      dirs = {s: results[(label, column, s)][1] for s, _ in runs}
+      seconds = {s: median_round_seconds(results[(label, column, s)][1],
+                                         summary.get("mean_round_seconds", np.nan))
+                 for s, summary in runs}
       got = [score(column, summary) for _, summary in runs if not _diverged(summary)]
       stopped = [int(summary["diverged_round"]) for _, summary in runs if _diverged(summary)]
-      secs = [round_seconds(summary, dirs[s]) for s, summary in runs]
+      secs = list(seconds.values())
       paper = PAPER.get(label, {}).get(column)
       cell = diverged_cell(stopped, len(runs)) if stopped else fmt(got)
       lines.append(f"| {column} | {cell} | {'–' if paper is None else paper} | "
@@ -361,7 +349,7 @@ def write_table(results, rows, seeds, args):
         recorded.append(dict(
             row=label, column=column, seeds=str(s),
             mean="" if value is None else f"{value:.6f}", std="",
-            seconds_per_round=truncated(round_seconds(summary, dirs[s]), 3),
+            seconds_per_round=truncated(seconds[s], 3),
             max_loss_ratio="" if ratio is None else f"{ratio:.4g}",
             diverged_round="" if stop is None else stop,
             recorded=time.strftime("%Y-%m-%d"), note=note.strip()))

@@ -40,7 +40,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from _sweep import (completed_summary, diverged_cell, diverged_summary,
+from _sweep import (completed_summary, diverged_cell, diverged_summary, median_round_seconds,
                              load_recorded, mean_std, measured, run_one, save_markdown,
                              save_recorded, truncated)
 
@@ -116,8 +116,7 @@ def score(directory: str, method: str) -> Optional[Dict[str, float]]:
   with open(os.path.join(directory, "metrics.jsonl")) as f:
     rows = [json.loads(line) for line in f if line.strip()]
   last = rows[-1]
-  # The median round: robust to a round paused or shared with other runs.
-  seconds = float(np.median([r["round_seconds"] for r in rows if r.get("round_seconds")]))
+  seconds = median_round_seconds(directory)
   out = {"seconds": seconds, "ratio": summary.get("max_loss_ratio"), "diverged": None}
   if method in PERSONAL:
     return {**out, "global": last["global_test_accuracy"], "personal": last["test_accuracy"]}

@@ -64,7 +64,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from _sweep import (completed_summary, diverged_cell, diverged_summary,
+from _sweep import (completed_summary, diverged_cell, diverged_summary, median_round_seconds,
                              load_recorded, mean_std, measured, registered_algorithms,
                              run_one,  # run_one: run or reuse a run
                              save_markdown, save_recorded, truncated)
@@ -172,16 +172,6 @@ def score(directory: str, method: str) -> Optional[tuple]:
   acc = np.mean([float(rows[r]["test_accuracy_clientavg"]) for r in wanted])
   f1 = np.mean([float(rows[r]["test_macro_f1"]) for r in wanted])
   return float(acc), float(f1), summary.get("max_loss_ratio"), None
-
-
-def seconds_per_round(directory: str) -> float:
-  """The median training time of a round (robust to a paused or shared machine)."""
-  try:
-    with open(os.path.join(directory, "metrics.csv"), newline="") as f:
-      times = [float(r["round_seconds"]) for r in csv.DictReader(f) if r.get("round_seconds")]
-  except (OSError, ValueError, KeyError):
-    return float("nan")
-  return float(np.median(times)) if times else float("nan")
 
 
 def main(argv=None):
@@ -293,7 +283,7 @@ def write_table(args):
           if got is not None and name.startswith("seed"):
             seed = int(name[4:])
             found.setdefault((setting, k, method), {})[seed] = got
-            secs.setdefault((setting, k, method), {})[seed] = seconds_per_round(d)
+            secs.setdefault((setting, k, method), {})[seed] = median_round_seconds(d)
             acc, f1, ratio, diverged = got
             on_disk.append(dict(
                 setting=setting, K=k, method=method, seed=seed,

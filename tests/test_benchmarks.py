@@ -335,11 +335,16 @@ def test_fedgroup_table3_prints_diverged_runs_as_diverged(tmp_path, monkeypatch)
   assert {"max_loss_ratio", "diverged_round"} <= set(saved["fields"])
 
 
-def test_fedgroup_table3_round_seconds_is_the_median_round(tmp_path):
-  """A run paused for an hour has one long round; the median ignores it."""
-  import fedgroup_table3 as t3
-  with open(tmp_path / "metrics.jsonl", "w") as f:
-    for seconds in (0.5, 0.75, 3600.0, 0.25, 0.5):
+def test_seconds_per_round_is_the_median_round(tmp_path):
+  """A run paused for an hour has one long round; the tables' median ignores it."""
+  with open(tmp_path / "metrics.csv", "w") as f:
+    f.write("round,train_loss,round_seconds\n")
+    for r, seconds in enumerate((0.5, 0.75, 3600.0, 0.25, 0.5)):
+      f.write(f"{r + 1},0.1,{seconds}\n")
+  assert _sweep.median_round_seconds(str(tmp_path)) == 0.5
+  with open(tmp_path / "metrics.jsonl", "w") as f:  # read first where a run wrote it
+    for seconds in (2.0, 1.0, 900.0):
       f.write(json.dumps({"round": 1, "round_seconds": seconds}) + "\n")
-  assert t3.round_seconds({"mean_round_seconds": 720.4}, str(tmp_path)) == 0.5
-  assert t3.round_seconds({"mean_round_seconds": 0.3}, str(tmp_path / "gone")) == 0.3
+  assert _sweep.median_round_seconds(str(tmp_path)) == 2.0
+  assert _sweep.median_round_seconds(str(tmp_path / "gone"), 0.3) == 0.3
+  assert _sweep.median_round_seconds(str(tmp_path / "gone")) != 0.3  # NaN: none measured
