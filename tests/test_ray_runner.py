@@ -82,9 +82,12 @@ SOLVER = "steps_momentum_persist_decay"
 @needs_isolation
 @pytest.mark.parametrize("algo", sorted(PARITY_CASES))
 def test_ray_gives_the_local_runners_numbers(algo, ray_instance, uneven_data, tmp_path):
+  """Both runners without XLA (the compilation was most of each case's time;
+  the other tests here run the actors with XLA where `auto` picks it)."""
   task, data = uneven_data
-  options = PARITY_CASES[algo][0]
-  with_workers = dict(options, _config={**options.get("_config", {}), "ray_workers": 2})
+  options = dict(PARITY_CASES[algo][0])
+  options["_config"] = {**options.get("_config", {}), "jit": "off"}
+  with_workers = dict(options, _config={**options["_config"], "ray_workers": 2})
   assert_same_run(_run(task, data, algo, options, "local", tmp_path, SOLVER_CASES[SOLVER]),
                   _run(task, data, algo, with_workers, "ray", tmp_path, SOLVER_CASES[SOLVER]))
 

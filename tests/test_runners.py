@@ -423,7 +423,7 @@ def test_definitions_and_local_runner_import_no_tff(tmp_path):
   runs = "\n".join(
       f"assert run_experiment.main(['x', '--algo={algo}', '--runner=local', '--rounds=1', "
       f"'--num_clients=12', {per_round(algo)}'--local_epochs=1', "
-      f"'--progress=false', '--output_dir={tmp_path / algo}'"
+      f"'--progress=false', '--jit=off', '--output_dir={tmp_path / algo}'"
       f"{', ' + repr('--num_groups=2') if 'num_groups' in flags_of(algo) else ''}]) == 0"
       for algo in sorted(registry.ALGORITHMS))
   out = _python(f"""
