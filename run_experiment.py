@@ -295,15 +295,20 @@ def _note_signal(signum: int) -> None:
 @contextlib.contextmanager
 def _signals_as_exit():
   """SIGINT raises KeyboardInterrupt, SIGTERM/SIGHUP SystemExit(128 + signum),
-  so that every way of stopping a run closes it (summary, one closing line)."""
+  so that every way of stopping a run closes it (summary, one closing line);
+  inside `interrupts.deferred()` they are recorded and raised after it."""
+  from tff_cluster import interrupts
+
   def handler(signum, frame):
     del frame
     _note_signal(signum)
-    raise SystemExit(128 + signum)
+    if not interrupts.are_deferred():  # else the training loop raises it after the stretch
+      raise SystemExit(128 + signum)
 
   def int_handler(signum, frame):
     _note_signal(signum)
-    signal.default_int_handler(signum, frame)
+    if not interrupts.are_deferred():
+      signal.default_int_handler(signum, frame)
 
   if threading.current_thread() is not threading.main_thread():
     yield

@@ -26,7 +26,7 @@ PACKAGE = "tff_cluster"
 LAYERS: List[Tuple[str, ...]] = [
     ("tff_cluster", "tff_cluster.stack", "tff_cluster.hparams", "tff_cluster.options",
      "tff_cluster.clustering", "tff_cluster.worker",
-     "tff_cluster.plot", "tff_cluster.data"),
+     "tff_cluster.plot", "tff_cluster.data", "tff_cluster.interrupts"),
     ("tff_cluster.runtime", "tff_cluster.tff_types", "tff_cluster.task",
      "tff_cluster.models", "tff_cluster.checkpoint"),
     ("tff_cluster.local_training", "tff_cluster.evaluation", "tff_cluster.results"),

@@ -747,3 +747,37 @@ def test_client_states_are_saved_beside_the_checkpoint_part_by_part(tmp_path, mo
   checkpoint.save(str(tmp_path / "none"), 1, {"driver": {"state": None, "host": {}}})
   assert checkpoint.load_latest(str(tmp_path / "none"))[1]["driver"]["client_states"] == {}
   assert os.listdir(checkpoint.directory(str(tmp_path / "none"))) == ["round-000001.npz"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGINT])
+def test_a_signal_during_the_rounds_records_is_raised_after_them(sig, tmp_path, monkeypatch,
+                                                                  capsys):
+  """A stop signal that lands while a round's records are written (TensorBoard's
+  summary ops, where raising its exception can crash TensorFlow: a SIGHUP did,
+  with a segmentation fault inside `tf.summary.scalar`) is recorded and raised
+  once the round is written whole and checkpointed: exit 128 + sig, summary
+  interrupted, rounds 1-2 on disk, round 2 in the checkpoint."""
+  from tff_cluster import results
+  write_round = results.ResultsWriter.write_round
+  reached = []
+
+  def write_round_and_signal(self, row):
+    if row["round"] == 2:
+      os.kill(os.getpid(), sig)  # the handler runs here, inside the records
+      time.sleep(0.05)
+      reached.append(row["round"])  # nothing was raised in here
+    return write_round(self, row)
+
+  monkeypatch.setattr(results.ResultsWriter, "write_round", write_round_and_signal)
+  out = tmp_path / "run"
+  code, _, err = main_in_process(
+      [*SMALL_ARGS, "--rounds=6", "--checkpoint_every=1", f"--output_dir={out}"], capsys)
+  assert reached == [2]
+  assert code == 128 + sig, err
+  lines = [l for l in err.splitlines() if l.startswith("run_experiment.py")]
+  assert len(lines) == 1 and "interrupted; partial results" in lines[0], err
+  summary = json.loads((out / "summary.json").read_text())
+  assert summary["completed"] is False and summary["reason"] == "interrupted"
+  assert metrics_rows_written(out / "metrics.csv") == 2
+  _assert_whole_rows(out / "metrics.csv")
+  assert checkpoint.rounds(str(out))[-1] == 2

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tff_cluster import checkpoint, local_training, results
+from tff_cluster import checkpoint, interrupts, local_training, results
 from tff_cluster.data.federated import FederatedData
 from tff_cluster.driver import (BYTES_PER_PARAMETER, Diverged, Driver,  # noqa: F401
                                 LossRatio, TrainingConfig, _all_finite, check_num_groups,
@@ -34,22 +34,19 @@ BASE_COLUMNS = ("round", "train_loss", "loss_ratio", "test_accuracy", "test_loss
                 "eval_seconds", "bytes_down", "bytes_up")
 
 
-_STOP_SIGNAL = {"signum": None}
-
-
 def note_stop_signal(signum: Optional[int]) -> None:
   """Records that a stop signal arrived (the CLI's handlers call this; None
-  clears it): a run
-  that then fails with any exception is summarised as interrupted, since the
-  handler's exception may surface transformed by the code it interrupted."""
-  _STOP_SIGNAL["signum"] = signum
+  clears it): a run that then fails with any exception is summarised as
+  interrupted, since the handler's exception may surface transformed by the
+  code it interrupted."""
+  interrupts.note(signum)
 
 
 def _stop_if_signalled() -> None:
   """Raises what a recorded stop signal's handler raised (KeyboardInterrupt for
   SIGINT, SystemExit(128 + signum) otherwise), in case code it interrupted (for
   instance TFF's asyncio execution) swallowed that exception and carried on."""
-  signum = _STOP_SIGNAL["signum"]
+  signum = interrupts.received()
   if signum is None:
     return
   if signum == signal.SIGINT:
@@ -161,23 +158,26 @@ def run_training(task: TaskSpec, data: FederatedData, config: TrainingConfig,
           best = {"round": round_num, "accuracy": result.accuracy,
                   "weights": [[np.asarray(w) for w in m] for m in weights],
                   "client_model": np.asarray(result.client_model)}
-      rows.append(row)
-      if writer is not None:
-        writer.write_round(row)
-        writer.write_groups(round_num, data.client_ids, client_groups(
-            client_model, last_choice if "test_accuracy" in row else None,
-            getattr(driver, "assignment", None) if driver.groups_mask_unassigned else None,
-            data.num_clients))
-      if checkpoint_dir is not None and (round_num % checkpoint_every == 0
-                                         or round_num == config.rounds):
-        save_checkpoint(round_num, driver.snapshot(), rng)
-      if bar is not None:
-        postfix = {"loss": f"{row['train_loss']:.4f}"}
-        last = [r for r in rows if r.get("test_accuracy") is not None]
-        if last:
-          postfix["acc"] = f"{last[-1]['test_accuracy']:.4f}"
-        bar.set_postfix(postfix)
-        bar.update(1)
+      # The round's records (TensorBoard's summary ops among them): a stop signal
+      # is recorded here and raised just after, never inside them.
+      with interrupts.deferred():
+        rows.append(row)
+        if writer is not None:
+          writer.write_round(row)
+          writer.write_groups(round_num, data.client_ids, client_groups(
+              client_model, last_choice if "test_accuracy" in row else None,
+              getattr(driver, "assignment", None) if driver.groups_mask_unassigned else None,
+              data.num_clients))
+        if checkpoint_dir is not None and (round_num % checkpoint_every == 0
+                                           or round_num == config.rounds):
+          save_checkpoint(round_num, driver.snapshot(), rng)
+        if bar is not None:
+          postfix = {"loss": f"{row['train_loss']:.4f}"}
+          last = [r for r in rows if r.get("test_accuracy") is not None]
+          if last:
+            postfix["acc"] = f"{last[-1]['test_accuracy']:.4f}"
+          bar.set_postfix(postfix)
+          bar.update(1)
       _stop_if_signalled()
     if models_dir is not None:
       weights, client_model = driver.eval_models()
@@ -202,7 +202,7 @@ def run_training(task: TaskSpec, data: FederatedData, config: TrainingConfig,
     status = {"completed": False, "reason": "interrupted"}
     raise
   except BaseException as e:  # noqa: B036 - recorded, then re-raised
-    if _STOP_SIGNAL["signum"] is not None:
+    if interrupts.received() is not None:
       status = {"completed": False, "reason": "interrupted"}
     else:
       status = {"completed": False, "reason": "error", "error": f"{type(e).__name__}: {e}"}
@@ -223,8 +223,9 @@ def run_training(task: TaskSpec, data: FederatedData, config: TrainingConfig,
     summary.update(extras)
     summary.update(driver.summary())
     if writer is not None:
-      writer.write_summary(summary)
-      writer.plot(f"{task.name}")
+      with interrupts.deferred():  # (a signal now: the run is closing anyway)
+        writer.write_summary(summary)
+        writer.plot(f"{task.name}")
   return summary
 
 

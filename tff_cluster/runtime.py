@@ -32,7 +32,7 @@ import threading
 import time
 from typing import Iterator, Optional
 
-from tff_cluster import stack
+from tff_cluster import interrupts, stack
 
 stack.require_tff()  # one line naming the install routes, not a ModuleNotFoundError
 
@@ -280,6 +280,9 @@ def tff_runtime(log_path: Optional[str] = None) -> Iterator[TffRuntime]:
     caller = previous.get(signum)
     if callable(caller) and caller not in (signal.default_int_handler,):
       caller(signum, frame)  # may raise (the CLI's raises SystemExit(128 + signum))
+    if interrupts.are_deferred():
+      interrupts.note(signum)  # the training loop raises it after the stretch
+      return
     raise _Terminated(128 + signum)
 
   if threading.current_thread() is threading.main_thread():
