@@ -33,6 +33,7 @@ import time  # noqa: E402
 from absl import flags, logging  # noqa: E402
 
 from tff_cluster import hparams as hp  # noqa: E402
+from tff_cluster import interrupts  # noqa: E402
 from tff_cluster.settings import (  # noqa: E402,F401  (UsageError, resolve_settings: public)
     ALGO_HPARAMS as _ALGO_HPARAMS, ALGOS as _ALGOS, GENERAL as _GENERAL,
     RUNNER_HPARAMS as _RUNNER_HPARAMS, TASKS as _TASKS, UsageError, flag_names,
@@ -279,34 +280,22 @@ def _print_help() -> None:
     print("\n".join(lines))
 
 
-_SIGNAL = {"received": None}
-
-
-def _note_signal(signum: int) -> None:
-  """Remembers a stop signal, here and in the training loop (if loaded): the
-  exception a handler raises may surface as another one when it interrupts
-  TensorFlow's own Python code, and the run must still close as interrupted."""
-  _SIGNAL["received"] = signum
-  experiment = sys.modules.get("tff_cluster.experiment")
-  if experiment is not None:
-    experiment.note_stop_signal(signum)
-
-
 @contextlib.contextmanager
 def _signals_as_exit():
   """SIGINT raises KeyboardInterrupt, SIGTERM/SIGHUP SystemExit(128 + signum),
   so that every way of stopping a run closes it (summary, one closing line);
-  inside `interrupts.deferred()` they are recorded and raised after it."""
-  from tff_cluster import interrupts
-
+  inside `interrupts.deferred()` they are recorded and raised after it. Every
+  signal is recorded (`interrupts.note`): the exception a handler raises may
+  surface as another one when it interrupts TensorFlow's own Python code, and
+  the run must still close as interrupted."""
   def handler(signum, frame):
     del frame
-    _note_signal(signum)
+    interrupts.note(signum)
     if not interrupts.are_deferred():  # else the training loop raises it after the stretch
       raise SystemExit(128 + signum)
 
   def int_handler(signum, frame):
-    _note_signal(signum)
+    interrupts.note(signum)
     if not interrupts.are_deferred():
       signal.default_int_handler(signum, frame)
 
@@ -323,10 +312,7 @@ def _signals_as_exit():
 
 
 def main(argv) -> int:
-  _SIGNAL["received"] = None  # main() may run more than once in one process
-  experiment = sys.modules.get("tff_cluster.experiment")
-  if experiment is not None:
-    experiment.note_stop_signal(None)
+  interrupts.note(None)  # main() may run more than once in one process
   with _signals_as_exit():
     return _main(argv)
 
@@ -365,7 +351,7 @@ def _main(argv) -> int:
     raise
   except Exception as e:  # noqa: BLE001 - only Diverged and WorkerLost are expected
     from tff_cluster.experiment import Diverged, WorkerLost
-    signum = _SIGNAL["received"]
+    signum = interrupts.received()
     if signum is not None:  # a signal's exception, transformed by the code it hit
       _interrupted(settings, 130 if signum == signal.SIGINT else 128 + signum)
     if isinstance(e, WorkerLost):

@@ -25,7 +25,7 @@ from tests.helpers import (SMALL_ARGS, assert_one_line_error, assert_workers_gon
 from tests.test_fedprox_nist import write_leaf
 from tests.test_runners import ALL_CLIENTS, OWN_MOMENTUM, PARITY_CASES
 from tests.test_sent140_csv import CLI_CASES as SENT140_CLI_CASES
-from tff_cluster import checkpoint, experiment, registry
+from tff_cluster import checkpoint, experiment, interrupts, registry
 from tff_cluster import hparams as hp
 from tff_cluster.results import ResultsWriter
 from tff_cluster.task import DataOptions
@@ -647,7 +647,7 @@ def test_a_signal_whose_exception_is_swallowed_still_stops_the_run_after_that_ro
 
   def run_round(round_num, sampled):
     if round_num == 3:
-      experiment.note_stop_signal(sig)  # the handler ran; its exception was lost
+      interrupts.note(sig)  # the handler ran; its exception was lost
     return real(round_num, sampled)
 
   driver.run_round = run_round
@@ -659,7 +659,7 @@ def test_a_signal_whose_exception_is_swallowed_still_stops_the_run_after_that_ro
       experiment.run_training(task, data, config, driver, writer, progress=False,
                               checkpoint_dir=str(tmp_path), checkpoint_every=2)
   finally:
-    experiment.note_stop_signal(None)
+    interrupts.note(None)
     writer.close()
   if sig != signal.SIGINT:
     assert raised.value.code == 128 + sig
@@ -683,7 +683,7 @@ def test_a_signal_whose_exception_surfaces_transformed_still_closes_as_interrupt
   def run_round(round_num, sampled):
     calls["n"] += 1
     if round_num == 2:
-      experiment.note_stop_signal(signal.SIGTERM)
+      interrupts.note(signal.SIGTERM)
       raise TypeError("Expected `context` argument in EagerTensor constructor")
     return real(round_num, sampled)
 
@@ -694,7 +694,7 @@ def test_a_signal_whose_exception_surfaces_transformed_still_closes_as_interrupt
     with pytest.raises(TypeError):
       experiment.run_training(task, data, config, driver, writer, progress=False)
   finally:
-    experiment.note_stop_signal(None)
+    interrupts.note(None)
     writer.close()
   summary = json.loads((tmp_path / "summary.json").read_text())
   assert summary["completed"] is False and summary["reason"] == "interrupted"

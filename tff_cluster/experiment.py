@@ -34,16 +34,9 @@ BASE_COLUMNS = ("round", "train_loss", "loss_ratio", "test_accuracy", "test_loss
                 "eval_seconds", "bytes_down", "bytes_up")
 
 
-def note_stop_signal(signum: Optional[int]) -> None:
-  """Records that a stop signal arrived (the CLI's handlers call this; None
-  clears it): a run that then fails with any exception is summarised as
-  interrupted, since the handler's exception may surface transformed by the
-  code it interrupted."""
-  interrupts.note(signum)
-
-
 def _stop_if_signalled() -> None:
-  """Raises what a recorded stop signal's handler raised (KeyboardInterrupt for
+  """Raises what a stop signal recorded by `interrupts.note` (the CLI's
+  handlers record every one) stands for (KeyboardInterrupt for
   SIGINT, SystemExit(128 + signum) otherwise), in case code it interrupted (for
   instance TFF's asyncio execution) swallowed that exception and carried on."""
   signum = interrupts.received()
