@@ -67,7 +67,12 @@ def diverged_summary(directory: str) -> Optional[dict]:
     return None
   with open(path) as f:
     summary = json.load(f)
-  return summary if summary.get("reason") == "diverged" else None
+  return summary if is_diverged(summary) else None
+
+
+def is_diverged(summary: dict) -> bool:
+  """Whether the divergence guard stopped the run (its scores are no result)."""
+  return summary.get("reason") == "diverged"
 
 
 def diverged_cell(rounds: Sequence[int], total: int) -> str:

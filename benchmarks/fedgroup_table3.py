@@ -53,11 +53,11 @@ import csv
 import json
 import os
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from _sweep import (REPO_ROOT, SHARED, diverged_cell, fmt, median_round_seconds,
+from _sweep import (REPO_ROOT, SHARED, diverged_cell, fmt, is_diverged, median_round_seconds,
                     registered_algorithms, run_one, save_recorded, truncated)
 
 # benchmarks/recorded/fedgroup_table3.csv: one row per finished run (`seeds` one
@@ -180,8 +180,9 @@ def num_clients(directory: str) -> Optional[int]:
     return json.load(f).get("num_clients_loaded")
 
 
-def jobs_for(args) -> List[tuple]:
-  """(row, column, seed, run_experiment flags) of every run the arguments ask for."""
+def jobs_for(args) -> Tuple[List[dict], List[int], List[tuple]]:
+  """The rows and seeds the arguments ask for, and every run's (row, column,
+  seed, run_experiment flags)."""
   seeds = [int(s) for s in args.seeds.split(",")]
   available = registered_algorithms()
   columns, newcomer = {}, {}
@@ -210,8 +211,7 @@ def jobs_for(args) -> List[tuple]:
     for column, flags in cols.items():
       for seed in seeds:
         jobs.append((row, column, seed, [*row["flags"], *flags]))
-
-  return jobs
+  return rows, seeds, jobs
 
 
 def main(argv=None):
@@ -246,9 +246,7 @@ def main(argv=None):
   p.add_argument("--project", action="store_true",
                  help="time 2 rounds of each run instead and project the total")
   args = p.parse_args(argv)
-  jobs = jobs_for(args)
-  rows = rows_for(args.tasks.split(","), args)
-  seeds = [int(s) for s in args.seeds.split(",")]
+  rows, seeds, jobs = jobs_for(args)
 
   if args.project:
     return project(jobs, args)
@@ -299,11 +297,6 @@ def default_rounds(row) -> int:
   return int(tasks.get_task(name).defaults["rounds"])
 
 
-def _diverged(summary: dict) -> bool:
-  """Whether the divergence guard stopped the run (its score is no result)."""
-  return summary.get("reason") == "diverged"
-
-
 def write_table(results, rows, seeds, args):
   os.makedirs(os.path.dirname(args.table) or ".", exist_ok=True)
   lines = [f"Seeds {','.join(map(str, seeds))}; runner {args.runner}; "
@@ -332,15 +325,15 @@ def write_table(results, rows, seeds, args):
       seconds = {s: median_round_seconds(results[(label, column, s)][1],
                                          summary.get("mean_round_seconds", np.nan))
                  for s, summary in runs}
-      got = [score(column, summary) for _, summary in runs if not _diverged(summary)]
-      stopped = [int(summary["diverged_round"]) for _, summary in runs if _diverged(summary)]
+      got = [score(column, summary) for _, summary in runs if not is_diverged(summary)]
+      stopped = [int(summary["diverged_round"]) for _, summary in runs if is_diverged(summary)]
       secs = list(seconds.values())
       paper = PAPER.get(label, {}).get(column)
       cell = diverged_cell(stopped, len(runs)) if stopped else fmt(got)
       lines.append(f"| {column} | {cell} | {'–' if paper is None else paper} | "
                    f"{np.median(secs):.3f} |")
       for s, summary in runs:
-        stop = int(summary["diverged_round"]) if _diverged(summary) else None
+        stop = int(summary["diverged_round"]) if is_diverged(summary) else None
         value = None if stop is not None else score(column, summary)
         ratio = summary.get("max_loss_ratio")
         csv_rows.append(dict(row=label, column=column, seed=s,

@@ -292,7 +292,7 @@ def test_fedgroup_table3_columns_can_be_shared_by_two_processes():
                               femnist_dir="F", femnist_models="mlp", seeds="0",
                               tasks="sent140", ablation=False, newcomer_columns=True)
     vars(args).update(kw)
-    return [c for (_, c, _, _) in t3.jobs_for(args)]
+    return [c for (_, c, _, _) in t3.jobs_for(args)[2]]
 
   every = columns(columns=",".join(t3.COLUMNS))
   assert every == [*t3.COLUMNS, *t3.NEWCOMER_COLUMNS]  # added where FedGroup runs
