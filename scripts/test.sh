@@ -4,11 +4,12 @@
 #   tff     the TFF stack (Python 3.11, else 3.10): TF 2.14.1 + TFF 0.87, the
 #           tests that need TFF (the `tff` runner, the runner parity tests) and
 #           the test files whose outcome depends on the TF / Keras version
-#           (`-m "tff or stack"`; the files: tests/conftest.py's STACK_SENSITIVE)
+#           (`-m "tff or stack"`; the files: tests/conftest.py's STACK_SENSITIVE),
+#           with checkpoints resumed across the two stacks when today's
+#           environment exists
 #   today   the suite less the TFF-only tests on today's stack with Keras 3
-#           (Python 3.12, else 3.13, 3.11, 3.10), with the cross-stack checks
-#           (metrics against the TFF stack's reference, checkpoints resumed
-#           across the two stacks) when the tff phase's environment exists
+#           (Python 3.12, else 3.13, 3.11, 3.10), the metrics checked against
+#           the TFF stack's reference
 #   keras2  the model and training tests with Keras 2 (tf_keras,
 #           TF_USE_LEGACY_KERAS=1) in the same environment
 #   colab   a Colab-like runtime (Python 3.13 with Colab's pins,
@@ -79,7 +80,7 @@ sync() {
 
 run_pytest() {  # run_pytest PHASE PYTHON [pytest args...]
   local phase=$1 py=$2; shift 2
-  "$py" -m pytest -p no:cacheprovider --junitxml="$REPORTS/$phase.xml" "$@"
+  "$py" -m pytest -p no:cacheprovider --durations=15 --junitxml="$REPORTS/$phase.xml" "$@"
 }
 
 phase() {  # phase NAME COMMAND...: runs it, records status and seconds
@@ -130,14 +131,15 @@ phase install install_all
 # The phases.
 
 tff_phase() {
-  ( unset TF_USE_LEGACY_KERAS; run_pytest tff .venv-tff/bin/python -m "tff or stack" )
-}
-today_phase() {
   ( unset TF_USE_LEGACY_KERAS
     # The cross-stack tests (tests/test_cross_stack.py) resume checkpoints
-    # written by the TFF stack's interpreter, and the other way round.
-    [ -x .venv-tff/bin/python ] && export TFF_CLUSTER_TFF_PYTHON="$ROOT/.venv-tff/bin/python"
-    run_pytest today "$TODAY_ENV/bin/python" -m "not tff" )
+    # written on this stack with today's interpreter, and the other way round.
+    [ -n "$TODAY_ENV" ] && [ -x "$TODAY_ENV/bin/python" ] &&
+      export TFF_CLUSTER_TODAY_PYTHON="$ROOT/$TODAY_ENV/bin/python"
+    run_pytest tff .venv-tff/bin/python -m "tff or stack" )
+}
+today_phase() {
+  ( unset TF_USE_LEGACY_KERAS; run_pytest today "$TODAY_ENV/bin/python" -m "not tff" )
 }
 keras2_phase() {
   ( export TF_USE_LEGACY_KERAS=1

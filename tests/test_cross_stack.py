@@ -10,9 +10,10 @@ checkpointed on one stack (or runner) resumes on the other.
   On that stack it checks that the runs are reproducible; on today's stack
   (TensorFlow 2.21 with Keras 3, or tf_keras with TF_USE_LEGACY_KERAS=1) that
   nothing moved by more than `TOLERANCE`.
-* The resume checks need both stacks: `scripts/test.sh` gives today's phase
-  the TFF stack's interpreter as TFF_CLUSTER_TFF_PYTHON; without it they are
-  skipped.
+* The resume checks need both stacks' interpreters: the one running the tests
+  and the other, named by TFF_CLUSTER_TODAY_PYTHON (today's stack, which
+  `scripts/test.sh` gives the TFF stack's phase) or TFF_CLUSTER_TFF_PYTHON
+  (the TFF stack); without it they are skipped.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ TOLERANCE = 1e-5  # per metric and round, absolute
 KERAS3_BATCHNORM_TOLERANCE = 1e-4
 BATCHNORM_CASES = ("wecfl_fmnist_cnn",)
 TFF_PYTHON = os.environ.get("TFF_CLUSTER_TFF_PYTHON", "")
+TODAY_PYTHON = os.environ.get("TFF_CLUSTER_TODAY_PYTHON", "")
 
 SMALL = ("--num_clients=20", "--clients_per_round=5", "--local_epochs=1",
          "--progress=false")
@@ -129,7 +131,16 @@ def _keras3() -> bool:
 
 
 # ---------------------------------------------------------------------------
-# Checkpoints across stacks and runners (scripts/test.sh's today phase).
+# Checkpoints across stacks and runners (scripts/test.sh's tff phase).
+
+
+def _pythons() -> dict[str, str]:
+  """The interpreters of the two stacks: this one and the other one named in
+  the environment ("" where it is not)."""
+  from tff_cluster import stack
+  if stack.tff_available():
+    return {"tff-stack": sys.executable, "today": TODAY_PYTHON}
+  return {"tff-stack": TFF_PYTHON, "today": sys.executable}
 
 
 def _cli(python, case, out_dir, *extra):
@@ -142,20 +153,22 @@ def _cli(python, case, out_dir, *extra):
   assert done.returncode == 0, done.stderr[-3000:]
 
 
-@pytest.mark.skipif(not TFF_PYTHON, reason="needs TFF_CLUSTER_TFF_PYTHON, the TFF stack's "
-                    "interpreter (scripts/test.sh sets it)")
 @pytest.mark.parametrize("case,first,then", [
     # FedGroup: groups, pre-training flags and the host's random generator.
-    ("fedgroup_synthetic", "tff-stack", "here"),
-    ("fedgroup_synthetic", "here", "tff-stack"),
+    ("fedgroup_synthetic", "tff-stack", "today"),
+    ("fedgroup_synthetic", "today", "tff-stack"),
     # IFCA with persistent client momentum, rounds 1-2 on the tff runner.
-    ("ifca_momentum", "tff-stack --runner=tff", "here"),
+    ("ifca_momentum", "tff-stack --runner=tff", "today"),
 ])
 def test_a_checkpoint_resumes_on_the_other_stack(case, first, then, tmp_path):
   """The first rounds on one stack (and runner), stopped after round 2, the
   rest resumed on the other with the local runner: the metrics of the TFF
-  stack's uninterrupted run."""
-  pythons = {"tff-stack": TFF_PYTHON, "here": sys.executable}
+  stack's uninterrupted run. Today's stack runs Keras 3 here, whatever
+  TF_USE_LEGACY_KERAS says."""
+  pythons = _pythons()
+  if not all(pythons.values()):
+    pytest.skip("needs the other stack's interpreter: TFF_CLUSTER_TODAY_PYTHON on the TFF "
+                "stack, TFF_CLUSTER_TFF_PYTHON on today's; scripts/test.sh's tff phase sets the first")
   first_python, *first_flags = first.split()
   out = tmp_path / "run"
   rounds = next(a for a in CASES[case] if a.startswith("--rounds="))
