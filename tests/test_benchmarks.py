@@ -75,6 +75,28 @@ def test_cflmgd_table_merges_recorded_seeds_with_runs_on_disk(recorded, monkeypa
   assert float(rows["1"]["final_accuracy"]) == 0.94 and float(rows["0"]["final_accuracy"]) == 0.9
 
 
+def test_cflmgd_lead_is_split_into_momentum_and_schedule():
+  """Per seed with CFL-MGD II, IFCA and IFCA decay 0.99 (none diverged): lead
+  = II - IFCA = (II - IFCA decay) + (IFCA decay - IFCA), in points cut toward
+  zero; the mean over those seeds; a diverged control leaves its seed out."""
+  run = lambda accuracy, diverged=None: (accuracy, 10.0, 0.7, diverged)  # noqa: E731
+  got = {"CFL-MGD II": {0: run(0.973025), 1: run(0.965425), 2: run(0.9658)},
+         "IFCA": {0: run(0.9559), 1: run(0.944975), 2: run(0.9461)},
+         "IFCA decay 0.99": {0: run(0.9368), 1: run(0.922375), 2: run(None, 40)},
+         "FedAvg": {0: run(0.8941)}, "FedAvg decay 0.99": {0: run(0.8442)}}
+  lines = cflmgd_table2.attribution(got).splitlines()
+  assert lines[-3:] == [
+      # 97.3025 - 95.59 = 1.7125; 97.3025 - 93.68 = 3.6225; 93.68 - 95.59 = -1.91;
+      # FedAvg 84.42 - 89.41 = -4.99.
+      "| 0 | +1.71 | +3.62 | -1.91 | -4.99 |",
+      # 96.5425 - 94.4975 = 2.045; 96.5425 - 92.2375 = 4.305; 92.2375 - 94.4975 = -2.26.
+      "| 1 | +2.04 | +4.30 | -2.26 | – |",
+      # Means: 1.87875, 3.96375, -2.085.
+      "| mean of 0,1 | +1.87 | +3.96 | -2.08 | |"]
+  del got["IFCA decay 0.99"]
+  assert cflmgd_table2.attribution(got) == ""
+
+
 def test_table_cells_are_cut_never_rounded_up():
   assert _sweep.truncated(88.6575, 2) == "88.65"
   assert _sweep.truncated(100 * 0.9457, 2) == "94.57"  # float just below: kept
