@@ -180,6 +180,30 @@ def num_clients(directory: str) -> Optional[int]:
     return json.load(f).get("num_clients_loaded")
 
 
+def run_rounds(directory: str) -> Optional[int]:
+  """The rounds a run was asked for (its config.json)."""
+  path = os.path.join(directory, "config.json")
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    rounds = json.load(f).get("rounds")
+  return None if rounds is None else int(rounds)
+
+
+def rounds_note(row: dict, directories: Sequence[str]) -> str:
+  """Names the rounds of a row's runs where they are not its task's T (a
+  `--rounds` override), so that the label says what ran."""
+  if "flags" not in row:
+    return ""
+  rounds = {run_rounds(d) for d in directories}
+  rounds.discard(None)
+  t = default_rounds(row)
+  other = sorted(r for r in rounds if r != t)
+  if not other:
+    return ""
+  return f"{'/'.join(map(str, sorted(rounds)))} rounds, not the task's T = {t}"
+
+
 def jobs_for(args) -> Tuple[List[dict], List[int], List[tuple]]:
   """The rows and seeds the arguments ask for, and every run's (row, column,
   seed, run_experiment flags)."""
@@ -318,6 +342,9 @@ def write_table(results, rows, seeds, args):
       users.discard(None)
       note = (f" (not comparable: {max(users) if users else '?'} users of a partial "
               "corpus, 50-d GloVe; the paper: 772 users, 300-d GloVe)")
+    short = rounds_note(row, [d for (r, _, _), (_, d) in results.items() if r == label])
+    if short:
+      note = f"{note[:-1]}; {short})" if note else f" ({short})"
     lines += [f"**{label}**{note}", "", "| column | ours | paper | seconds/round |",
               "|---|---|---|---|"]
     for column in cols:

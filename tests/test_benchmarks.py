@@ -357,6 +357,35 @@ def test_fedgroup_table3_prints_diverged_runs_as_diverged(tmp_path, monkeypatch)
   assert {"max_loss_ratio", "diverged_round"} <= set(saved["fields"])
 
 
+def test_fedgroup_table3_names_rounds_other_than_the_tasks_T(tmp_path, monkeypatch):
+  """A row whose runs trained fewer rounds than the task's T (`--rounds`) says
+  so in its label and in the recorded note; a row at T adds nothing."""
+  import argparse
+  import fedgroup_table3 as t3
+  saved = {}
+  monkeypatch.setattr(t3, "save_recorded", lambda name, rows, key, fields: saved.update(rows=rows))
+  args = argparse.Namespace(mnist_dir="M", mnist_models="mlp", sent140_dir="S", min_tweets=5,
+                            femnist_dir="F", femnist_models="mlp")
+  sent140, = t3.rows_for(["sent140"], args)
+  mnist, = t3.rows_for(["mnist"], args)
+  results = {}
+  for row, rounds in ((sent140, 300), (mnist, t3.default_rounds(mnist))):
+    d = tmp_path / row["row"]
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(dict(rounds=rounds, num_clients_loaded=124)))
+    results[(row["row"], "FedAvg", 0)] = (dict(completed=True, max_test_accuracy=0.7), str(d))
+  assert t3.default_rounds(sent140) == 800
+  args = argparse.Namespace(table=str(tmp_path / "t3"), runner="local", rounds=300, record=True)
+  t3.write_table(results, [sent140, mnist], [0], args)
+  table = (tmp_path / "t3.md").read_text()
+  assert ("**Sent140-LSTM** (not comparable: 124 users of a partial corpus, 50-d GloVe; the "
+          "paper: 772 users, 300-d GloVe; 300 rounds, not the task's T = 800)") in table
+  assert "**MNIST-MLP**\n" in table
+  notes = {r["row"]: r["note"] for r in saved["rows"]}
+  assert notes["Sent140-LSTM"].endswith("300 rounds, not the task's T = 800)")
+  assert notes["MNIST-MLP"] == ""
+
+
 def test_seconds_per_round_is_the_median_round(tmp_path):
   """A run paused for an hour has one long round; the tables' median ignores it."""
   with open(tmp_path / "metrics.csv", "w") as f:
