@@ -171,22 +171,23 @@ def source_images(directory: str) -> Optional[int]:
   return int(found.group(1).replace(",", "")) if found else None
 
 
-def num_clients(directory: str) -> Optional[int]:
-  """The number of clients a run loaded (its config.json)."""
+def run_config(directory: str) -> dict:
+  """A run's config.json ({} where it has none)."""
   path = os.path.join(directory, "config.json")
   if not os.path.exists(path):
-    return None
+    return {}
   with open(path) as f:
-    return json.load(f).get("num_clients_loaded")
+    return json.load(f)
+
+
+def num_clients(directory: str) -> Optional[int]:
+  """The number of clients a run loaded (its config.json)."""
+  return run_config(directory).get("num_clients_loaded")
 
 
 def run_rounds(directory: str) -> Optional[int]:
   """The rounds a run was asked for (its config.json)."""
-  path = os.path.join(directory, "config.json")
-  if not os.path.exists(path):
-    return None
-  with open(path) as f:
-    rounds = json.load(f).get("rounds")
+  rounds = run_config(directory).get("rounds")
   return None if rounds is None else int(rounds)
 
 
@@ -198,8 +199,7 @@ def rounds_note(row: dict, directories: Sequence[str]) -> str:
   rounds = {run_rounds(d) for d in directories}
   rounds.discard(None)
   t = default_rounds(row)
-  other = sorted(r for r in rounds if r != t)
-  if not other:
+  if rounds <= {t}:
     return ""
   return f"{'/'.join(map(str, sorted(rounds)))} rounds, not the task's T = {t}"
 
