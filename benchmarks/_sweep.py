@@ -145,8 +145,9 @@ def fmt(values: Sequence[float]) -> str:
   if not values:
     return "–"
   a = 100 * np.asarray(values)
-  return (f"{truncated(a.mean(), 1)} ± "
-          f"{truncated(a.std(ddof=1) if len(a) > 1 else 0.0, 1)}")
+  if len(a) == 1:  # one seed: no spread to show
+    return truncated(a[0], 1)
+  return f"{truncated(a.mean(), 1)} ± {truncated(a.std(ddof=1), 1)}"
 
 
 def mean_std(values: Sequence[Optional[float]]) -> str:

@@ -325,7 +325,7 @@ def write_table(results, rows, seeds, args):
   os.makedirs(os.path.dirname(args.table) or ".", exist_ok=True)
   lines = [f"Seeds {','.join(map(str, seeds))}; runner {args.runner}; "
            f"rounds {'task defaults' if args.rounds is None else args.rounds}. "
-           "Ours: mean ± std (%) over seeds; paper: Table 3.", ""]
+           "Ours: mean ± std (%) over seeds (one seed: its score); paper: Table 3.", ""]
   csv_rows = []
   recorded = []
   for row in rows:

@@ -105,6 +105,7 @@ def test_table_cells_are_cut_never_rounded_up():
   assert _sweep.mean_std([0.886575]) == "88.65"
   assert _sweep.mean_std([0.9, 0.94]) == "92.00 ± 2.82"  # sample std 2.828...
   assert _sweep.fmt([0.9, 0.94]) == "92.0 ± 2.8"
+  assert _sweep.fmt([0.736842]) == "73.6"  # one seed: no "± 0.0"
   assert _sweep.mean_std([None]) == "–"
 
 
@@ -348,7 +349,7 @@ def test_fedgroup_table3_prints_diverged_runs_as_diverged(tmp_path, monkeypatch)
   t3.write_table(results, [dict(row="MNIST-MLP")], [0, 1], args)
   table = (tmp_path / "t3.md").read_text()
   assert "| FedAvg | diverged at round 7 (1/2 seeds) |" in table
-  assert "| FedProx | 81.0 ± 0.0 |" in table
+  assert "| FedProx | 81.0 |" in table
   assert "0.19" not in table and "19.0" not in table
   rows = {(r["column"], r["seeds"]): r for r in saved["rows"]}
   assert rows[("FedAvg", "1")]["mean"] == "" and rows[("FedAvg", "1")]["diverged_round"] == 7
