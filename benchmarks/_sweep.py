@@ -142,25 +142,20 @@ def truncated(x: float, digits: int) -> str:
 
 
 def fmt(values: Sequence[float]) -> str:
-  if not values:
-    return "–"
-  a = 100 * np.asarray(values)
-  if len(a) == 1:  # one seed: no spread to show
-    return truncated(a[0], 1)
-  return f"{truncated(a.mean(), 1)} ± {truncated(a.std(ddof=1), 1)}"
+  """The FedGroup table's cell: `mean_std` to one decimal."""
+  return mean_std(values, digits=1)
 
 
-def mean_std(values: Sequence[Optional[float]]) -> str:
+def mean_std(values: Sequence[Optional[float]], digits: int = 2) -> str:
   """Fractions as a percentage cell: "m ± s" over seeds (sample std), one
-  value alone without ±, "–" when there is none (None values are skipped).
-  The other tables' format; this one's is `fmt`."""
+  value alone without ±, "–" when there is none (None values are skipped)."""
   values = [v for v in values if v is not None]
   if not values:
     return "–"
   a = 100 * np.asarray(values)
   if len(a) == 1:
-    return truncated(a[0], 2)
-  return f"{truncated(a.mean(), 2)} ± {truncated(a.std(ddof=1), 2)}"
+    return truncated(a[0], digits)
+  return f"{truncated(a.mean(), digits)} ± {truncated(a.std(ddof=1), digits)}"
 
 
 def save_markdown(stem: str, text: str) -> None:
