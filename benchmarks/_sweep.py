@@ -36,6 +36,7 @@ def run_one(flags: List[str], directory: str, seed: int, runner: str,
             rounds: Optional[int]) -> dict:
   """Runs (or reuses) one experiment; returns its summary.json (a run the
   divergence guard stopped is finished too: its summary says "diverged")."""
+  _check_rounds(directory, rounds)
   summary = completed_summary(directory) or diverged_summary(directory)
   if summary is not None:
     return summary
@@ -47,6 +48,20 @@ def run_one(flags: List[str], directory: str, seed: int, runner: str,
          f"--seed={seed}", f"--runner={runner}", "--progress=false", "--overwrite",
          f"--output_dir={directory}"]
   return _run(cmd, directory, rounds, f"{' '.join(flags)} seed {seed}")
+
+
+def _check_rounds(directory: str, rounds: Optional[int]) -> None:
+  """Stops a table that asks for `rounds` where `directory` already holds a run
+  of another length, which it would otherwise reuse or resume as if it were
+  the run asked for."""
+  path = os.path.join(directory, "config.json")
+  if rounds is None or not os.path.exists(path):
+    return
+  with open(path) as f:
+    ran = json.load(f).get("rounds")
+  if ran is not None and int(ran) != rounds:
+    raise SystemExit(f"{directory} holds a run of {ran} rounds, not the {rounds} asked "
+                     f"for: pass another --out, or remove that directory")
 
 
 def completed_summary(directory: str) -> Optional[dict]:

@@ -223,6 +223,30 @@ def test_run_one_resumes_a_run_with_checkpoints_and_restarts_one_without(tmp_pat
   assert len(calls) == 2
 
 
+def test_run_one_refuses_a_finished_run_of_other_rounds(tmp_path, monkeypatch):
+  """`--rounds=300` over a directory holding an 800-round run stops with one
+  line instead of reusing (or resuming) the 800-round run as the 300 asked for."""
+  calls = []
+  monkeypatch.setattr(_sweep, "_resume", lambda d, r: calls.append(("resume", d)) or {})
+  monkeypatch.setattr(_sweep, "_run", lambda cmd, d, r, what: calls.append(("run", d)) or {})
+  run = tmp_path / "run"
+  os.makedirs(run / "checkpoints")
+  with open(run / "config.json", "w") as f:
+    json.dump({"rounds": 800}, f)
+  with open(run / "summary.json", "w") as f:
+    json.dump({"completed": True}, f)
+  with pytest.raises(SystemExit, match="holds a run of 800 rounds, not the 300 asked for"):
+    _sweep.run_one([], str(run), 0, "local", 300)
+  with open(run / "summary.json", "w") as f:
+    json.dump({"completed": False, "reason": "interrupted"}, f)
+  (run / "checkpoints" / "round-000740.npz").write_bytes(b"x")
+  with pytest.raises(SystemExit, match="800 rounds, not the 300"):
+    _sweep.run_one([], str(run), 0, "local", 300)
+  assert calls == []
+  _sweep.run_one([], str(run), 0, "local", 800)  # the same length: resumed
+  _sweep.run_one([], str(run), 0, "local", None)  # the task's T: resumed
+  assert calls == [("resume", str(run))] * 2
+
 HLO_TYPES = {"float32": "f32", "int32": "s32", "int64": "s64"}
 
 
