@@ -358,7 +358,7 @@ def write_table(results, rows, seeds, args):
       paper = PAPER.get(label, {}).get(column)
       cell = diverged_cell(stopped, len(runs)) if stopped else fmt(got)
       lines.append(f"| {column} | {cell} | {'–' if paper is None else paper} | "
-                   f"{np.median(secs):.3f} |")
+                   f"{truncated(float(np.median(secs)), 3)} |")
       for s, summary in runs:
         stop = int(summary["diverged_round"]) if is_diverged(summary) else None
         value = None if stop is not None else score(column, summary)
