@@ -54,14 +54,25 @@ def _check_rounds(directory: str, rounds: Optional[int]) -> None:
   """Stops a table that asks for `rounds` where `directory` already holds a run
   of another length, which it would otherwise reuse or resume as if it were
   the run asked for."""
-  path = os.path.join(directory, "config.json")
-  if rounds is None or not os.path.exists(path):
-    return
-  with open(path) as f:
-    ran = json.load(f).get("rounds")
-  if ran is not None and int(ran) != rounds:
+  ran = None if rounds is None else run_rounds(directory)
+  if ran is not None and ran != rounds:
     raise SystemExit(f"{directory} holds a run of {ran} rounds, not the {rounds} asked "
                      f"for: pass another --out, or remove that directory")
+
+
+def run_config(directory: str) -> dict:
+  """A run's config.json ({} where it has none)."""
+  path = os.path.join(directory, "config.json")
+  if not os.path.exists(path):
+    return {}
+  with open(path) as f:
+    return json.load(f)
+
+
+def run_rounds(directory: str) -> Optional[int]:
+  """The rounds a run was asked for (its config.json)."""
+  rounds = run_config(directory).get("rounds")
+  return None if rounds is None else int(rounds)
 
 
 def completed_summary(directory: str) -> Optional[dict]:

@@ -58,7 +58,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from _sweep import (REPO_ROOT, SHARED, diverged_cell, fmt, is_diverged, median_round_seconds,
-                    registered_algorithms, run_one, save_recorded, truncated)
+                    registered_algorithms, run_config, run_one, run_rounds, save_recorded,
+                    truncated)
 
 # benchmarks/recorded/fedgroup_table3.csv: one row per finished run (`seeds` one
 # seed) or, for the cells re-entered from an earlier README, per cell (`seeds`
@@ -171,24 +172,9 @@ def source_images(directory: str) -> Optional[int]:
   return int(found.group(1).replace(",", "")) if found else None
 
 
-def run_config(directory: str) -> dict:
-  """A run's config.json ({} where it has none)."""
-  path = os.path.join(directory, "config.json")
-  if not os.path.exists(path):
-    return {}
-  with open(path) as f:
-    return json.load(f)
-
-
 def num_clients(directory: str) -> Optional[int]:
   """The number of clients a run loaded (its config.json)."""
   return run_config(directory).get("num_clients_loaded")
-
-
-def run_rounds(directory: str) -> Optional[int]:
-  """The rounds a run was asked for (its config.json)."""
-  rounds = run_config(directory).get("rounds")
-  return None if rounds is None else int(rounds)
 
 
 def rounds_note(row: dict, directories: Sequence[str]) -> str:

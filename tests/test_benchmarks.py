@@ -247,6 +247,7 @@ def test_run_one_refuses_a_finished_run_of_other_rounds(tmp_path, monkeypatch):
   _sweep.run_one([], str(run), 0, "local", None)  # the task's T: resumed
   assert calls == [("resume", str(run))] * 2
 
+
 HLO_TYPES = {"float32": "f32", "int32": "s32", "int64": "s64"}
 
 
