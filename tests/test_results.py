@@ -1,5 +1,6 @@
 """Results worth reading: NaN conventions, groups.csv, TensorBoard tags and
-HParams, config.json provenance, and the plot tool (`python -m tff_cluster.plot`)."""
+HParams, config.json provenance, the plot tool (`python -m tff_cluster.plot`),
+groups.png and summary.json's final ARI and purity."""
 
 from __future__ import annotations
 
@@ -460,3 +461,189 @@ def test_plot_cli_errors_are_one_line(tmp_path, capsys):
   proc = subprocess.run([sys.executable, "-m", "tff_cluster.plot", str(tmp_path / "nope")],
                         cwd=str(REPO_ROOT), capture_output=True, text=True, timeout=120)
   _one_line_error(proc.returncode, proc.stderr, "does not exist")
+
+
+# ---------------------------------------------------------------------------
+# groups.png and the final ARI and purity in summary.json
+
+
+def _hand_ari_purity(truth, pred):
+  """ARI (Hubert & Arabie) and purity from the contingency table, counted
+  here: the clients with a group (pred >= 0) only."""
+  truth, pred = np.asarray(truth), np.asarray(pred)
+  truth, pred = truth[pred >= 0], pred[pred >= 0]
+  n = len(truth)
+  pairs = lambda m: m * (m - 1) / 2  # noqa: E731
+  cells = {}
+  for t, p in zip(truth.tolist(), pred.tolist()):
+    cells[(t, p)] = cells.get((t, p), 0) + 1
+  index = sum(pairs(v) for v in cells.values())
+  rows = sum(pairs(sum(v for (t, _), v in cells.items() if t == a)) for a in set(truth.tolist()))
+  cols = sum(pairs(sum(v for (_, p), v in cells.items() if p == b)) for b in set(pred.tolist()))
+  expected = rows * cols / pairs(n)
+  ari = (index - expected) / ((rows + cols) / 2 - expected)
+  purity = sum(max(v for (_, p), v in cells.items() if p == b)
+               for b in set(pred.tolist())) / n
+  return ari, purity
+
+
+def test_hand_ari_purity_of_a_small_case():
+  # Contingency (true, group): (0,0)=2, (0,1)=1, (1,1)=3: index 1+0+3 = 4; true
+  # pairs 3+3 = 6; group pairs 1+6 = 7; expected 6*7/15 = 2.8; ARI (4-2.8)/(6.5-2.8).
+  ari, purity = _hand_ari_purity([0, 0, 0, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1, -1])
+  assert ari == pytest.approx(12 / 37) and purity == pytest.approx(5 / 6)
+
+
+def test_summary_carries_the_last_evaluated_ari_and_purity():
+  rows = [{"round": 1, "test_accuracy": 0.5, "ari": 0.2, "purity": 0.6},
+          {"round": 2, "test_accuracy": 0.6, "ari": 0.4, "purity": 0.7},
+          {"round": 3, "test_accuracy": None}]  # not evaluated
+  summary = results.summarize(rows, 3)
+  assert (summary["ari"], summary["purity"]) == (0.4, 0.7)
+  assert "ari" not in results.summarize([{"round": 1, "test_accuracy": 0.5}], 1)
+
+
+GROUP_COLUMNS = ["round", "test_accuracy", "group_0_size", "group_1_size", "ari", "purity"]
+GROUPS_CONFIG = {"algo": "ifca", "task": "synthetic_clusters", "model": "mclr", "seed": 0,
+                 "client_lr": 0.01, "local_epochs": 1, "algo_options": {"num_groups": 2}}
+# Clients a..d over 3 rounds; round 2 not known (chosen at evaluation, none).
+HAND_GROUPS = ((1, [0, -1, 1, -1], 0.25), (2, None, None), (3, [1, 0, 1, -1], 0.5))
+
+
+def _groups_run(path, columns=GROUP_COLUMNS, groups_format="wide"):
+  writer = ResultsWriter(str(path), columns, tensorboard=False, groups_format=groups_format)
+  writer.write_config(GROUPS_CONFIG)
+  for r, groups, ari in HAND_GROUPS:
+    row = {"round": r, "test_accuracy": 0.5}
+    if "ari" in columns:
+      row.update(ari=ari, purity=None if ari is None else 0.75)
+    writer.write_round(row)
+    writer.write_groups(r, ["a", "b", "c", "d"], groups)
+  return writer
+
+
+def test_groups_png_of_a_hand_made_groups_csv(tmp_path, monkeypatch):
+  import matplotlib
+  from matplotlib import image
+  titles = []
+  draw = plot.groups_figure
+  monkeypatch.setattr(plot, "groups_figure",
+                      lambda table, title="": titles.append(title) or draw(table, title))
+  writer = _groups_run(tmp_path)
+  assert writer.plot() == str(tmp_path / "accuracy.png")
+  writer.close()
+  png = image.imread(str(tmp_path / "groups.png"))
+  assert png.shape == (500, 800, 4)  # 8 x 5 inches at 100 dpi
+  assert titles == ["ifca on synthetic_clusters, mclr, groups=2, lr=0.01, E=1, seed 0\n"
+                    "each client's group per round; final ARI 0.500, purity 0.750 against "
+                    "the true clusters"]
+  table = plot.read_groups(str(tmp_path / "groups.csv"))
+  assert table.client_ids == ["a", "b", "c", "d"] and list(table.rounds) == [1, 2, 3]
+  np.testing.assert_array_equal(table.groups, [[0, -2, 1], [-1, -2, 0], [1, -2, 1],
+                                               [-1, -2, -1]])
+  # Rows sorted by the last round's group, then the one before: b (0), a (1, was
+  # 0), c (1, was 1), d (no group).
+  c0, c1 = matplotlib.colormaps["tab10"].colors[:2]
+  grey, white = plot.NO_GROUP_COLOR, plot.NOT_KNOWN_COLOR
+  expected = [[grey, white, c0], [c0, white, c1], [c1, white, c1], [grey, white, grey]]
+  fig, ax = draw(table, titles[0])  # the same layout: where each cell's centre is
+  fig.canvas.draw()
+  for i, row in enumerate(expected):
+    for t, color in enumerate(row):
+      x, y = ax.transData.transform((t + 1, i))  # (round, row)
+      np.testing.assert_allclose(png[int(round(500 - y)), int(round(x)), :3], color,
+                                 atol=2 / 255, err_msg=f"row {i}, round {t + 1}")
+  matplotlib.pyplot.close(fig)
+
+
+def test_groups_csv_long_reads_as_the_wide_one_with_its_rule(tmp_path):
+  _groups_run(tmp_path, groups_format="long").close()
+  table = plot.read_groups(str(tmp_path / "groups.csv"), rounds=[1, 2, 3])
+  assert table.client_ids == ["a", "b", "c", "d"] and list(table.rounds) == [1, 2, 3]
+  # Round 2 wrote no line: every client keeps its round-1 group.
+  np.testing.assert_array_equal(table.groups, [[0, 0, 1], [-1, -1, 0], [1, 1, 1],
+                                               [-1, -1, -1]])
+
+
+def test_groups_png_only_for_clustered_runs_and_ari_only_with_true_clusters(tmp_path,
+                                                                            monkeypatch):
+  plain = tmp_path / "plain"  # no group_<j>_size: not a clustered algorithm's run
+  writer = _groups_run(plain, columns=["round", "test_accuracy"])
+  writer.plot()
+  writer.close()
+  assert (plain / "groups.csv").exists() and (plain / "accuracy.png").exists()
+  assert not (plain / "groups.png").exists()
+  titles = []
+  draw = plot.groups_figure
+  monkeypatch.setattr(plot, "groups_figure",
+                      lambda table, title="": titles.append(title) or draw(table, title))
+  writer = _groups_run(tmp_path / "unscored", columns=GROUP_COLUMNS[:4])
+  assert writer.plot_groups() == str(tmp_path / "unscored" / "groups.png")
+  writer.close()
+  assert titles[0].endswith("\neach client's group per round")
+
+
+def test_groups_png_of_a_large_table_is_thinned(tmp_path):
+  import time
+  clients, rounds = 450, 500
+  rng = np.random.default_rng(0)
+  groups = np.repeat(rng.integers(-1, 3, (clients, 1)), rounds, axis=1)
+  path = tmp_path / "groups.csv"
+  with open(path, "w") as f:
+    f.write(",".join(["round"] + [f"c{i}" for i in range(clients)]) + "\n")
+    for r in range(rounds):
+      f.write(",".join(map(str, [r + 1, *groups[:, r]])) + "\n")
+  start = time.perf_counter()
+  table = plot.read_groups(str(path))
+  assert len(table.rounds) == plot.MAX_GROUP_ROUNDS and table.total_rounds == rounds
+  assert table.rounds[0] == 1 and table.rounds[-1] == rounds
+  assert plot.plot_groups(str(path), str(tmp_path / "groups.png")) is not None
+  assert time.perf_counter() - start < 10
+  # The rows drawn: evenly spaced in the sorted order, so the blocks keep their shares.
+  order = plot.groups_order(table.groups)
+  shown = table.groups[order[plot.spread(clients, plot.MAX_GROUP_CLIENTS)], -1]
+  assert len(shown) == plot.MAX_GROUP_CLIENTS
+  keys = np.where(shown >= 0, shown, 3)
+  assert (np.diff(keys) >= 0).all()
+  for g in (-1, 0, 1, 2):
+    assert abs((shown == g).mean() - (groups[:, -1] == g).mean()) < 0.01
+
+
+@pytest.fixture(scope="module")
+def ifca_three_clusters_run(tmp_path_factory):
+  # Three true clusters, two models: an assignment that is neither perfect nor trivial.
+  return _run(tmp_path_factory.mktemp("ifca3") / "run", "--algo=ifca", "--num_groups=2",
+              "--task=synthetic_clusters", "--task_arg=num_clusters=3", "--seed=0",
+              "--num_clients=12", "--clients_per_round=4", "--rounds=2")
+
+
+def _true_clusters(seed, num_clients, **task_args):
+  from tff_cluster import tasks
+  from tff_cluster.task import DataOptions
+  return tasks.get_task("synthetic_clusters").load_data(DataOptions(
+      seed=seed, num_clients=num_clients, extra=task_args)).true_clusters
+
+
+def test_ifca_summary_has_the_final_ari_and_purity_and_a_groups_png(ifca_three_clusters_run):
+  run = ifca_three_clusters_run
+  lines = _rows_of(run / "groups.csv")
+  final = np.array([int(v) for v in lines[-1][1:]])
+  assert lines[-1][0] == "2" and (final >= 0).all()  # --ifca_eval=assigned: every client
+  ari, purity = _hand_ari_purity(_true_clusters(0, 12, num_clusters=3), final)
+  assert 0 < ari < 1 and purity < 1, (ari, purity)  # neither trivial nor perfect
+  summary = json.loads((run / "summary.json").read_text())
+  assert summary["ari"] == pytest.approx(ari, abs=1e-12)
+  assert summary["purity"] == pytest.approx(purity, abs=1e-12)
+  from matplotlib import image
+  assert image.imread(str(run / "groups.png")).shape == (500, 800, 4)
+
+
+def test_fedgroup_summary_scores_only_the_clients_in_a_group(fedgroup_run):
+  summary = json.loads((fedgroup_run / "summary.json").read_text())
+  clients = _rows_of(fedgroup_run / "groups.csv")[0][1:]
+  final = np.array([summary["final_assignment"][c] for c in clients])
+  assert (final == -1).any()
+  ari, purity = _hand_ari_purity(_true_clusters(2, 20), final)  # 5 clusters
+  assert summary["ari"] == pytest.approx(ari, abs=1e-12)
+  assert summary["purity"] == pytest.approx(purity, abs=1e-12)
+  assert (fedgroup_run / "groups.png").exists()

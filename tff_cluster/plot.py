@@ -15,7 +15,9 @@ group's accuracy (columns `group_<j>_accuracy`, when a single run is drawn) and
 the training loss.
 
 The per-run `accuracy.png` that a run writes at its end (`ResultsWriter.plot`)
-is drawn by `plot_runs` here too. Nothing here imports TensorFlow.
+is drawn by `plot_runs` here too, and a clustered algorithm's `groups.png`
+(each client's group per round, from `groups.csv`) by `plot_groups`. Nothing
+here imports TensorFlow.
 """
 
 from __future__ import annotations
@@ -449,6 +451,268 @@ def plot_runs(runs: Sequence[Run], out: str, metric: str = "test_accuracy",
                fontsize="small", frameon=False)
   fig.savefig(out, dpi=dpi)
   plt.close(fig)
+  return out
+
+
+# ---------------------------------------------------------------------------
+# Groups over rounds (groups.png)
+
+NO_GROUP = -1  # groups.csv's -1: the client is in no group that round
+NOT_KNOWN = -2  # an empty wide cell / before a long file's first line: not known
+# Neutral colours, apart from every group's: light grey for "no group", white
+# for "not known".
+NO_GROUP_COLOR = (0.8, 0.8, 0.8)
+NOT_KNOWN_COLOR = (1.0, 1.0, 1.0)
+# The figure is 800 x 500 pixels (8 x 5 inches at 100 dpi): more rows or
+# columns than this could not be told apart, so larger tables are thinned to
+# evenly spaced clients (of the sorted order) and rounds (the first and the
+# last kept).
+MAX_GROUP_ROUNDS = 400
+MAX_GROUP_CLIENTS = 400
+GROUPS_FIGSIZE = (8.0, 5.0)
+GROUPS_DPI = 100
+MAX_GROUP_LEGEND = 20
+
+
+@dataclasses.dataclass
+class GroupsTable:
+  """Each client's group per round: `groups[i, t]` is client `client_ids[i]`'s
+  group in round `rounds[t]` (NO_GROUP, NOT_KNOWN or an index >= 0);
+  `total_rounds` counts the rounds before any were left out."""
+  client_ids: List[str]
+  rounds: Any  # np.ndarray [T]
+  groups: Any  # np.ndarray [clients, T], int64
+  total_rounds: int
+
+
+def spread(n: int, k: int):
+  """At most `k` evenly spaced indices of range(n), the first and last kept."""
+  import numpy as np
+  if n <= k:
+    return np.arange(n)
+  return np.unique(np.round(np.linspace(0, n - 1, k)).astype(np.int64))
+
+
+def read_groups(path: str, rounds: Optional[Sequence[int]] = None,
+                max_rounds: int = MAX_GROUP_ROUNDS) -> GroupsTable:
+  """A run's groups.csv, wide (`round`, then a column per client; an empty
+  row: not known that round) or long (`round,client,group` lines for the
+  clients whose group changed: a client's group in round r is its last line
+  at a round <= r, NOT_KNOWN before its first). At most `max_rounds` rounds
+  are read (`spread`). `rounds`: the rounds to show (a long file writes none
+  for a round without changes; default: its rounds 1..last). A torn line (a
+  run killed mid-write) is skipped."""
+  import numpy as np
+  with open(path, newline="") as f:
+    lines = f.read().splitlines()
+  if not lines:
+    raise PlotError(f"{path} is empty; valid: a groups.csv a run wrote")
+  header = next(csv.reader([lines[0]]))
+  if header == ["round", "client", "group"]:
+    return _read_groups_long(lines[1:], rounds, max_rounds)
+  if not header or header[0] != "round":
+    raise PlotError(f"{path} does not start with a `round` column; valid: a groups.csv "
+                    "a run wrote")
+  width = len(header)
+  numbered = []
+  for line in lines[1:]:
+    head = line.split(",", 1)[0]
+    if head.isdigit():
+      numbered.append((int(head), line))
+  if rounds is not None:
+    wanted = {int(r) for r in rounds}
+    numbered = [n for n in numbered if n[0] in wanted]
+  total = len(numbered)
+  kept_rounds, columns = [], []
+  for i in spread(total, max_rounds):
+    round_num, line = numbered[int(i)]
+    cells = next(csv.reader([line]))
+    if len(cells) != width:
+      continue  # a torn line
+    if cells[1] == "":
+      columns.append(np.full(width - 1, NOT_KNOWN, np.int64))
+    else:
+      columns.append(np.array(cells[1:], np.int64))
+    kept_rounds.append(round_num)
+  groups = (np.stack(columns, axis=1) if columns
+            else np.zeros((width - 1, 0), np.int64))
+  return GroupsTable(header[1:], np.asarray(kept_rounds, np.int64), groups, total)
+
+
+def _read_groups_long(lines: Sequence[str], rounds: Optional[Sequence[int]],
+                      max_rounds: int) -> GroupsTable:
+  import numpy as np
+  index: Dict[str, int] = {}
+  line_round, line_client, line_group = [], [], []
+  for cells in csv.reader(lines):
+    if len(cells) != 3 or not cells[0].isdigit():
+      continue
+    try:
+      group = int(cells[2])
+    except ValueError:
+      continue  # a torn line
+    line_round.append(int(cells[0]))
+    line_client.append(index.setdefault(cells[1], len(index)))
+    line_group.append(group)
+  line_round = np.asarray(line_round, np.int64)
+  order = np.argsort(line_round, kind="stable")
+  line_round = line_round[order]
+  line_client = np.asarray(line_client, np.int64)[order]
+  line_group = np.asarray(line_group, np.int64)[order]
+  if rounds is None:
+    rounds = np.arange(1, int(line_round[-1]) + 1 if len(line_round) else 1)
+  rounds = np.asarray(sorted(int(r) for r in rounds), np.int64)
+  total = len(rounds)
+  rounds = rounds[spread(total, max_rounds)]
+  current = np.full(len(index), NOT_KNOWN, np.int64)
+  groups = np.empty((len(index), len(rounds)), np.int64)
+  done = 0
+  for t, r in enumerate(rounds):
+    upto = int(np.searchsorted(line_round, r, side="right"))
+    # One round's lines name each client once; rounds apply in order.
+    while done < upto:
+      end = int(np.searchsorted(line_round, line_round[done], side="right"))
+      current[line_client[done:end]] = line_group[done:end]
+      done = end
+    groups[:, t] = current
+  return GroupsTable(list(index), rounds, groups, total)
+
+
+def group_colors(num_groups: int):
+  """[num_groups, 3] RGB colours of groups 0..num_groups-1: tab10, then tab20,
+  without their greys (kept for "no group"); beyond 18 groups, spread over
+  `turbo` with neighbouring indices far apart."""
+  import matplotlib
+  import numpy as np
+  tab10 = [c for i, c in enumerate(matplotlib.colormaps["tab10"].colors) if i != 7]
+  if num_groups <= len(tab10):
+    return np.asarray(tab10[:num_groups], np.float64).reshape(-1, 3)
+  tab20 = [c for i, c in enumerate(matplotlib.colormaps["tab20"].colors) if i not in (14, 15)]
+  if num_groups <= len(tab20):
+    return np.asarray(tab20[:num_groups], np.float64)
+  where = 0.05 + 0.9 * ((np.arange(num_groups) * 0.6180339887) % 1.0)
+  return np.asarray(matplotlib.colormaps["turbo"](where))[:, :3]
+
+
+def groups_order(groups):
+  """The clients (rows of `groups`) sorted by their group in the last round,
+  ties by the round before, and so on (stable): the clients of a final group
+  form one block, split by where they came from. No group and not known sort
+  after every group."""
+  import numpy as np
+  groups = np.asarray(groups)
+  if groups.shape[1] == 0:
+    return np.arange(groups.shape[0])
+  top = max(int(groups.max()), -1) + 1
+  keys = np.where(groups >= 0, groups, top - groups)  # -1 -> top + 1, -2 -> top + 2
+  return np.lexsort(keys.T)  # the last key (round) is the primary one
+
+
+def groups_image(groups):
+  """The RGB image [clients, rounds, 3] of a groups table: `group_colors` for
+  groups, NO_GROUP_COLOR and NOT_KNOWN_COLOR for the rest."""
+  import numpy as np
+  groups = np.asarray(groups)
+  k = max(int(groups.max()), -1) + 1 if groups.size else 0
+  palette = np.concatenate([group_colors(k), [NO_GROUP_COLOR, NOT_KNOWN_COLOR]])
+  codes = np.where(groups >= 0, groups, np.where(groups == NO_GROUP, k, k + 1))
+  return palette[codes]
+
+
+def groups_figure(table: GroupsTable, title: str = "",
+                  max_clients: int = MAX_GROUP_CLIENTS):
+  """The figure of `table`: clients (rows, `groups_order`; at most
+  `max_clients`, evenly spaced in that order) x rounds (columns), coloured by
+  group (`groups_image`), group blocks of the last round named on the left, a
+  legend of the groups shown (up to MAX_GROUP_LEGEND). Returns (figure, axes);
+  the axes' data coordinates are (round, row)."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  import numpy as np
+  from matplotlib.patches import Patch
+
+  groups = np.asarray(table.groups)
+  num_clients, num_rounds = groups.shape
+  order = groups_order(groups)
+  shown = order[spread(num_clients, max_clients)]
+  view = groups[shown]
+  fig = plt.figure(figsize=GROUPS_FIGSIZE, dpi=GROUPS_DPI, layout="constrained")
+  ax = fig.add_subplot()
+  from matplotlib.ticker import MaxNLocator
+  # x in rounds: column t is drawn at rounds[0] + t * step (the rounds kept are
+  # evenly spaced), so the axis gets round numbers as ticks.
+  first = float(table.rounds[0]) if num_rounds else 1.0
+  step = (float(table.rounds[-1]) - first) / (num_rounds - 1) if num_rounds > 1 else 1.0
+  if view.size:
+    ax.imshow(groups_image(view), aspect="auto", interpolation="nearest",
+              extent=(first - step / 2, first + (num_rounds - 0.5) * step,
+                      len(shown) - 0.5, -0.5))
+  ax.xaxis.set_major_locator(MaxNLocator(nbins=8, integer=True))
+  rounds_text = "round"
+  if num_rounds < table.total_rounds:
+    rounds_text += f" ({num_rounds} of {table.total_rounds} rounds shown, evenly spaced)"
+  ax.set_xlabel(rounds_text)
+  clients_text = f"{num_clients} clients, sorted by last group"
+  if len(shown) < num_clients:
+    clients_text += f" ({len(shown)} shown, evenly spaced)"
+  ax.set_ylabel(clients_text)
+  if view.size:  # name the last round's blocks
+    last = view[:, -1]
+    starts = np.flatnonzero(np.r_[True, last[1:] != last[:-1]])
+    ends = np.r_[starts[1:], len(last)]
+    names = {NO_GROUP: "no group", NOT_KNOWN: "not known"}
+    if len(starts) <= MAX_GROUP_LEGEND:
+      ax.set_yticks((starts + ends - 1) / 2.0,
+                    [names.get(int(last[s]), f"group {int(last[s])}") for s in starts],
+                    fontsize="small")
+    else:
+      ax.set_yticks([])
+  present = sorted(int(g) for g in np.unique(view))
+  k = max(present[-1], -1) + 1 if present else 0
+  colors = group_colors(k)
+  handles = [Patch(facecolor=colors[g], label=f"group {g}") for g in present if g >= 0]
+  if len(handles) > MAX_GROUP_LEGEND:
+    handles = []
+  if NO_GROUP in present:
+    handles.append(Patch(facecolor=NO_GROUP_COLOR, edgecolor="0.5", label="no group"))
+  if NOT_KNOWN in present:
+    handles.append(Patch(facecolor=NOT_KNOWN_COLOR, edgecolor="0.5", label="not known"))
+  if handles:
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+              fontsize="x-small", frameon=False)
+  if title:
+    ax.set_title("\n".join(textwrap.fill(line, 95) for line in title.split("\n")),
+                 fontsize="medium")
+  return fig, ax
+
+
+def groups_title(config: Mapping[str, Any], ari: Optional[float] = None,
+                 purity: Optional[float] = None, scored: bool = False) -> str:
+  """groups.png's title: the run (as accuracy.png's: algorithm, task, key
+  settings, seed), then, where the task has true clusters (`scored`), the
+  final ARI and purity."""
+  run = describe(group_runs([Run("run", dict(config), [], [])]))[0] if config else ""
+  what = "each client's group per round"
+  if scored:
+    what += ("; final ARI and purity: none (no client in a group)" if ari is None
+             else f"; final ARI {ari:.3f}, purity {purity:.3f} against the true clusters")
+  return f"{run}\n{what}" if run else what
+
+
+def plot_groups(groups_csv: str, out: str, title: str = "",
+                rounds: Optional[Sequence[int]] = None) -> Optional[str]:
+  """Draws groups.csv (`read_groups`, `groups_figure`) into `out`; returns
+  `out`, or None when the file holds no round."""
+  table = read_groups(groups_csv, rounds)
+  if not len(table.rounds) or not len(table.client_ids):
+    return None
+  fig, _ = groups_figure(table, title)
+  import matplotlib.pyplot as plt  # (groups_figure chose the Agg backend)
+  try:
+    fig.savefig(out, dpi=GROUPS_DPI)
+  finally:
+    plt.close(fig)
   return out
 
 

@@ -7,11 +7,16 @@
   groups.csv      each client's group/model index (-1: none): one row per round
                   (`--groups_format=wide`), or `round,client,group` lines for
                   the clients whose group changed (`long`)
-  summary.json    final/max test accuracy, timings, algorithm extras
+  summary.json    final/max test accuracy, timings, the final ARI and purity
+                  (clustered algorithms, tasks with true clusters), algorithm
+                  extras
   tensorboard/    TensorBoard scalars (tf.summary), one step per round, under
                   metrics/, groups/, comm/ and time/; the run's HParams (not
                   written where the `tensorboard` package is missing)
   accuracy.png    test accuracy (per group too) and train loss curves
+  groups.png      clustered algorithms: each client's group per round (from
+                  groups.csv), the final ARI and purity in the title where the
+                  task has true clusters
   checkpoints/    the run state for --resume (`tff_cluster.checkpoint`)
   models/         final/ and best/ models: `model_<j>.npz` (the weights, read on
                   any stack), `model_<j>.keras` (Keras' own format, readable
@@ -46,7 +51,7 @@ from tff_cluster import plot, stack
 from tff_cluster.checkpoint import atomic_write_bytes
 
 RESULT_FILES = ("config.json", "metrics.csv", "metrics.jsonl", "summary.json",
-                "accuracy.png", "groups.csv")
+                "accuracy.png", "groups.csv", "groups.png")
 TENSORBOARD_DIR = "tensorboard"
 RESULT_DIRS = (TENSORBOARD_DIR, "checkpoints", "models")
 
@@ -161,6 +166,10 @@ def _plain(row: Mapping[str, Any]) -> Dict[str, Any]:
 
 
 GROUPS_FORMATS = ("wide", "long")
+
+# The rows of an algorithm that groups its clients (the clustered ones) have
+# `group_<j>_size` columns: its runs get groups.png.
+_GROUP_SIZE = re.compile(r"^group_\d+_size$")
 
 # TensorBoard: every column under one of these sections.
 _GROUP_TAGS = re.compile(r"^(group_|cfl_)|^(num_clusters|ari|purity|num_changed|"
@@ -439,7 +448,37 @@ class ResultsWriter:
     """accuracy.png: test accuracy, each group's accuracy (when the rows have
     `group_<j>_accuracy`) and train loss against rounds, drawn by
     `tff_cluster.plot`; titled from the config (algorithm, task, seed, key
-    settings), else `title`. A failure to draw is a warning, never an error."""
+    settings), else `title`. Then, for a clustered algorithm, groups.png
+    (`plot_groups`). A failure to draw is a warning, never an error.
+    Returns accuracy.png's path (None: not drawn)."""
+    out = self._plot_accuracy(title)
+    self.plot_groups()
+    return out
+
+  def plot_groups(self) -> Optional[str]:
+    """groups.png, for an algorithm that groups its clients (its rows have
+    `group_<j>_size`): clients x rounds from groups.csv, coloured by group
+    (`tff_cluster.plot.groups_figure`), titled with the run and, where the
+    task has true clusters (an `ari` column), the final ARI and purity (the
+    last evaluated round's, as in summary.json). Returns its path, or None
+    when not drawn. A failure to draw is a warning, never an error."""
+    path = os.path.join(self.path, "groups.csv")
+    if not any(_GROUP_SIZE.match(c) for c in self.columns) or not os.path.isfile(path):
+      return None
+    scores = final_cluster_scores(self._raw_rows)
+    title = plot.groups_title(self.config or {}, scores.get("ari"), scores.get("purity"),
+                              scored="ari" in self.columns)
+    # A long groups.csv writes no line for a round without changes: the rows say
+    # which rounds there were.
+    rounds = ([int(r["round"]) for r in self._raw_rows]
+              if self.groups_format == "long" and self._raw_rows else None)
+    try:
+      return plot.plot_groups(path, os.path.join(self.path, "groups.png"), title, rounds)
+    except Exception as e:  # noqa: BLE001 - the run's results matter more
+      warnings.warn(f"groups.png not written: {type(e).__name__}: {e}")
+      return None
+
+  def _plot_accuracy(self, title: Optional[str]) -> Optional[str]:
     if not any(r.get("test_accuracy") is not None for r in self._raw_rows):
       return None
     rows = [{k: (float(v) if isinstance(v, (int, float)) else None)
@@ -467,8 +506,22 @@ class ResultsWriter:
 MAXIMIZED_COLUMNS = ("test_accuracy_assigned", "test_accuracy_clientavg", "test_macro_f1")
 
 
+def final_cluster_scores(rows: Sequence[Mapping[str, Any]]) -> Dict[str, float]:
+  """{"ari", "purity"} of the last row with a finite `ari`: the scores of the
+  final assignment against the true clusters (a clustered algorithm's rows
+  have them at every evaluation, the last round always evaluated, where the
+  task has true clusters); {} when no row has them."""
+  for row in reversed(rows):
+    ari = row.get("ari")
+    if ari is not None and np.isfinite(ari):
+      return {"ari": float(ari), "purity": float(row["purity"])}
+  return {}
+
+
 def summarize(rows: List[Mapping[str, Any]], rounds: int) -> Dict[str, Any]:
-  """final/max test accuracy (and the round of the max) from per-round rows."""
+  """final/max test accuracy (and the round of the max), the final ARI and
+  purity (`final_cluster_scores`), the largest `loss_ratio` and the mean
+  round time, from per-round rows."""
   evaluated = [r for r in rows if r.get("test_accuracy") is not None]
   summary: Dict[str, Any] = {"rounds": rounds, "rounds_completed": len(rows)}
   if evaluated:
@@ -484,6 +537,7 @@ def summarize(rows: List[Mapping[str, Any]], rounds: int) -> Dict[str, Any]:
       best = max(scored, key=lambda r: r[name])
       summary.update({f"final_{name}": scored[-1][name], f"max_{name}": best[name],
                       f"max_{name}_round": best["round"]})
+  summary.update(final_cluster_scores(rows))
   ratios = [r for r in rows if r.get("loss_ratio") is not None and np.isfinite(r["loss_ratio"])]
   if ratios:  # the divergence rule's margin (--divergence_ratio)
     worst = max(ratios, key=lambda r: r["loss_ratio"])

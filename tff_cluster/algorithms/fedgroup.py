@@ -483,7 +483,8 @@ class FedGroupDriver(driver.Driver):
                                zip(self.data.client_ids, self.assignment)}
     out["group_sizes"] = [int((self.assignment == j).sum()) for j in range(self.m)]
     out["num_groups"] = self.m
-    out.update(self.cluster_scores(self.assignment))
+    # The final ARI and purity: summary.json's `ari`, `purity`, from the rows
+    # (`results.summarize`), as for every clustered algorithm.
     return out
 
 
