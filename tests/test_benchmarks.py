@@ -428,3 +428,54 @@ def test_seconds_per_round_is_the_median_round(tmp_path):
   assert _sweep.median_round_seconds(str(tmp_path)) == 2.0
   assert _sweep.median_round_seconds(str(tmp_path / "gone"), 0.3) == 0.3
   assert _sweep.median_round_seconds(str(tmp_path / "gone")) != 0.3  # NaN: none measured
+
+
+def test_gpu_hlo_round_grouped_cnn_prototype_equals_the_sequential_round():
+  """The side-by-side CNN prototype (grouped convolutions, batched dense
+  products, no per-client loop) trains each client as the local runner's
+  sequential round does: same batches, same rule; dropout off so both draw
+  nothing at random. Compared as the round's summed update."""
+  import argparse
+
+  import numpy as np
+  import tensorflow as tf
+
+  import gpu_hlo_round
+  from tests.conftest import SHARED_DATA
+  femnist = SHARED_DATA / "femnist_leaf"
+  if not femnist.is_dir():
+    pytest.skip(f"needs the LEAF FEMNIST sample at {femnist}")
+  from tff_cluster import driver as driver_lib, experiment, local_training, registry
+  args = argparse.Namespace(
+      task="femnist", model="cnn_dropout", no_dropout=True, data_dir=str(femnist), seed=0,
+      lr=0.1)
+  task, data = gpu_hlo_round._load(args)
+  config = experiment.TrainingConfig(rounds=1, clients_per_round=2, local_epochs=1,
+                                     batch_size=20, client_lr=0.1, seed=0, runner="local",
+                                     jit="off", client_batching="sequential")
+  driver = registry.get_algorithm("fedavg").make_driver(task, data, config)
+  driver.setup()
+  start = driver.model_weights()
+  sampled = np.array([3, 17])
+  out = driver.train_clients("train", driver.state, sampled, 1)
+  sizes = data.num_train_samples()
+  offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+  work = local_training.LocalWork(batch_size=20, epochs=1)
+  steps = max(work.num_steps(int(n)) for n in sizes)
+  batches = local_training.stacked_padded_batches(
+      sizes[sampled], offsets[sampled], work,
+      [local_training.client_seed(0, 1, int(k)) for k in sampled], steps)
+  x = np.concatenate([data.train[c][0] for c in data.client_ids])
+  y = np.concatenate([data.train[c][1] for c in data.client_ids])
+  update, weight, loss_sum, _, n = tf.function(gpu_hlo_round.grouped_round, autograph=False)(
+      start, x, y, batches.indices, batches.sizes, batches.num_steps, np.float32(0.1),
+      np.int32(0), False)
+  assert float(weight) == float(out.summed["weight"]) == float(sizes[sampled].sum())
+  np.testing.assert_allclose(float(loss_sum), float(out.summed["loss_sum"]), rtol=1e-4)
+  # Another summation order (grouped against per-client convolutions) can
+  # move a ReLU unit across zero in 17 steps at lr 0.1, so one filter may part
+  # a little: each weight is compared by the norm of its difference (a wrong
+  # grouping or transposition differs by O(1)).
+  for got, want in zip(update, out.summed["update"]):
+    assert np.linalg.norm(want) > 0
+    assert np.linalg.norm(got.numpy() - want) <= 1e-2 * np.linalg.norm(want)

@@ -277,3 +277,28 @@ def _keras3_lstm_seed(seed: int) -> dict:
   if "seed" in inspect.signature(tf.keras.layers.LSTM.__init__).parameters:
     return {"seed": seed}
   return {}
+
+
+def cnn_dropout(input_shape: Tuple[int, ...] = (784,), num_classes: int = 62,
+                rates: Tuple[float, float] = (0.25, 0.5),
+                name: str = "cnn_dropout") -> tf.keras.Model:
+  """The EMNIST CNN of Reddi et al. ("Adaptive Federated Optimization", 2021),
+  FedML's `CNN_DropOut` and FLUTE's FEMNIST model, logits out.
+
+  conv 3x3 32 'valid' ReLU; conv 3x3 64 'valid' ReLU; maxpool 2; Dropout
+  `rates[0]` (0.25); flatten; dense 128 ReLU; Dropout `rates[1]` (0.5); dense
+  `num_classes`. 1,206,590 parameters with 62 classes. Images arrive flat (784)
+  and are reshaped to 28 x 28 x 1. `rates=(0, 0)` gives the same network
+  without dropout (the dropout layers are then identities).
+  """
+  inputs = tf.keras.Input(shape=input_shape, dtype=tf.float32)
+  h = tf.keras.layers.Reshape((28, 28, 1))(inputs)
+  h = tf.keras.layers.Conv2D(32, 3, activation="relu")(h)
+  h = tf.keras.layers.Conv2D(64, 3, activation="relu")(h)
+  h = tf.keras.layers.MaxPool2D(2)(h)
+  h = tf.keras.layers.Dropout(rates[0], **_keras3_lstm_seed(3))(h)
+  h = tf.keras.layers.Flatten()(h)
+  h = tf.keras.layers.Dense(128, activation="relu")(h)
+  h = tf.keras.layers.Dropout(rates[1], **_keras3_lstm_seed(4))(h)
+  logits = tf.keras.layers.Dense(num_classes, name="logits")(h)
+  return tf.keras.Model(inputs, logits, name=name)
