@@ -1,5 +1,6 @@
-"""Shared pytest setup: quiet TensorFlow, paths, the `tff` and `stack` markers,
-one TFF worker per session on the TFF stack."""
+"""Shared pytest setup: quiet TensorFlow, paths (and `shared_data`, which skips a
+test where ../shared/data is absent), the `tff` and `stack` markers, one TFF
+worker per session on the TFF stack."""
 
 from __future__ import annotations
 
@@ -22,7 +23,20 @@ import pytest  # noqa: E402
 from tff_cluster import stack  # noqa: E402  (imports neither TF nor TFF)
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+# The real data sets (FEMNIST, MNIST, Fashion-MNIST, Sent140) beside the
+# checkout, as in CI; a fresh clone alone has none: tests that read them call
+# `shared_data` and are skipped, saying why.
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
+
+
+def shared_data(name: str) -> pathlib.Path:
+  """`SHARED_DATA / name`; skips the calling test, with the reason, when it is
+  absent (a checkout without ../shared/data beside it)."""
+  path = SHARED_DATA / name
+  if not path.exists():
+    pytest.skip(f"needs the real data {path} (../shared/data beside the checkout), "
+                "absent here")
+  return path
 TFF_PROBLEM = stack.tff_problem()
 
 # The test files whose outcome depends on the TensorFlow / Keras version

@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 from tests import test_runners
+from tests.conftest import shared_data
 from tests.helpers import assert_one_line_error, main_in_process
 from tff_cluster import experiment, local_training, models
 from tff_cluster.algorithms import fedavg
@@ -188,7 +189,7 @@ def test_cli_refuses_parallel_for_a_cnn_in_one_line(tmp_path, capsys):
   out_dir = tmp_path / "run"
   code, out, err = main_in_process(
       ["--algo=fedavg", "--task=fmnist", "--model=lenet5", "--client_batching=parallel",
-       "--rounds=1", f"--data_dir={test_runners.REPO_ROOT / '..' / 'shared' / 'data' / 'fashion_mnist'}",
+       "--rounds=1", f"--data_dir={shared_data('fashion_mnist')}",
        f"--output_dir={out_dir}"], capsys)
   assert_one_line_error(code, err, out_dir, "--client_batching=parallel", "Conv2D",
                         "valid: auto or sequential")

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 import tasks
-from tests.conftest import SHARED_DATA
+from tests.conftest import shared_data
 from tff_cluster import evaluation, experiment, local_training, models, registry
 from tff_cluster.algorithms import cfl, wecfl
 from tff_cluster.algorithms import ifca
@@ -193,7 +193,7 @@ def test_wecfl_one_step_is_the_nearest_current_cluster_model(small):
 def test_wecfl_ari_on_fmnist_clusterwise_dir_k10_seed0():
   """The paper: K = 10 matches the true partition after 1 round (ARI >= 0.95 by round 5)."""
   task = tasks.get_task("fmnist_clusterwise_dir")
-  data = task.load_data(DataOptions(seed=0, data_dir=str(SHARED_DATA / "fashion_mnist")))
+  data = task.load_data(DataOptions(seed=0, data_dir=str(shared_data("fashion_mnist"))))
   config = experiment.TrainingConfig(rounds=2, clients_per_round=200, local_steps=10,
                                      local_epochs=None, batch_size=32, client_lr=0.001,
                                      client_momentum=0.9, client_state="persist", seed=0,

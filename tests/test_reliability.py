@@ -18,7 +18,7 @@ import pytest
 import tensorflow as tf
 
 import tasks
-from tests.conftest import REPO_ROOT, SHARED_DATA
+from tests.conftest import REPO_ROOT, shared_data
 from tests.helpers import (SMALL_ARGS, assert_one_line_error, assert_workers_gone,
                            main_in_process,
                            metrics_rows_written, read_metrics_csv, run_watching_workers)
@@ -444,9 +444,7 @@ def test_every_declared_flag_rejects_invalid_values(algo, flag, value, tmp_path,
 
 
 def _femnist_copy(tmp_path, damage):
-  src = SHARED_DATA / "femnist_leaf"
-  if not src.is_dir():
-    pytest.skip("../shared/data/femnist_leaf not available")
+  src = shared_data("femnist_leaf")
   dst = tmp_path / "femnist"
   shutil.copytree(src, dst)
   path = sorted((dst / "train").glob("*.json"))[0]
@@ -455,15 +453,23 @@ def _femnist_copy(tmp_path, damage):
 
 
 def _fmnist_truncated(tmp_path):
-  src = SHARED_DATA / "fashion_mnist"
-  if not src.is_dir():
-    pytest.skip("../shared/data/fashion_mnist not available")
+  src = shared_data("fashion_mnist")
   dst = tmp_path / "fmnist"
   shutil.copytree(src, dst)
   path = dst / "train-labels-idx1-ubyte.gz"
   data = path.read_bytes()
   path.write_bytes(data[:len(data) // 2])
   return dst
+
+
+def _idx_files_only(tmp_path):
+  """A folder of MNIST's file names (IDX files, no LEAF train/*.json)."""
+  folder = tmp_path / "idx"
+  folder.mkdir()
+  for name in ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+               "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"):
+    (folder / name).write_bytes(b"")
+  return folder
 
 
 def _leaf_digits_only(tmp_path):
@@ -478,13 +484,13 @@ DATA_CASES = {
         t, lambda p: p.write_text(json.dumps({"users": ["a"]}))))], "user_data"),
     "truncated_idx_gz": lambda t: (["--task=fmnist", f"--data_dir={_fmnist_truncated(t)}"],
                                    "train-labels-idx1-ubyte.gz"),
-    "wrong_files": lambda t: (["--task=femnist", f"--data_dir={SHARED_DATA / 'mnist'}"],
+    "wrong_files": lambda t: (["--task=femnist", f"--data_dir={_idx_files_only(t)}"],
                               "train/*.json"),
     "missing_dir": lambda t: (["--task=fmnist", f"--data_dir={t / 'nowhere'}"], "nowhere"),
     "too_many_clients": lambda t: (["--task=synthetic", "--num_clients=5",
                                     "--clients_per_round=6"], "--clients_per_round=6"),
     "num_clients_above_data": lambda t: (
-        ["--task=femnist", f"--data_dir={SHARED_DATA / 'femnist_leaf'}", "--num_clients=60"],
+        ["--task=femnist", f"--data_dir={shared_data('femnist_leaf')}", "--num_clients=60"],
         "--num_clients=60"),
     "task_arg_not_integer": lambda t: (["--task=synthetic_clusters",
                                         "--task_arg=num_clusters=4.5"], "num_clusters=4.5"),
@@ -507,11 +513,11 @@ DATA_CASES = {
     "nist_without_letters": lambda t: (["--task=femnist_fedprox",
                                         f"--data_dir={_leaf_digits_only(t)}"],
                                        "no lower-case a-j images"),
-    "mnist_too_many_devices": lambda t: (["--task=mnist", f"--data_dir={SHARED_DATA / 'mnist'}",
+    "mnist_too_many_devices": lambda t: (["--task=mnist", f"--data_dir={shared_data('mnist')}",
                                           "--num_clients=20000", "--clients_per_round=5"],
                                          "use at most"),
     "reuse_prefix_not_bool": lambda t: (["--task=femnist_fedprox",
-                                         f"--data_dir={SHARED_DATA / 'femnist_leaf'}",
+                                         f"--data_dir={t}",  # refused before any read
                                          "--task_arg=reuse_prefix=maybe"],
                                         "reuse_prefix=maybe"),
     "seed_too_large": lambda t: (["--seed=4294967296"], "--seed=4294967296"),
@@ -531,7 +537,7 @@ DATA_CASES = {
         ["--algo=fednag", "--task=synthetic", "--num_clients=8", "--clients_per_round=4"],
         ["invalid --clients_per_round=4", "valid: 8"]),
     "mnist_workers_quantity_not_4": lambda t: (
-        ["--algo=fedavg", "--task=mnist_workers", f"--data_dir={SHARED_DATA / 'mnist'}",
+        ["--algo=fedavg", "--task=mnist_workers", f"--data_dir={shared_data('mnist')}",
          "--task_arg=split=quantity", "--num_clients=5", "--clients_per_round=5"],
         ["invalid --num_clients=5", "split=quantity"]),
     "mnist_workers_unknown_split": lambda t: (
@@ -543,7 +549,7 @@ DATA_CASES = {
     "fesem_more_groups_than_clients": lambda t: (
         ["--algo=fesem", "--num_groups=30", "--num_clients=20", "--clients_per_round=20"],
         "invalid --num_groups=30"),
-    "jit_on_batchnorm": lambda t: (["--task=fmnist", f"--data_dir={SHARED_DATA / 'fashion_mnist'}",
+    "jit_on_batchnorm": lambda t: (["--task=fmnist", f"--data_dir={shared_data('fashion_mnist')}",
                                     "--runner=local", "--jit=on", "--num_clients=20"],
                                    "--jit=on"),
 }

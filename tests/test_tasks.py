@@ -158,10 +158,11 @@ def test_sent140_task(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("name,options,expected", [
-    ("femnist", DataOptions(), "pass --data_dir.*train/\\*.json and test/\\*.json"),
+    ("femnist", DataOptions(data_dir="/nonexistent/femnist"),
+     "train/\\*.json and test/\\*.json.*leave --data_dir out to fetch"),
     ("femnist_upper", DataOptions(data_dir="/nonexistent/femnist"),
      "train/\\*.json and test/\\*.json.*preprocess.sh -s niid --sf 0.05"),
-    ("sent140", DataOptions(), "train/\\*.json and test/\\*.json"),
+    ("sent140", DataOptions(data_dir="/nonexistent/sent140"), "train/\\*.json and test/\\*.json"),
     ("fmnist", DataOptions(data_dir="/nonexistent/fmnist"),
      "train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz"),
     ("mnist", DataOptions(data_dir="/nonexistent/mnist"),
@@ -175,9 +176,18 @@ def test_missing_data_is_one_data_error_line(name, options, expected):
   assert "\n" not in str(e.value)
 
 
-def test_sent140_missing_glove(tmp_path):
+def test_sent140_missing_glove(tmp_path, monkeypatch):
+  # No --glove_path: GloVe is fetched; here from a stopped server on 127.0.0.1.
+  import socket
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  monkeypatch.setenv("TFF_CLUSTER_DATA", str(tmp_path / "cache"))
+  monkeypatch.setenv("TFF_CLUSTER_DATA_MIRROR", f"http://127.0.0.1:{port}")
+  monkeypatch.setenv("HOME", str(tmp_path / "home"))
+  monkeypatch.delenv("KERAS_HOME", raising=False)
   data_dir, _ = write_sent140(tmp_path)
-  with pytest.raises(DataError, match="glove.6B.300d.txt"):
+  with pytest.raises(DataError, match="could not fetch glove.6B.300d.txt"):
     REGISTRY["sent140"].load_data(DataOptions(data_dir=data_dir))
 
 

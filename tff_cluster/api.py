@@ -25,7 +25,10 @@ actors) and the algorithm's host side, and checks what it is given:
   data), are refused with a `ValueError` naming them and what is valid. The
   algorithm picks each client's key/group itself.
   `next` may be given an older state: the process returns to it first.
-* The model is a Keras `model_fn` (a fresh, built model per call) and a loss:
+* The model is a Keras `model_fn` (a fresh model per call: a
+  `keras.Sequential` with or without `keras.Input`, a functional or a
+  subclassed model; one without weights yet is built by `initialize` for the
+  data's input shape) and a loss:
   a Keras loss object or name for sparse categorical cross-entropy on logits
   (`tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)`) or
   binary cross-entropy on a sigmoid output (`from_logits=False`), or the
@@ -34,11 +37,16 @@ actors) and the algorithm's host side, and checks what it is given:
   both runners train Keras variables with these two losses.
 * Initial weights are optional: without them the model's own initializer,
   seeded by `seed`.
+* `client_batching='parallel'` (clients side by side) needs a
+  `keras.Sequential` or functional model that is one chain of Dense, Flatten,
+  Reshape and Activation layers; any other model is refused by `build` in one
+  line (`'auto'` trains it one client at a time).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Union
 
@@ -53,6 +61,7 @@ from tff_cluster.models import loss_kind  # noqa: F401  (public)
 from tff_cluster.data.federated import FederatedData
 
 _PROCESS_IDS = itertools.count()
+_BATCHING = ("auto", "sequential", "parallel")
 
 
 class ModelWeights(NamedTuple):
@@ -96,13 +105,40 @@ def _check_model_fn(model_fn):
   if other:
     raise TypeError(other)
   if not isinstance(model, tf.keras.Model):
-    raise TypeError(f"model_fn returned a {type(model).__name__}; valid: a built "
+    raise TypeError(f"model_fn returned a {type(model).__name__}; valid: a "
                     "tf.keras.Model (tff.learning.models functional models are not "
                     "supported: the runners train Keras variables)")
-  if not model.built or not model.weights:
-    raise ValueError("model_fn returned a Keras model without weights; build it "
-                     "(e.g. give its Input shape) before returning it")
+  if model.built and not model.weights:
+    raise ValueError("model_fn returned a Keras model without weights; valid: a model "
+                     "with at least one weight to train")
   return model
+
+
+def _side_by_side_problem(model) -> Optional[str]:
+  """Why `model` cannot train clients side by side (one line, the API's
+  words), or None. Without weights yet, only its class and layer types are
+  read; built, its chain is also checked against its own call."""
+  problem = local_training.chain_problem(model)
+  if problem is None and local_training.has_weights(model):
+    try:
+      local_training.stateless_forward(model)
+    except local_training.UnsupportedModel as e:
+      problem = str(e)
+  if problem is None:
+    return None
+  return (f"client_batching='parallel' needs a keras.Sequential or functional model whose "
+          f"layers are one chain of {local_training.CHAIN_LAYERS}; {problem}; valid for "
+          "this model: client_batching='auto' or 'sequential'")
+
+
+def _data_input(data: FederatedData):
+  """(one example's shape, dtype) of the data's training inputs."""
+  for c in data.client_ids:
+    x = np.asarray(data.train[c][0])
+    if len(x):
+      return tuple(x.shape[1:]), x.dtype.name
+  raise ValueError("initialize(): no client has training data; valid: data with at "
+                   "least one client holding training samples")
 
 
 def _keras_package(cls) -> str:
@@ -164,13 +200,21 @@ class Process:
                        "runner='ray' with them, or neither")
     if ray_workers is not None:
       hp.RAY_WORKERS.check(ray_workers)
+    if client_batching not in _BATCHING:
+      raise ValueError(f"invalid client_batching={client_batching!r}; valid: "
+                       f"{', '.join(repr(b) for b in _BATCHING)}")
     model = _check_model_fn(model_fn)
+    if client_batching == "parallel" and runner != "tff":
+      problem = _side_by_side_problem(model)
+      if problem is not None:
+        raise ValueError(problem)
     self.algo = algo
     self.loss = loss_kind(loss)
-    self._task = TaskSpec(name="custom", description="", load_data=None,
-                          model_fn=model_fn, loss=self.loss, defaults={})
-    self._layout = [v.shape for v in local_training.model_variables(model)]
-    self._num_trainable = len(model.trainable_variables)
+    self._model_fn = model_fn
+    self._task = None  # made by initialize, with a model_fn that builds for the data
+    self._layout = self._num_trainable = None
+    if local_training.has_weights(model):
+      self._set_layout(model)
     self._train_settings = dict(
         client_lr=float(client_lr), batch_size=int(batch_size), local_epochs=local_epochs,
         local_steps=local_steps, runner=runner, seed=int(seed), lr_decay=float(lr_decay),
@@ -181,18 +225,56 @@ class Process:
     self._all_clients = spec.all_clients
     self._initial_weights = None if initial_weights is None else [
         np.asarray(w) for w in initial_weights]
-    if self._initial_weights is not None:
-      shapes = [tuple(w.shape) for w in self._initial_weights]
-      if shapes != [tuple(s) for s in self._layout]:
-        raise ValueError(f"initial_weights have shapes {shapes}; valid: the model's "
-                         f"{[tuple(s) for s in self._layout]} (trainable, then "
-                         "non-trainable)")
+    if self._layout is not None:
+      self._check_initial_weights()
     self._evaluate_each_round = evaluate
     self._id = next(_PROCESS_IDS)
     self._driver = None
     self._data: Optional[FederatedData] = None
     self._evaluator = None
     self._latest: Optional[ProcessState] = None
+
+  # -- the model -------------------------------------------------------------
+
+  def _set_layout(self, model) -> None:
+    self._layout = [v.shape for v in local_training.model_variables(model)]
+    self._num_trainable = len(model.trainable_variables)
+
+  def _check_initial_weights(self) -> None:
+    if self._initial_weights is None:
+      return
+    shapes = [tuple(w.shape) for w in self._initial_weights]
+    if shapes != [tuple(s) for s in self._layout]:
+      raise ValueError(f"initial_weights have shapes {shapes}; valid: the model's "
+                       f"{[tuple(s) for s in self._layout]} (trainable, then "
+                       "non-trainable)")
+
+  def _built_model_fn(self, data: FederatedData):
+    """A model function whose models have their weights: `model_fn` itself
+    when its models come built, else one that builds each for the data's
+    input shape (a keras.Sequential without keras.Input, a subclassed model
+    never called). Sets the weight layout from it."""
+    if self._layout is not None:
+      return self._model_fn
+    shape, dtype = _data_input(data)
+    model_fn = functools.partial(local_training.built_model, self._model_fn, shape, dtype)
+    try:
+      model = model_fn()
+    except Exception as e:  # noqa: BLE001  (Keras raises many types for a bad shape)
+      first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+      raise ValueError(f"initialize(): model_fn's model cannot be built for the data's "
+                       f"inputs of shape {shape} ({dtype}): {first}") from None
+    if not model.weights:
+      raise ValueError("model_fn returned a Keras model without weights; valid: a model "
+                       "with at least one weight to train")
+    if self._train_settings["client_batching"] == "parallel" and \
+        self._train_settings["runner"] != "tff":
+      problem = _side_by_side_problem(model)
+      if problem is not None:
+        raise ValueError(problem)
+    self._set_layout(model)
+    self._check_initial_weights()
+    return model_fn
 
   # -- data ----------------------------------------------------------------
 
@@ -217,6 +299,8 @@ class Process:
     if data.num_training_clients == 0:
       raise ValueError("initialize(): no client has training data; valid: data with at "
                        "least one client holding training samples")
+    self._task = TaskSpec(name="custom", description="", load_data=None,
+                          model_fn=self._built_model_fn(data), loss=self.loss, defaults={})
     config = experiment.TrainingConfig(
         rounds=self._rounds, clients_per_round=data.num_training_clients,
         **self._train_settings)
@@ -368,6 +452,11 @@ def computations(algo: str, model_fn, loss, element_spec, options=None, **defini
   stack.require_tff()
   from tff_cluster.runners import tff_runner
   model = _check_model_fn(model_fn)
+  if not local_training.has_weights(model):  # built for the batches' inputs
+    x = element_spec["x"]
+    model_fn = functools.partial(local_training.built_model, model_fn,
+                                 tuple(x.shape)[1:], x.dtype.name)
+    model = model_fn()
   definition = module.make_definition(
       local_training.weights_type_spec(model), len(model.trainable_variables),
       spec.options(**dict(options or {})), **definition_args)

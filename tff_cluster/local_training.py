@@ -122,6 +122,69 @@ def _all_layers(model):
 
 
 # ---------------------------------------------------------------------------
+# Models as users write them: built or not, Sequential, functional or subclassed.
+
+
+def has_weights(model: tf.keras.Model) -> bool:
+  """True when the model's weights exist (a model given its input shape, or
+  called once); False for a `keras.Sequential` without `keras.Input` or a
+  subclassed model that was never called (tf_keras raises on their
+  `.weights`)."""
+  return bool(model.built) and bool(model.weights)
+
+
+def build_model(model: tf.keras.Model, example_shape: Sequence[int], dtype="float32"
+                ) -> tf.keras.Model:
+  """`model` with its weights created for inputs of one example's shape
+  `example_shape` (and `dtype`); a model that has weights is returned as it is.
+
+  A `keras.Sequential` is built for a batch of any size (`build((None, ...))`,
+  which also gives it the input its layers chain from); any other model (a
+  subclassed one) is called once on a batch of zeros.
+  """
+  if has_weights(model):
+    return model
+  shape = tuple(int(d) for d in example_shape)
+  if isinstance(model, tf.keras.Sequential):
+    model.build((None,) + shape)
+  else:
+    model(tf.zeros((1,) + shape, dtype), training=False)
+  return model
+
+
+def built_model(model_fn, example_shape: Sequence[int], dtype: str = "float32"
+                ) -> tf.keras.Model:
+  """`model_fn()` built for inputs of `example_shape` (`build_model`).
+  `functools.partial(built_model, model_fn, shape, dtype)` is a model function
+  whose every model has its weights (and pickles where `model_fn` does)."""
+  return build_model(model_fn(), example_shape, dtype)
+
+
+def is_layer_graph(model: tf.keras.Model) -> bool:
+  """True for a `keras.Sequential` or functional model, whose layers are its
+  forward pass; False for a subclassed model, whose forward pass is its own
+  `call()`."""
+  return isinstance(model, tf.keras.Sequential) or any(
+      klass.__name__ == "Functional" for klass in type(model).__mro__)
+
+
+def model_input_spec(model: tf.keras.Model) -> Optional[tf.TensorSpec]:
+  """One example's input (shape without the batch, dtype) as the model
+  declares it, or None where it declares none (a subclassed model, a
+  Sequential not built yet). Read from `model.inputs`, which every
+  Sequential and functional model has once built under both Keras versions
+  (Keras 3's Sequential has no `model.input`)."""
+  try:
+    inputs = model.inputs
+  except (AttributeError, ValueError):
+    return None
+  if not inputs or len(inputs) != 1:
+    return None
+  tensor = inputs[0]
+  return tf.TensorSpec(tuple(tensor.shape)[1:], tf.as_dtype(tensor.dtype))
+
+
+# ---------------------------------------------------------------------------
 # A client's local schedule.
 
 
@@ -671,18 +734,58 @@ class UnsupportedModel(ValueError):
   """The model cannot be written as a function of its weights here."""
 
 
-def stateless_forward(model: tf.keras.Model):
+# The layers a stateless forward pass is written for.
+CHAIN_LAYERS = "Dense, Flatten, Reshape and Activation layers"
+
+
+def chain_problem(model: tf.keras.Model) -> Optional[str]:
+  """Why `model` cannot be a `stateless_forward` chain, read from its class
+  and its layers' types alone (so also for a model without weights yet), or
+  None when it may be one (`stateless_forward` then checks the chain against
+  the model's own call)."""
+  if not is_layer_graph(model):
+    return (f"{type(model).__name__} is a subclassed model (its forward pass is its own "
+            "call(), not a chain of layers)")
+  for layer in model.layers:
+    kind = type(layer).__name__
+    if kind == "InputLayer":
+      continue
+    if isinstance(layer, tf.keras.layers.BatchNormalization):
+      return f"layer {layer.name!r} (BatchNormalization) normalizes by its batch"
+    if not isinstance(layer, (tf.keras.layers.Dense, tf.keras.layers.Flatten,
+                              tf.keras.layers.Reshape, tf.keras.layers.Activation)):
+      return f"layer {layer.name!r} ({kind})"
+  return None
+
+
+def stateless_forward(model: tf.keras.Model, input_spec: Optional[tf.TensorSpec] = None):
   """`forward(weights, x) -> outputs`: the model's inference as a pure function
-  of its weight list (`model_variables` order), for a chain of Dense,
-  Flatten, Reshape and Activation layers (MCLR, the MLPs); raises
-  `UnsupportedModel` naming the first other layer.
+  of its weight list (`model_variables` order), for a `keras.Sequential` or
+  functional model that is a chain of Dense, Flatten, Reshape and Activation
+  layers (MCLR, the MLPs); raises `UnsupportedModel` naming why not
+  (`chain_problem`: a subclassed model, the first other layer).
 
   Nothing is read from or written to a Keras variable, so the function can
   be vectorized over clients (`tf.vectorized_map`) with a weight list per
   client. The chain is checked against the model's own call on random
-  inputs (equal to 1e-5), so a model whose layers are not one chain is
-  refused rather than computed wrongly.
+  inputs of one example's `input_spec` (default the model's declared input,
+  `model_input_spec`), equal to 1e-5, so a model whose layers are not one
+  chain is refused rather than computed wrongly. `forward.activations` is
+  the number of floats of one example's activations (its input and every
+  layer's output), for the memory estimate of a chunk of clients.
   """
+  problem = chain_problem(model)
+  if problem is not None:
+    raise UnsupportedModel(problem)
+  if not has_weights(model):
+    raise UnsupportedModel("it has no weights yet (build it for its input shape first)")
+  spec = model_input_spec(model) if input_spec is None else input_spec
+  if spec is None:
+    raise UnsupportedModel("its input shape is unknown")
+  if spec.dtype != tf.float32:
+    raise UnsupportedModel(f"its input is {spec.dtype.name}, not float32")
+  if any(d is None for d in spec.shape):
+    raise UnsupportedModel(f"its input shape {tuple(spec.shape)} is not fixed")
   variables = model_variables(model)
 
   def index_of(weight):
@@ -693,8 +796,7 @@ def stateless_forward(model: tf.keras.Model):
 
   ops = []
   for layer in model.layers:
-    kind = type(layer).__name__
-    if kind == "InputLayer":
+    if type(layer).__name__ == "InputLayer":
       continue
     if isinstance(layer, tf.keras.layers.Dense):
       bias = index_of(layer.bias) if layer.use_bias else None
@@ -703,12 +805,10 @@ def stateless_forward(model: tf.keras.Model):
       ops.append(("reshape", (-1,), None, None))
     elif isinstance(layer, tf.keras.layers.Reshape):
       ops.append(("reshape", tuple(layer.target_shape), None, None))
-    elif isinstance(layer, tf.keras.layers.Activation):
+    else:  # Activation (chain_problem let no other layer through)
       ops.append(("activation", None, None, layer.activation))
-    else:
-      raise UnsupportedModel(f"layer {layer.name!r} ({kind})")
 
-  def forward(weights, x):
+  def run(weights, x, sizes=None):
     h = x
     for op, a, b, activation in ops:
       if op == "dense":
@@ -721,17 +821,26 @@ def stateless_forward(model: tf.keras.Model):
         h = tf.reshape(h, tf.concat([tf.shape(h)[:1], a], 0))
       else:
         h = activation(h)
+      if sizes is not None:
+        sizes.append(int(np.prod(h.shape[1:])))
     return h
 
+  def forward(weights, x):
+    return run(weights, x)
+
   rng = np.random.default_rng(0)
-  shape = [2] + [int(d) for d in model.input_shape[1:]]
-  if model.input.dtype not in (tf.float32, "float32"):
-    raise UnsupportedModel(f"its input is {model.input.dtype}, not float32")
+  shape = [2] + [int(d) for d in spec.shape]
   probe = tf.constant(rng.normal(size=shape).astype(np.float32))
   weights = [tf.convert_to_tensor(v) for v in variables]
-  if not np.allclose(
-      forward(weights, probe).numpy(), model(probe, training=False).numpy(), rtol=1e-5, atol=1e-5):
+  sizes = [int(np.prod(shape[1:]))]
+  try:
+    same = np.allclose(run(weights, probe, sizes).numpy(),
+                       model(probe, training=False).numpy(), rtol=1e-5, atol=1e-5)
+  except (ValueError, tf.errors.InvalidArgumentError):  # shapes that do not chain
+    same = False
+  if not same:
     raise UnsupportedModel("its layers are not one chain")
+  forward.activations = int(sum(sizes))
   return forward
 
 

@@ -68,7 +68,8 @@ GLOVE_SUFFIXES = (".txt", ".txt.gz")
 FEMNIST_HINT = (
     "make them with LEAF (github.com/TalwalkarLab/leaf): cd data/femnist && "
     "./preprocess.sh -s niid --sf 0.05 -k 0 -t sample, then pass "
-    "--data_dir data/femnist/data")
+    "--data_dir data/femnist/data; or leave --data_dir out to fetch TFF's "
+    "federated EMNIST (all writers)")
 FEDPROX_MNIST_HINT = (
     "make them with the FedProx repo (github.com/litian96/FedProx): "
     "python data/mnist/generate_niid.py, then pass --data_dir data/mnist/data")
@@ -79,11 +80,12 @@ FEDPROX_SYNTHETIC_HINT = (
 SENT140_HINT = (
     "make them with LEAF (github.com/TalwalkarLab/leaf): cd data/sent140 && "
     "./preprocess.sh -s niid --sf 0.3 -k 30 -t sample, then pass "
-    "--data_dir data/sent140/data")
+    "--data_dir data/sent140/data; or leave --data_dir out to fetch the "
+    "Sentiment140 CSV")
 GLOVE_HINT = (
     f"download glove.6B.zip from https://nlp.stanford.edu/projects/glove/ "
     f"(LEAF: data/sent140/get_embs.sh), unzip it and pass --glove_path "
-    f".../{GLOVE_FILE}")
+    f".../{GLOVE_FILE}, or leave --glove_path out to fetch it")
 
 UNMATCHED_CHOICES = ("error", "drop", "split")
 
@@ -420,6 +422,19 @@ def _glove_lines(path: str):
   with f:
     for lineno, line in enumerate(f, 1):
       yield lineno, line.rstrip("\r\n").rstrip(" ")
+
+
+def check_glove(path: str, dim: int) -> None:
+  """Raises a DataError unless the first line of `path` is a word and `dim`
+  numbers: the check of a fetched GloVe file."""
+  try:
+    first = next((line for _, line in _glove_lines(path) if line), "")
+  except (OSError, EOFError, zlib.error) as e:
+    raise DataError(f"{path}: cannot read ({e.__class__.__name__}: {e})") from None
+  parts = first.split(" ")
+  if len(parts) != dim + 1 or not all(_is_number(v) for v in parts[1:]):
+    raise DataError(f"{path} line 1: expected a word and {dim} numbers, got "
+                    f"{len(parts) - 1} fields")
 
 
 def load_glove(path: Optional[str], dim: Optional[int] = None,

@@ -10,6 +10,15 @@ columns ::
 `tff_cluster.data.leaf`), which LEAF's `preprocess.sh` has already sampled,
 filtered and split.
 
+Fetched on first use (`tff_cluster.data.download`), when no path is given:
+the CSV (Stanford's trainingandtestdata.zip, checked against the SHA-256 that
+TensorFlow Datasets publishes; only the training CSV is kept) and GloVe
+(glove.6B.zip; only `glove.6B.<d>d.txt` of the dimension asked for is kept,
+300 by default, the papers'). TensorFlow Datasets' `sentiment140` builder is
+not used: it is not a dependency, it downloads the same archive, and it keeps
+its own copy as TFRecords, whose rows this module would have to read back
+into LEAF's steps; the raw CSV is what those steps start from.
+
 Which file `--data_dir` means:
 
 * a `.csv` file: that file; a `.json` file: one LEAF JSON file.
@@ -52,12 +61,13 @@ does not pick LEAF's tweets.
 from __future__ import annotations
 
 import csv
+import functools
 import os
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from tff_cluster.data import leaf
+from tff_cluster.data import download, leaf
 from tff_cluster.data.federated import DataError, FederatedData
 
 TRAINING_CSV = "training.1600000.processed.noemoticon.csv"
@@ -66,10 +76,11 @@ POLARITY_LABELS = {"0": 0, "4": 1}
 TRAIN_FRACTION = 0.9  # LEAF split_data.py --frac default.
 DEFAULT_MIN_TWEETS = 3  # LEAF's small-sized sent140 command: -k 3.
 DEFAULT_SAMPLE_FRACTION = 1.0
+DEFAULT_GLOVE_DIM = 300  # the papers' (FedGroup, LEAF): glove.6B.300d.txt
 
 CSV_HINT = (
     f"the raw CSV is {TRAINING_CSV} from trainingandtestdata.zip "
-    f"(http://cs.stanford.edu/people/alecmgo/trainingandtestdata.zip)")
+    f"({download.SENT140_CSV.origin})")
 EXPECTED = (f"train/*.json and test/*.json (LEAF JSON) or the raw Sentiment140 "
             f"CSV ({TRAINING_CSV} or one *.csv not named test*)")
 
@@ -177,6 +188,30 @@ def _rows(reader, path):
     yield row
 
 
+def check_csv(path: str) -> None:
+  """Raises a DataError unless the first row of `path` is a Sentiment140 row
+  (six columns, polarity 0 or 4): the check of a fetched CSV."""
+  try:
+    with open(path, "r", encoding="latin-1", newline="") as f:
+      reader = csv.reader(f)
+      row = next(_rows(reader, path), None)
+  except OSError as e:
+    raise DataError(f"{path}: cannot read ({e.strerror or e})") from None
+  if row is None or row[0].strip() not in POLARITY_LABELS:
+    raise DataError(f"{path}: not the Sentiment140 CSV (rows of "
+                    f"{', '.join(COLUMNS)}, polarity 0 or 4)")
+
+
+def fetch_csv() -> str:
+  """The path of the Sentiment140 training CSV: from a cache, or fetched."""
+  return download.fetch(download.SENT140_CSV, check_csv)
+
+
+def fetch_glove(dim: int = DEFAULT_GLOVE_DIM) -> str:
+  """The path of `glove.6B.<dim>d.txt`: from a cache, or fetched."""
+  return download.fetch(download.glove(dim), functools.partial(leaf.check_glove, dim=dim))
+
+
 # ---------------------------------------------------------------------------
 # LEAF's sample, remove-users and split steps.
 
@@ -248,12 +283,13 @@ def _ids(tokens: List[str], vocab: Dict[str, int], seq_len: int) -> np.ndarray:
 def load_csv(path: str, glove_path: Optional[str], seed: int = 0,
              min_tweets: int = DEFAULT_MIN_TWEETS,
              sample_fraction: float = DEFAULT_SAMPLE_FRACTION,
-             seq_len: int = leaf.SENT140_SEQ_LEN
+             seq_len: int = leaf.SENT140_SEQ_LEN, dim: Optional[int] = None
              ) -> Tuple[FederatedData, np.ndarray]:
   """Raw Sentiment140 CSV -> (FederatedData, GloVe embedding matrix), with
   LEAF's sample / remove-users / split steps (module docstring). x holds the
   first `seq_len` tokens of each tweet as GloVe row ids (0 = padding, last row
-  = unknown word), y is 0/1 int64. The GloVe dimension is the file's."""
+  = unknown word), y is 0/1 int64. The GloVe dimension is the file's; a
+  `dim` given must be it."""
   if not 0 < sample_fraction <= 1:
     raise DataError(f"invalid sample_fraction={sample_fraction}; valid: a "
                     f"number in (0, 1]")
@@ -280,7 +316,7 @@ def load_csv(path: str, glove_path: Optional[str], seed: int = 0,
                 for split in (train, test)] for u in train}
   words = {t for per_split in tokens.values() for rows in per_split
            for toks in rows for t in toks}
-  vocab, embedding = leaf.load_glove(glove_path, words=words)
+  vocab, embedding = leaf.load_glove(glove_path, dim, words=words)
 
   def arrays(rows, labels):
     return (np.stack([_ids(t, vocab, seq_len) for t in rows]),
@@ -300,18 +336,22 @@ def load_csv(path: str, glove_path: Optional[str], seed: int = 0,
   return data, embedding
 
 
-def load_sent140(path: Optional[str], glove_path: Optional[str], seed: int = 0,
-                 min_tweets: Optional[int] = None,
+def load_sent140(path: Optional[str] = None, glove_path: Optional[str] = None,
+                 seed: int = 0, min_tweets: Optional[int] = None,
                  sample_fraction: Optional[float] = None,
-                 seq_len: int = leaf.SENT140_SEQ_LEN
+                 seq_len: int = leaf.SENT140_SEQ_LEN,
+                 glove_dim: Optional[int] = None
                  ) -> Tuple[FederatedData, np.ndarray]:
   """Sent140 from LEAF JSON or the raw CSV (`find_data`).
 
-  `min_tweets` / `sample_fraction` (None = not given: 3 and 1.0) apply to the
-  CSV only; LEAF JSON is already sampled and filtered, so giving either with
-  it is a DataError.
+  `path=None` fetches the CSV and `glove_path=None` GloVe 6B of `glove_dim`
+  (None: 300) (module docstring); a `glove_dim` given with a `glove_path`
+  must be that file's dimension (None: whatever it is). `min_tweets` /
+  `sample_fraction` (None = not given: 3 and 1.0) apply to the CSV only;
+  LEAF JSON is already sampled and filtered, so giving either with it is a
+  DataError.
   """
-  kind, path = find_data(path)
+  kind, path = find_data(path) if path else ("csv", fetch_csv())
   if kind == "json":
     given = [f"{name}={value:g}" for name, value in (
         ("min_tweets", min_tweets), ("sample_fraction", sample_fraction))
@@ -322,9 +362,13 @@ def load_sent140(path: Optional[str], glove_path: Optional[str], seed: int = 0,
           f"only; {path} "
           f"is LEAF JSON, already sampled and filtered by LEAF's preprocess.sh "
           f"(--sf, -k); valid: leave it out, or pass the CSV as --data_dir")
-    return leaf.load_sent140(path, glove_path, seed=seed, seq_len=seq_len)
+  if not glove_path:
+    glove_dim = glove_dim or DEFAULT_GLOVE_DIM
+    glove_path = fetch_glove(glove_dim)
+  if kind == "json":
+    return leaf.load_sent140(path, glove_path, seed=seed, seq_len=seq_len, dim=glove_dim)
   return load_csv(path, glove_path, seed=seed,
                   min_tweets=DEFAULT_MIN_TWEETS if min_tweets is None else min_tweets,
                   sample_fraction=(DEFAULT_SAMPLE_FRACTION if sample_fraction is None
                                    else sample_fraction),
-                  seq_len=seq_len)
+                  seq_len=seq_len, dim=glove_dim)

@@ -218,10 +218,10 @@ class LocalRunner(ServerSide):
         forward_error = str(e)
     self.client_batching = resolve_client_batching(client_batching, forward_error, self.device)
     self._num_params = local_training.num_parameters(self._model)
-    # Floats of one example's activations: the input and every layer's output.
-    self._activations = int(np.prod(self._model.input_shape[1:])) + sum(
-        int(np.prod(layer.output.shape[1:])) for layer in self._model.layers
-        if type(layer).__name__ != "InputLayer")
+    # Floats of one example's activations (the input and every layer's
+    # output), for a chunk's memory: only side by side, whose chain of layers
+    # gives them (a subclassed model has no layer outputs to read).
+    self._activations = None if self._forward is None else self._forward.activations
     self.chunk_capped: Optional[str] = None
     chunk = DEFAULT_CHUNK if chunk is None else chunk
     if int(chunk) < 1:

@@ -1,9 +1,17 @@
 """LEAF FEMNIST (per-writer handwriting) and label-subset / rotated views.
 
-Data: LEAF's FEMNIST JSON (`--data_dir` holding train/*.json and test/*.json,
-made by LEAF's `./preprocess.sh -s niid --sf 0.05 -k 0 -t sample`); each
-writer is one client with LEAF's own train/test split. Pixels stay in LEAF's
-convention (floats in [0, 1], 1.0 = background).
+Data, each writer one client with its own train/test split; pixels in LEAF's
+convention (floats in [0, 1], 1.0 = background), the same in both sources:
+* no `--data_dir`: TFF's federated EMNIST (`emnist_all.sqlite`, all 3,400
+  writers of LEAF's FEMNIST), fetched on first use into `$TFF_CLUSTER_DATA`
+  (`tff_cluster.data.download`) and read without TFF
+  (`tff_cluster.data.emnist`); the digit views read its `digits_only_*`
+  splits (3,383 writers), the others its 62-class `all_*` splits;
+* `--data_dir` naming such a database (any file name), or a folder holding
+  `emnist_all.sqlite`: that file;
+* otherwise `--data_dir` is LEAF's FEMNIST JSON (train/*.json and
+  test/*.json, made by LEAF's `./preprocess.sh -s niid --sf 0.05 -k 0 -t
+  sample`, a 5 % sample of the writers).
 
 Model: the MLP 784-512-<classes> FedGroup uses for FEMNIST (`--model=mlp`, the
 default), or MCLR 784-><classes> (`--model=mclr`). Defaults follow
@@ -27,10 +35,13 @@ in a view is dropped):
 
 from __future__ import annotations
 
+import os
+from typing import Optional, Tuple
+
 import numpy as np
 
 from tff_cluster import models
-from tff_cluster.data import leaf
+from tff_cluster.data import emnist, leaf
 from tff_cluster.data.federated import DataError, FederatedData
 from tff_cluster.data.partition import ROTATIONS, rotate_images
 from tff_cluster.hparams import HParam
@@ -49,11 +60,37 @@ NUM_CLUSTERS = HParam("num_clusters", int, 4, "rotation clusters", low=1,
 VIEWS = {"femnist_digits": (0, 10), "femnist_upper": (10, 26),
          "femnist_lower": (36, 26)}
 
+DATA_TEXT = ("TFF's federated EMNIST, all writers, fetched on first use; or --data_dir: "
+             "LEAF JSON train/ and test/, or emnist_all.sqlite")
+
+
+def find_source(data_dir: Optional[str]) -> Tuple[str, str]:
+  """("sqlite" | "leaf", path) for `--data_dir` (module docstring); no
+  `data_dir`: TFF's database, fetched when no cache holds it."""
+  if not data_dir:
+    return "sqlite", emnist.fetch_database()
+  path = os.path.expanduser(str(data_dir))
+  if os.path.isfile(path) and emnist.is_database(path):
+    return "sqlite", path
+  if os.path.isdir(path) and os.path.isfile(os.path.join(path, emnist.EMNIST_DB_FILE)):
+    return "sqlite", os.path.join(path, emnist.EMNIST_DB_FILE)
+  return "leaf", path
+
+
+def _load(options: DataOptions, only_digits: bool = False) -> FederatedData:
+  # The database's digits_only_* splits serve the digit views; LEAF JSON has
+  # only the 62-class data, which the views relabel.
+  kind, path = find_source(options.data_dir)
+  if kind == "sqlite":
+    return emnist.load_database(path, only_digits=only_digits,
+                                num_clients=options.num_clients, seed=options.seed)
+  return leaf.sample_clients(leaf.load_femnist(path, seed=options.seed),
+                             options.num_clients, options.seed)
+
 
 def load_femnist(options: DataOptions) -> FederatedData:
   """All 62 classes, one client per writer."""
-  return leaf.sample_clients(leaf.load_femnist(options.data_dir, seed=options.seed),
-                             options.num_clients, options.seed)
+  return _load(options)
 
 
 def label_view(data: FederatedData, first: int, num_classes: int,
@@ -83,7 +120,8 @@ def label_view(data: FederatedData, first: int, num_classes: int,
 
 def _load_view(options: DataOptions, name: str) -> FederatedData:
   first, num_classes = VIEWS[name]
-  return label_view(load_femnist(options), first, num_classes, name)
+  return label_view(_load(options, only_digits=name == "femnist_digits"), first,
+                    num_classes, name)
 
 
 def rotate_writers(data: FederatedData, num_clusters: int, seed: int
@@ -124,7 +162,7 @@ def _view_spec(name: str, what: str) -> TaskSpec:
   return TaskSpec(
       name=name,
       description=f"LEAF FEMNIST writers, {what} only, MLP 784-512-"
-                  f"{VIEWS[name][1]} (--data_dir with train/ and test/)",
+                  f"{VIEWS[name][1]} ({DATA_TEXT})",
       load_data=lambda options: _load_view(options, name),
       model_fn=_mlp(VIEWS[name][1]), model_name="mlp",
       other_models={"mclr": _mclr(VIEWS[name][1])}, loss=models.SPARSE_CE_LOGITS,
@@ -135,7 +173,7 @@ TASKS = [
     TaskSpec(
         name="femnist",
         description="LEAF FEMNIST, one client per writer, 62 classes, MLP "
-                    "784-512-62 (--data_dir with train/ and test/)",
+                    f"784-512-62 ({DATA_TEXT})",
         load_data=load_femnist, model_fn=_mlp(leaf.FEMNIST_NUM_CLASSES), model_name="mlp",
         other_models={"mclr": _mclr(leaf.FEMNIST_NUM_CLASSES)},
         loss=models.SPARSE_CE_LOGITS, defaults=DEFAULTS, source=SOURCE),

@@ -19,9 +19,11 @@ The data description records the distinct source images, the samples and
 Data, by what `--data_dir` holds (all images of a-j are pooled first):
 * LEAF FEMNIST JSON (train/*.json and test/*.json, or one .json file): every
   writer's train and test images;
-* TFF's `emnist_all.sqlite` (the directory holding it, or the file; with no
-  `--data_dir`, TFF's cache ~/.tff when the file is there): the 62-class
-  train and test tables. Nothing is downloaded.
+* TFF's `emnist_all.sqlite` (the directory holding it, or the file under any
+  name): the 62-class `all_train` then `all_test` images, writers in TFF's
+  (sorted) order, read without TFF (`tff_cluster.data.emnist`);
+* no `--data_dir`: that database, from a cache (`$TFF_CLUSTER_DATA`, ~/.tff,
+  ~/.keras/datasets) or fetched on first use (`tff_cluster.data.download`).
 Pixels stay as the sources give them, floats in [0, 1] with 1.0 = background:
 the convention of LEAF, TFF and FedProx's own sample alike.
 
@@ -93,50 +95,23 @@ def pool_leaf(path: str) -> Pooled:
           f"LEAF FEMNIST JSON {path}, writers' train+test pooled")
 
 
-def pool_sqlite(cache_dir: str) -> Pooled:
-  """All a-j images of TFF's `emnist_all.sqlite` in `cache_dir` (62-class
-  train then test tables; clients in TFF's order for seed 0)."""
-  db = os.path.join(cache_dir, emnist.EMNIST_DB_FILE)
-  if not os.path.isfile(db):  # TFF would download it: never do that here.
-    raise DataError(f"{db} not found: expected {_SOURCES_TEXT}")
-  emnist.require_tff_reader(db)
-  import tensorflow as tf  # deferred: heavy imports.
-  import tensorflow_federated as tff
-  xs, ys = [], []
-  try:
-    splits = tff.simulation.datasets.emnist.load_data(only_digits=False,
-                                                      cache_dir=cache_dir)
-    first, last = fedprox_nist.FIRST_RAW_LABEL, (fedprox_nist.FIRST_RAW_LABEL +
-                                                 fedprox_nist.NUM_LETTERS - 1)
-    for client_data in splits:
-      ds = client_data.create_tf_dataset_from_all_clients(seed=0).filter(
-          lambda e: tf.logical_and(e["label"] >= first, e["label"] <= last))
-      for batch in ds.batch(4096):
-        labels = np.asarray(batch["label"]).reshape(-1).astype(np.int64)
-        xs.append(np.asarray(batch["pixels"], np.float32).reshape(len(labels), -1))
-        ys.append(labels)
-  except Exception as e:  # sqlite / proto errors: one line naming the file.
-    reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-    raise DataError(f"{db}: cannot read it as TFF's federated EMNIST "
-                    f"({type(e).__name__}: {reason}); expected the decompressed "
-                    f"{emnist.EMNIST_URL}") from e
-  if not xs:
+def pool_sqlite(db: str) -> Pooled:
+  """All a-j images of TFF's federated EMNIST database `db` (62-class train
+  then test images, writers in TFF's order)."""
+  x, y = emnist.pool_database(db, _letters_only)
+  if not len(y):
     raise DataError(f"{db}: no lower-case a-j images (labels 36..45)")
-  return np.concatenate(xs), np.concatenate(ys), f"TFF EMNIST {db}, train+test pooled"
+  return x, y, f"TFF EMNIST {db}, train+test pooled"
 
 
 def pool_source(data_dir: Optional[str]) -> Pooled:
   """Dispatches on what `data_dir` holds (see the module docstring)."""
   if not data_dir:
-    cache = os.path.expanduser(emnist.DEFAULT_CACHE_DIR)
-    if os.path.isfile(os.path.join(cache, emnist.EMNIST_DB_FILE)):
-      return pool_sqlite(cache)
-    raise DataError(f"no data given: pass --data_dir with {_SOURCES_TEXT} "
-                    f"(none in {cache}); {leaf.FEMNIST_HINT}")
+    return pool_sqlite(emnist.fetch_database())
   path = os.path.expanduser(str(data_dir))
   if os.path.isfile(path):
-    if os.path.basename(path) == emnist.EMNIST_DB_FILE:
-      return pool_sqlite(os.path.dirname(path) or ".")
+    if emnist.is_database(path) or os.path.basename(path) == emnist.EMNIST_DB_FILE:
+      return pool_sqlite(path)
     if path.endswith(".json"):
       return pool_leaf(path)
     raise DataError(f"{path}: not a LEAF .json file or {emnist.EMNIST_DB_FILE}; "
@@ -145,7 +120,7 @@ def pool_source(data_dir: Optional[str]) -> Pooled:
     raise DataError(f"{path} does not exist: expected a directory with "
                     f"{_SOURCES_TEXT}")
   if os.path.isfile(os.path.join(path, emnist.EMNIST_DB_FILE)):
-    return pool_sqlite(path)
+    return pool_sqlite(os.path.join(path, emnist.EMNIST_DB_FILE))
   if any(os.path.isdir(os.path.join(path, s)) for s in ("train", "test")):
     return pool_leaf(path)
   raise DataError(f"{path}: holds neither train/ and test/ LEAF JSON nor "
@@ -174,8 +149,9 @@ TASKS = [
     TaskSpec(
         name="femnist_fedprox",
         description="FedGroup/FedProx FEMNIST: EMNIST letters a-j, 200 devices x 3 "
-                    "consecutive letters, 26-way MLP 784-512-26 (--data_dir: LEAF "
-                    "FEMNIST JSON or emnist_all.sqlite)",
+                    "consecutive letters, 26-way MLP 784-512-26 (TFF's federated "
+                    "EMNIST, fetched on first use; or --data_dir: LEAF FEMNIST JSON "
+                    "or emnist_all.sqlite)",
         load_data=load_femnist_fedprox, task_args=(REUSE_PREFIX,),
         model_fn=_mlp, model_name="mlp", other_models={"mclr": _mclr},
         loss=models.SPARSE_CE_LOGITS, defaults=DEFAULTS, source=SOURCE),
