@@ -89,7 +89,8 @@ flags.DEFINE_enum("groups_format", "wide", ["wide", "long"], "groups.csv: one ro
 flags.DEFINE_boolean("resume", False, "Continue the run in --output_dir from its latest "
                      "checkpoint (written on any stack and runner); flags not given take "
                      "the run's values; only a larger --rounds, --runner and --jit may "
-                     "differ.")
+                     "differ (with another --runner, the run's flags of its old runner "
+                     "are dropped).")
 flags.DEFINE_boolean("eval_only", False, "Evaluate the saved models of the run in "
                      "--output_dir (models/final and models/best) on --task's test data "
                      "(default: the run's task); writes eval_<task>.json there.")
@@ -357,6 +358,11 @@ def _main(argv) -> int:
     if isinstance(e, WorkerLost):
       _fail(f"{e}; {_resume_hint(settings['output_dir'])}summary.json says \"reason\": "
             "\"worker_lost\"", code=4)
+    from tff_cluster.checkpoint import CheckpointError, WriteFailed
+    if isinstance(e, WriteFailed):  # a full disk, a failing drive: nothing half-written left
+      _fail(f"{e}; {_resume_hint(settings['output_dir'])}nothing half-written is left", code=5)
+    if isinstance(e, CheckpointError):  # a checkpoint that does not fit this run
+      _fail(str(e))
     if not isinstance(e, Diverged):
       raise
     saved = (f"the last good state (round {e.round_num - 1}) is checkpointed in "

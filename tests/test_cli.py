@@ -97,21 +97,26 @@ def test_non_empty_output_dir_refused_in_a_real_process(tmp_path):
   assert not seen
 
 
-def test_overwrite_replaces_results_and_keeps_other_files(tmp_path, capsys):
+def test_overwrite_replaces_a_previous_runs_results_and_nothing_else(tmp_path, capsys):
   out_dir = tmp_path / "out"
-  out_dir.mkdir()
-  (out_dir / "notes.txt").write_text("keep me\n")
-  (out_dir / "metrics.csv").write_text("stale\n")
   args = [*SMALL_ARGS, "--rounds=1", f"--output_dir={out_dir}"]
   code, _, err = _main(args, capsys)
-  _assert_usage_error(code, err, "--overwrite")
-  assert (out_dir / "metrics.csv").read_text() == "stale\n"
-
-  code, _, err = _main([*args, "--overwrite"], capsys)
   assert code == 0, err
+  code, _, err = _main([*SMALL_ARGS, "--rounds=2", f"--output_dir={out_dir}"], capsys)
+  _assert_usage_error(code, err, "--overwrite")
+  assert [r["round"] for r in read_metrics_csv(out_dir / "metrics.csv")] == [1.0]
+
+  code, _, err = _main([*SMALL_ARGS, "--rounds=2", f"--output_dir={out_dir}", "--overwrite"],
+                       capsys)
+  assert code == 0, err
+  assert [r["round"] for r in read_metrics_csv(out_dir / "metrics.csv")] == [1.0, 2.0]
+  # A file no run wrote: --overwrite refuses and changes nothing.
+  (out_dir / "notes.txt").write_text("keep me\n")
+  code, _, err = _main([*SMALL_ARGS, "--rounds=1", f"--output_dir={out_dir}", "--overwrite"],
+                       capsys)
+  _assert_usage_error(code, err, "notes.txt")
   assert (out_dir / "notes.txt").read_text() == "keep me\n"
-  rows = read_metrics_csv(out_dir / "metrics.csv")
-  assert [r["round"] for r in rows] == [1.0]
+  assert [r["round"] for r in read_metrics_csv(out_dir / "metrics.csv")] == [1.0, 2.0]
 
 
 def _resolve(args):

@@ -18,7 +18,21 @@ checkpoint written under TensorFlow 2.14 / numpy 1 resumes under TensorFlow
 Each file is written to a temporary name, fsynced and renamed (the client
 states' directory before the archive that names it), so a kill at any moment
 leaves either the previous checkpoint or the new one; the last `keep` are
-kept.
+kept. A write that fails (a full disk, any `OSError`) removes what it had
+written and raises `WriteFailed`, one line naming the file, the reason and
+the space it needed; the checkpoint before stays the latest. Temporary files a
+kill left behind are removed by `remove_temporary` (at a run's next start or
+resume).
+
+A run's metric rows are not in the checkpoint (rewriting every row at every
+checkpoint grows with the square of the rounds): the checkpoint names how many
+rows of the run's `metrics.csv` and `metrics.jsonl` are its own and their
+SHA-256 (`"rows_file"`), and `load_latest` reads them back from there.
+
+`load_latest` reads what a resume will load before choosing a checkpoint: the
+CRC-32 of every entry of the archive and of every client-state part, the
+JSON tree and the arrays it names, the rows' digests. A damaged checkpoint is
+skipped for the one before, with one warning line naming the damaged file.
 
 Size: the server state (e.g. m + 1 models for FedGroup) plus whatever
 per-client state the algorithm keeps (e.g. one momentum buffer per client that
@@ -32,17 +46,22 @@ import collections
 import io
 import json
 import math
+import errno
+import hashlib
 import os
 import re
 import shutil
+import sys
 import zipfile
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
 DIRNAME = "checkpoints"
-FORMAT = 3  # 3: per-client states beside the archive; 2: inside it
-READABLE_FORMATS = (2, 3)
+# 4: the rows in the run's metrics files; 3: per-client states beside the
+# archive; 2: inside it
+FORMAT = 4
+READABLE_FORMATS = (2, 3, 4)
 SUFFIX = ".npz"
 CLIENTS_SUFFIX = ".clients"
 CLIENTS_PER_PART = 1024
@@ -50,10 +69,85 @@ _PATTERN = re.compile(r"^round-(\d{6,})\.npz$")
 _CLIENTS = re.compile(r"^round-(\d{6,})\.clients$")
 _LEGACY = re.compile(r"^round-(\d{6,})\.pkl$")  # FORMAT 1: pickles (tff-cluster 0.1)
 _TREE = "__tree__"
+# A temporary file or directory of `atomic_write_bytes`, `save` or a saved
+# model (`NAME.tmp-<pid>`, `model_<j>.tmp.keras`).
+_TEMPORARY = re.compile(r"\.tmp-\d+$|\.tmp\.keras$")
+METRICS_FILES = ("metrics.csv", "metrics.jsonl")
+
+
+def is_temporary(name: str) -> bool:
+  """Whether `name` is a temporary file or directory a write of a run makes
+  (`NAME.tmp-<pid>`, `model_<j>.tmp.keras`)."""
+  return bool(_TEMPORARY.search(name))
 
 
 class CheckpointError(ValueError):
   """A value a checkpoint cannot hold, or a file that is not a checkpoint."""
+
+
+class WriteFailed(OSError):
+  """A run's record or checkpoint that could not be written (one line: the
+  file, the reason, the space it needed where known). What the write had
+  begun is removed."""
+
+  def __str__(self) -> str:
+    return self.args[0] if self.args else "a write failed"
+
+
+def write_failed(path: str, error: OSError, needed: Optional[int] = None) -> WriteFailed:
+  """`error`, raised writing `path` (`needed` bytes), as a one-line `WriteFailed`."""
+  if isinstance(error, WriteFailed):
+    return error
+  reason = error.strerror or str(error) or type(error).__name__
+  space = ""
+  if error.errno in (errno.ENOSPC, errno.EDQUOT):
+    try:
+      free = shutil.disk_usage(os.path.dirname(path) or ".").free
+    except OSError:
+      free = None
+    parts = ([f"{_size(needed)} needed"] if needed is not None else []) + (
+        [f"{_size(free)} free"] if free is not None else [])
+    space = f" ({', '.join(parts)})" if parts else ""
+  failed = WriteFailed(f"could not write {path}: {reason}{space}")
+  failed.errno = error.errno
+  return failed
+
+
+def _size(n: int) -> str:
+  for unit in ("bytes", "KB", "MB", "GB"):
+    if n < 1024 or unit == "GB":
+      return f"{n} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+    n /= 1024
+  return f"{n} bytes"
+
+
+def _remove(path: str) -> None:
+  """Removes a file or a directory tree, quietly."""
+  if os.path.isdir(path) and not os.path.islink(path):
+    shutil.rmtree(path, ignore_errors=True)
+  else:
+    try:
+      os.remove(path)
+    except OSError:
+      pass
+
+
+def remove_temporary(run_dir: str) -> List[str]:
+  """Removes the temporary files and directories (`*.tmp-<pid>`,
+  `*.tmp.keras`) that a killed run left in `run_dir`, its checkpoints and its
+  saved models; returns their paths."""
+  removed = []
+  for folder in (run_dir, directory(run_dir), os.path.join(run_dir, "models", "final"),
+                 os.path.join(run_dir, "models", "best")):
+    try:
+      names = os.listdir(folder)
+    except OSError:
+      continue
+    for name in names:
+      if is_temporary(name):
+        _remove(os.path.join(folder, name))
+        removed.append(os.path.join(folder, name))
+  return removed
 
 
 def directory(run_dir: str) -> str:
@@ -74,13 +168,19 @@ def _fsync_dir(path: str) -> None:
 
 
 def atomic_write_bytes(path: str, payload: bytes) -> None:
-  """Writes `payload` to `path` so that a crash leaves the old file or the new."""
+  """Writes `payload` to `path` so that a crash leaves the old file or the new;
+  a failed write leaves the old file and no temporary one, and raises
+  `WriteFailed`."""
   tmp = f"{path}.tmp-{os.getpid()}"
-  with open(tmp, "wb") as f:
-    f.write(payload)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
+  try:
+    with open(tmp, "wb") as f:
+      f.write(payload)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except OSError as e:
+    _remove(tmp)
+    raise write_failed(path, e, len(payload)) from None
   _fsync_dir(os.path.dirname(path) or ".")
 
 
@@ -228,40 +328,63 @@ def save(run_dir: str, round_num: int, payload: Dict[str, Any], keep: int = 2,
   the order `items()` gives them, keyed by the driver's keys (client
   indices): a resume puts each state wherever its client lives then.
   The directory is complete (written and renamed) before the checkpoint
-  that names it."""
-  os.makedirs(directory(run_dir), exist_ok=True)
+  that names it. A write that fails raises `WriteFailed` and leaves the
+  checkpoints as they were (nothing of this round, no temporary file)."""
+  try:
+    os.makedirs(directory(run_dir), exist_ok=True)
+  except OSError as e:
+    raise write_failed(directory(run_dir), e) from None
   path = path_of(run_dir, round_num)
+  final = clients_dir(run_dir, round_num)
   parts = count = 0
+  wrote_clients = False
   if client_states is not None and len(client_states):
-    final = clients_dir(run_dir, round_num)
     tmp = f"{final}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
+    _remove(tmp)
     chunk: Dict[Any, Any] = {}
 
     def flush():
       nonlocal parts, chunk
-      with open(os.path.join(tmp, f"part-{parts:06d}{SUFFIX}"), "wb") as f:
-        f.write(dumps(chunk))
-        f.flush()
-        os.fsync(f.fileno())
+      part = os.path.join(tmp, f"part-{parts:06d}{SUFFIX}")
+      data = dumps(chunk)
+      try:
+        with open(part, "wb") as f:
+          f.write(data)
+          f.flush()
+          os.fsync(f.fileno())
+      except OSError as e:  # named where it was going
+        raise write_failed(os.path.join(final, os.path.basename(part)), e,
+                           len(data)) from None
       parts += 1
       chunk = {}
 
-    for key, value in client_states.items():
-      chunk[key] = value
-      count += 1
-      if len(chunk) >= CLIENTS_PER_PART:
+    try:
+      os.makedirs(tmp)
+      for key, value in client_states.items():
+        chunk[key] = value
+        count += 1
+        if len(chunk) >= CLIENTS_PER_PART:
+          flush()
+      if chunk:
         flush()
-    if chunk:
-      flush()
-    _fsync_dir(tmp)
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
+      _fsync_dir(tmp)
+      _remove(final)
+      os.replace(tmp, final)
+    except BaseException as e:  # noqa: B036 - nothing half-written is left
+      _remove(tmp)
+      if isinstance(e, OSError):
+        raise write_failed(final, e) from None
+      raise
     _fsync_dir(directory(run_dir))
-  atomic_write_bytes(path, dumps({"format": FORMAT, "round": round_num,
-                                  "client_state_parts": parts,
-                                  "client_state_count": count, **payload}))
+    wrote_clients = True
+  try:
+    atomic_write_bytes(path, dumps({"format": FORMAT, "round": round_num,
+                                    "client_state_parts": parts,
+                                    "client_state_count": count, **payload}))
+  except WriteFailed:
+    if wrote_clients and not os.path.exists(path):
+      _remove(final)  # states no archive names
+    raise
   kept = set(rounds(run_dir)[-keep:])
   for old in rounds(run_dir):
     if old not in kept:
@@ -274,6 +397,56 @@ def save(run_dir: str, round_num: int, payload: Dict[str, Any], keep: int = 2,
     if m and int(m.group(1)) not in kept:
       shutil.rmtree(os.path.join(directory(run_dir), name), ignore_errors=True)
   return path
+
+
+class Damaged(CheckpointError):
+  """A checkpoint file that does not hold what it should (one line naming it)."""
+
+
+def _array_names(tree: Any, out: List[str]) -> List[str]:
+  if isinstance(tree, list):
+    for v in tree:
+      _array_names(v, out)
+  elif isinstance(tree, dict):
+    if len(tree) == 1:
+      (tag, inner), = tree.items()
+      if tag in ("__array__", "__scalar__") and isinstance(inner, str):
+        out.append(inner)
+        return out
+    for v in tree.values():
+      _array_names(v, out)
+  return out
+
+
+_READ_ERRORS = (OSError, EOFError, ValueError, KeyError, TypeError, IndexError,
+                zipfile.BadZipFile, UnicodeDecodeError, zipfile.LargeZipFile)
+
+
+def check_archive(path: str, name: Optional[str] = None) -> Any:
+  """The JSON tree of the archive at `path`, after checking the CRC-32 of
+  every entry and that every array the tree names is there. Raises `Damaged`
+  naming the file (`name`, default `path`) and what is wrong."""
+  name = name or path
+  try:
+    with zipfile.ZipFile(path) as archive:
+      bad = archive.testzip()
+      if bad is not None:
+        raise Damaged(f"{name}: entry {bad} fails its CRC-32 check")
+      entries = {n[:-4] if n.endswith(".npy") else n for n in archive.namelist()}
+      if _TREE not in entries:
+        raise Damaged(f"{name}: not a tff-cluster archive (no {_TREE} entry)")
+    with np.load(path, allow_pickle=False) as archive:
+      tree = json.loads(archive[_TREE].tobytes().decode())
+  except Damaged:
+    raise
+  except FileNotFoundError:
+    raise Damaged(f"{name}: missing") from None
+  except _READ_ERRORS as e:
+    raise Damaged(f"{name}: unreadable ({type(e).__name__}: {e})") from None
+  missing = sorted(set(_array_names(tree, [])) - entries)
+  if missing:
+    raise Damaged(f"{name}: names arrays it does not hold ({', '.join(missing[:3])})")
+  return tree
 
 
 class ClientStateFiles:
@@ -296,39 +469,137 @@ class ClientStateFiles:
     for i in range(self.parts):
       yield from self._part(i).items()
 
-  def check(self) -> None:
-    """Every part readable (a damaged one raises, as a damaged checkpoint)."""
+  def check(self, name: Optional[str] = None) -> None:
+    """Every part there, whole (the CRC-32 of each entry) and holding the
+    client states it should; raises `Damaged` naming the first that is not."""
+    name = name or self.path
     total = 0
     for i in range(self.parts):
-      with np.load(os.path.join(self.path, f"part-{i:06d}{SUFFIX}"),
-                   allow_pickle=False) as archive:
-        if _TREE not in archive.files:
-          raise CheckpointError(f"{self.path}: part {i} is not a tff-cluster archive")
-        total += 1
-    if total != self.parts:
-      raise CheckpointError(f"{self.path}: {total} of {self.parts} parts")
+      part = f"part-{i:06d}{SUFFIX}"
+      tree = check_archive(os.path.join(self.path, part), f"{name}/{part}")
+      if isinstance(tree, dict) and set(tree) == {"__dict__"}:
+        entries = tree["__dict__"]
+      elif isinstance(tree, dict) and not any(k.startswith("__") for k in tree):
+        entries = tree
+      else:
+        raise Damaged(f"{name}/{part}: not a part of client states")
+      total += len(entries)
+    if total != self.count:
+      raise Damaged(f"{name}: {total} client states of {self.count}")
+
+
+def _read_lines(path: str, count: int) -> List[bytes]:
+  lines = []
+  with open(path, "rb") as f:
+    for _ in range(count):
+      line = f.readline()
+      if not line.endswith(b"\n"):
+        break
+      lines.append(line)
+  return lines
+
+
+def rows_digest(csv_lines, jsonl_lines) -> Dict[str, str]:
+  """The SHA-256 of a run's metrics.csv lines (header first) and metrics.jsonl
+  lines, as a checkpoint records them."""
+  out = {}
+  for name, lines in zip(METRICS_FILES, (csv_lines, jsonl_lines)):
+    digest = hashlib.sha256()
+    for line in lines:
+      digest.update(line)
+    out[name] = digest.hexdigest()
+  return out
+
+
+def read_rows(run_dir: str, spec: Dict[str, Any]) -> List[Dict[str, Any]]:
+  """The first `spec["count"]` rows of the run's metrics files, as the run
+  held them: keys and values from metrics.jsonl, non-finite values (null
+  there) from metrics.csv's `nan`/`inf`/`-inf` cells. Raises `Damaged` when
+  the files' lines do not match the digests `spec` records."""
+  import csv
+  count = int(spec["count"])
+  lines = {}
+  for name, n in zip(METRICS_FILES, (count + 1, count)):
+    path = os.path.join(run_dir, name)
+    try:
+      lines[name] = _read_lines(path, n)
+    except OSError as e:
+      raise Damaged(f"{path}: unreadable ({e.strerror or e})") from None
+    if len(lines[name]) != n:
+      raise Damaged(f"{path}: {max(len(lines[name]) - (name == 'metrics.csv'), 0)} "
+                    f"rows of the checkpoint's {count}")
+  digest = rows_digest(lines["metrics.csv"], lines["metrics.jsonl"])
+  for name in METRICS_FILES:
+    if digest[name] != spec.get(name):
+      raise Damaged(f"{os.path.join(run_dir, name)}: its first {count} rows differ "
+                    "from the ones the checkpoint recorded")
+  try:
+    cells = list(csv.reader([l.decode() for l in lines["metrics.csv"]]))
+    header = cells[0]
+    rows = []
+    for line, csv_cells in zip(lines["metrics.jsonl"], cells[1:]):
+      row = json.loads(line)
+      for field in row.pop("nonfinite", []):
+        if field in header and row.get(field) is None:
+          row[field] = float(csv_cells[header.index(field)])
+      rows.append(row)
+  except _READ_ERRORS as e:
+    raise Damaged(f"{os.path.join(run_dir, 'metrics.csv')}: unreadable rows "
+                  f"({type(e).__name__}: {e})") from None
+  return rows
+
+
+def _load_checked(run_dir: str, round_num: int) -> Dict[str, Any]:
+  path = path_of(run_dir, round_num)
+  name = os.path.relpath(path, run_dir)
+  check_archive(path, name)
+  try:
+    payload = loads(path)
+  except _READ_ERRORS as e:
+    raise Damaged(f"{name}: unreadable ({type(e).__name__}: {e})") from None
+  if not isinstance(payload, dict) or payload.get("format") not in READABLE_FORMATS:
+    raise Damaged(f"{name}: not a checkpoint of a readable format "
+                  f"({', '.join(map(str, READABLE_FORMATS))})")
+  if "driver" in payload and not isinstance(payload["driver"], dict):
+    raise Damaged(f"{name}: malformed driver state")
+  if "sampling_rng" in payload and not isinstance(payload["sampling_rng"],
+                                                   np.random.Generator):
+    raise Damaged(f"{name}: malformed sampling_rng")
+  if payload["format"] >= 3:
+    parts = payload.pop("client_state_parts", 0)
+    count = payload.pop("client_state_count", 0)
+    if not isinstance(parts, int) or not isinstance(count, int):
+      raise Damaged(f"{name}: malformed client_state_parts/client_state_count")
+    files = ClientStateFiles(clients_dir(run_dir, round_num), parts, count)
+    files.check(os.path.relpath(files.path, run_dir))
+    if isinstance(payload.get("driver"), dict):
+      payload["driver"]["client_states"] = files if parts else {}
+  if "rows_file" in payload:
+    spec = payload.pop("rows_file")
+    if not isinstance(spec, dict) or not isinstance(spec.get("count"), int):
+      raise Damaged(f"{name}: malformed rows_file")
+    payload["rows"] = read_rows(run_dir, spec)
+  return payload
 
 
 def load_latest(run_dir: str) -> Optional[Tuple[int, Dict[str, Any]]]:
-  """(round, payload) of the newest readable checkpoint, or None."""
+  """(round, payload) of the newest complete checkpoint, or None.
+
+  Everything a resume loads is read first (`check_archive` of the archive and
+  of every client-state part, the rows' digests); a damaged checkpoint is
+  skipped for the one before, and one warning line on stderr names what was
+  damaged."""
+  damaged = []
+  found = None
   for round_num in reversed(rounds(run_dir)):
     try:
-      payload = loads(path_of(run_dir, round_num))
-    except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile,
-            UnicodeDecodeError):
-      continue  # a damaged file: fall back to the one before
-    if not isinstance(payload, dict) or payload.get("format") not in READABLE_FORMATS:
-      continue
-    if payload.get("format") == FORMAT:
-      parts = int(payload.pop("client_state_parts", 0))
-      files = ClientStateFiles(clients_dir(run_dir, round_num), parts,
-                               int(payload.pop("client_state_count", 0)))
-      try:
-        files.check()
-      except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile,
-              UnicodeDecodeError):
-        continue  # its client states are damaged or missing: the one before
-      if isinstance(payload.get("driver"), dict):
-        payload["driver"]["client_states"] = files if parts else {}
-    return round_num, payload
-  return None
+      found = round_num, _load_checked(run_dir, round_num)
+      break
+    except Damaged as e:
+      damaged.append(str(e))
+  if damaged:
+    then = (f"resuming from the checkpoint of round {found[0]}" if found else
+            "no complete checkpoint before it")
+    print(f"warning: damaged checkpoint skipped: {'; '.join(damaged)}; {then}",
+          file=sys.stderr)
+  return found

@@ -86,30 +86,52 @@ def run_training(task: TaskSpec, data: FederatedData, config: TrainingConfig,
   setup_seconds = 0.0
   last_choice = None
   status: Dict[str, Any] = {"completed": False, "reason": "interrupted"}
+  write_failed = False
   loss_ratio = LossRatio(task, data, driver.w0, config.divergence_ratio,
                          evaluator=driver.make_evaluator("train"))
+
+  # The rows are on disk already where the writer writes the run's metrics
+  # files: the checkpoint names them (count and SHA-256) instead of holding
+  # them, so that writing it does not grow with the rounds.
+  rows_on_disk = (writer is not None and checkpoint_dir is not None and
+                  os.path.realpath(writer.path) == os.path.realpath(checkpoint_dir))
 
   def save_checkpoint(round_num, snapshot, sampling_rng):
     if checkpoint_dir is None:
       return
     state = driver.snapshot_numpy(snapshot)
     client_states = state.pop("client_states")
+    digest = writer.records_digest() if rows_on_disk else None
+    records = ({"rows_file": digest} if digest and digest["count"] == len(rows)
+               else {"rows": rows})
     checkpoint.save(checkpoint_dir, round_num, {
-        "driver": state, "sampling_rng": sampling_rng,
-        "rows": rows, "extras": extras, "best": best, "setup_seconds": setup_seconds},
+        "driver": state, "sampling_rng": sampling_rng, **records,
+        "extras": extras, "best": best, "setup_seconds": setup_seconds},
         client_states=client_states)
     if writer is not None:  # a killed run's summary says so
       writer.write_summary(dict(summarize(rows, config.rounds), completed=False,
                                 reason="running", checkpoint_round=round_num))
 
   if resume is not None:
-    driver.restore(resume["driver"])
-    rng = resume["sampling_rng"]
-    rows = list(resume["rows"])
-    extras = dict(resume["extras"])
-    best = resume["best"]
-    setup_seconds = resume["setup_seconds"]
-    first_round = resume["round"] + 1
+    try:
+      driver.restore(resume["driver"])
+      rng = resume["sampling_rng"]
+      rows = list(resume["rows"])
+      extras = dict(resume["extras"])
+      best = resume["best"]
+      setup_seconds = float(resume["setup_seconds"])
+      first_round = int(resume["round"]) + 1
+      if not isinstance(rng, np.random.Generator) or len(rows) > first_round - 1:
+        raise ValueError("its sampling generator or rows are malformed")
+    except checkpoint.WriteFailed:
+      raise
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, OSError,
+            EOFError) as e:  # contents edited by hand, or another algorithm's
+      detail = str(e).splitlines()[0] if str(e) else ""
+      raise checkpoint.CheckpointError(
+          f"the checkpoint of round {resume.get('round')} in "
+          f"{checkpoint.directory(checkpoint_dir or '.')} does not fit this run "
+          f"({type(e).__name__}: {detail}); valid: a checkpoint this run wrote") from None
   bar = None
   if progress:
     from tqdm import tqdm
@@ -194,6 +216,10 @@ def run_training(task: TaskSpec, data: FederatedData, config: TrainingConfig,
   except (KeyboardInterrupt, SystemExit):
     status = {"completed": False, "reason": "interrupted"}
     raise
+  except checkpoint.WriteFailed as e:  # e.g. a full disk: one line says which file
+    status = {"completed": False, "reason": "error", "error": str(e)}
+    write_failed = True
+    raise
   except BaseException as e:  # noqa: B036 - recorded, then re-raised
     if interrupts.received() is not None:
       status = {"completed": False, "reason": "interrupted"}
@@ -217,8 +243,15 @@ def run_training(task: TaskSpec, data: FederatedData, config: TrainingConfig,
     summary.update(driver.summary())
     if writer is not None:
       with interrupts.deferred():  # (a signal now: the run is closing anyway)
-        writer.write_summary(summary)
-        writer.plot(f"{task.name}")
+        try:
+          writer.write_summary(summary)
+        except checkpoint.WriteFailed:
+          if status["completed"]:
+            raise
+          # The run is failing already (the disk may be full): summary.json
+          # keeps what the last checkpoint wrote there.
+        if not write_failed:  # (no figures on a full disk)
+          writer.plot(f"{task.name}")
   return summary
 
 
@@ -229,7 +262,10 @@ def save_models(task: TaskSpec, directory: str, weights, client_model,
   stack) and `model_<j>.keras` (Keras' own format, readable only by the Keras
   that wrote it), and `clients.json`:
   {"round": r, "num_models": K, "client_model": {client id: j}}."""
-  os.makedirs(directory, exist_ok=True)
+  try:
+    os.makedirs(directory, exist_ok=True)
+  except OSError as e:
+    raise checkpoint.write_failed(directory, e) from None
   model = task.model_fn()
   for j, w in enumerate(weights):
     path = os.path.join(directory, f"model_{j}")
@@ -237,8 +273,15 @@ def save_models(task: TaskSpec, directory: str, weights, client_model,
     np.savez(buffer, **{f"w{i}": np.asarray(a) for i, a in enumerate(w)})
     checkpoint.atomic_write_bytes(path + ".npz", buffer.getvalue())
     local_training.set_weights(model, w)
-    model.save(path + ".tmp.keras")
-    os.replace(path + ".tmp.keras", path + ".keras")
+    try:
+      model.save(path + ".tmp.keras")
+      os.replace(path + ".tmp.keras", path + ".keras")
+    except BaseException as e:  # noqa: B036 - no half-written model is left
+      if os.path.exists(path + ".tmp.keras"):
+        os.remove(path + ".tmp.keras")
+      if isinstance(e, OSError):
+        raise checkpoint.write_failed(path + ".keras", e) from None
+      raise
   results.write_json(os.path.join(directory, "clients.json"), {
       "round": int(round_num), "num_models": len(weights),
       "client_model": {c: int(j) for c, j in zip(client_ids, client_model)}})

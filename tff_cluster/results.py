@@ -33,6 +33,8 @@ present only when there are any.
 from __future__ import annotations
 
 import csv
+import fnmatch
+import hashlib
 import importlib.util
 import io
 import json
@@ -47,8 +49,8 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-from tff_cluster import plot, stack
-from tff_cluster.checkpoint import atomic_write_bytes
+from tff_cluster import checkpoint, plot, stack
+from tff_cluster.checkpoint import WriteFailed, atomic_write_bytes, write_failed
 
 RESULT_FILES = ("config.json", "metrics.csv", "metrics.jsonl", "summary.json",
                 "accuracy.png", "groups.csv", "groups.png")
@@ -60,26 +62,115 @@ class OutputDirError(ValueError):
   pass
 
 
+# What a run writes in its directory (besides RESULT_FILES), as glob patterns
+# per folder; `*/` marks a folder.
+_RUN_ENTRIES = {
+    "": ("eval_*.json", ".write-test", "tensorboard/", "checkpoints/", "models/"),
+    "tensorboard": ("events.out.tfevents.*", "*/"),
+    "tensorboard/*": ("events.out.tfevents.*", "*/"),
+    "checkpoints": ("round-[0-9][0-9][0-9][0-9][0-9][0-9]*.npz",
+                    "round-[0-9][0-9][0-9][0-9][0-9][0-9]*.pkl",
+                    "round-[0-9][0-9][0-9][0-9][0-9][0-9]*.clients/"),
+    "checkpoints/*.clients": ("part-[0-9][0-9][0-9][0-9][0-9][0-9]*.npz",),
+    "models": ("final/", "best/"),
+    "models/*": ("model_[0-9]*.npz", "model_[0-9]*.keras", "clients.json"),
+}
+_CONFIG_KEYS = ("algo", "task", "seed", "rounds")
+_OVERWRITE_SCOPE = ("--overwrite replaces only a previous run's own files (config.json, "
+                    "metrics.csv/.jsonl, summary.json, groups.csv/.png, accuracy.png, "
+                    "eval_*.json, tensorboard/, checkpoints/, models/)")
+
+
+def _is_run_config(path: str) -> bool:
+  try:
+    with open(path) as f:
+      config = json.load(f)
+  except (OSError, ValueError):
+    return False
+  return isinstance(config, dict) and all(k in config for k in _CONFIG_KEYS)
+
+
+def _rule_of(rel: str) -> tuple:
+  for pattern, names in _RUN_ENTRIES.items():
+    if fnmatch.fnmatchcase(rel, pattern):
+      return names
+  return ()
+
+
+def _foreign(path: str, rel: str = "") -> List[str]:
+  """The entries under `path`/`rel` that no run writes (relative paths)."""
+  out = []
+  folder = os.path.join(path, rel) if rel else path
+  rules = _rule_of(rel) + (RESULT_FILES if rel == "" else ())
+  for name in sorted(os.listdir(folder)):
+    entry = f"{rel}/{name}" if rel else name
+    full = os.path.join(folder, name)
+    if checkpoint.is_temporary(name):
+      continue
+    is_dir = os.path.isdir(full) and not os.path.islink(full)
+    if is_dir and any(r.endswith("/") and fnmatch.fnmatchcase(name, r[:-1]) for r in rules):
+      out += _foreign(path, entry)
+    elif not is_dir and any(not r.endswith("/") and fnmatch.fnmatchcase(name, r)
+                            for r in rules):
+      continue
+    else:
+      out.append(entry + ("/" if is_dir else ""))
+  return out
+
+
+def foreign_entries(path: str) -> List[str]:
+  """What in the directory `path` no run of this project wrote (relative
+  paths, folders ending in `/`): everything, when it holds no run's
+  `config.json` (a directory holding only a run's temporary files is a
+  run's); [] for a previous run's directory."""
+  names = [n for n in os.listdir(path) if n != ".write-test"]
+  if not names or all(checkpoint.is_temporary(n) for n in names):
+    return []
+  if not _is_run_config(os.path.join(path, "config.json")):
+    return sorted(n + ("/" if os.path.isdir(os.path.join(path, n)) else "") for n in names)
+  return _foreign(path)
+
+
 def check_output_dir(path: str, overwrite: bool) -> None:
-  """Refuses an existing non-empty directory unless `overwrite` (no side effects)."""
+  """Refuses an existing non-empty directory unless `overwrite` and it holds
+  nothing but a previous run's own files (no side effects)."""
   if os.path.exists(path) and not os.path.isdir(path):
     raise OutputDirError(f"--output_dir={path} exists and is not a directory; "
                          "choose another path")
-  if os.path.isdir(path) and os.listdir(path) and not overwrite:
+  if not os.path.isdir(path) or not os.listdir(path):
+    return
+  if not overwrite:
     raise OutputDirError(
-        f"--output_dir={path} is not empty; pass --overwrite to replace its "
-        "results or choose another directory")
+        f"--output_dir={path} is not empty; choose another directory ({_OVERWRITE_SCOPE}, "
+        "and refuses a directory holding anything else)")
+  try:
+    foreign = foreign_entries(path)
+  except OSError as e:
+    raise OutputDirError(f"--output_dir={path} cannot be read ({e.strerror or e}); "
+                         "choose another directory") from None
+  if foreign:
+    more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+    raise OutputDirError(
+        f"--output_dir={path} holds {', '.join(foreign[:3])}{more}, which no run wrote "
+        f"there; {_OVERWRITE_SCOPE}: nothing was changed; move those away or choose "
+        "another directory")
 
 
 def _clear_previous_results(path: str) -> None:
-  # Only our own files: --overwrite must never delete anything else the
-  # directory may hold.
-  for name in RESULT_FILES:
-    if os.path.isfile(os.path.join(path, name)):
-      os.remove(os.path.join(path, name))
-  for name in RESULT_DIRS:
-    if os.path.isdir(os.path.join(path, name)):
-      shutil.rmtree(os.path.join(path, name))
+  """Removes a previous run's files from `path` (`check_output_dir` has made
+  sure it holds nothing else): only what a run writes is removed."""
+  checkpoint.remove_temporary(path)
+  foreign = set(foreign_entries(path))
+  for name in os.listdir(path):
+    full = os.path.join(path, name)
+    if name in foreign or name + "/" in foreign:
+      continue
+    if os.path.isdir(full) and not os.path.islink(full):
+      if any(f.startswith(name + "/") for f in foreign):
+        continue  # never the case after check_output_dir; kept whole if it were
+      shutil.rmtree(full)
+    else:
+      os.remove(full)
 
 
 def to_jsonable(value: Any) -> Any:
@@ -289,11 +380,19 @@ class ResultsWriter:
                        f"{', '.join(GROUPS_FORMATS)}")
     self.groups_format = groups_format
     self._last_groups: Optional[np.ndarray] = None
+    self.path = path
+    self._created: List[str] = []  # a new run's files, removed if it cannot start
+    self._csv_file = self._jsonl = self._groups_file = None
+    self._tb = None
     if resume_rows is None:
       check_output_dir(path, overwrite)
-      os.makedirs(path, exist_ok=True)
+      try:
+        os.makedirs(path, exist_ok=True)
+      except OSError as e:
+        raise write_failed(path, e) from None
       _clear_previous_results(path)
-    self.path = path
+    else:  # what a killed run left half-written
+      checkpoint.remove_temporary(path)
     self.columns: List[str] = list(dict.fromkeys(columns))
     self.config: Optional[Dict[str, Any]] = None
     csv_path = os.path.join(path, "metrics.csv")
@@ -301,59 +400,144 @@ class ResultsWriter:
     raw = [_plain(r) for r in (resume_rows or [])]
     self._resume_rounds = (None if resume_rows is None else
                            {int(r["round"]) for r in raw})
-    atomic_write_bytes(csv_path, "".join(
-        [_csv_line(self.columns)] + [self._csv_row(r) for r in raw]).encode())
-    atomic_write_bytes(jsonl_path, "".join(_jsonl_line(r) for r in raw).encode())
+    csv_lines = [_csv_line(self.columns)] + [self._csv_row(r) for r in raw]
+    jsonl_lines = [_jsonl_line(r) for r in raw]
+    # The running SHA-256 of both files, which a checkpoint records in place of
+    # the rows (`checkpoint.read_rows`).
+    self._hashes = {"metrics.csv": hashlib.sha256(), "metrics.jsonl": hashlib.sha256()}
+    for name, lines in (("metrics.csv", csv_lines), ("metrics.jsonl", jsonl_lines)):
+      for line in lines:
+        self._hashes[name].update(line.encode())
+    try:
+      for file_path, lines in ((csv_path, csv_lines), (jsonl_path, jsonl_lines)):
+        atomic_write_bytes(file_path, "".join(lines).encode())
+        self._created.append(file_path)
+      self._csv_file = open(csv_path, "ab", buffering=0)
+      self._jsonl = open(jsonl_path, "ab", buffering=0)
+    except OSError as e:
+      self._discard()
+      raise write_failed(csv_path, e) from None
     self._raw_rows: List[Dict[str, Any]] = raw  # NaN and infinities kept
     self._rows: List[Dict[str, Any]] = [to_jsonable(r) for r in raw]
-    self._csv_file = open(csv_path, "a", newline="")
-    self._jsonl = open(jsonl_path, "a", newline="\n")
-    self._groups_file = None
     self._groups_width = 0
-    self._tb = None
     # tf.summary's implementation is the tensorboard package (a dependency;
     # absent only from installs made without dependencies): no logs without it.
     if tensorboard and importlib.util.find_spec("tensorboard") is not None:
       import tensorflow as tf
-      self._tb = tf.summary.create_file_writer(os.path.join(path, TENSORBOARD_DIR))
+      tb_dir = os.path.join(path, TENSORBOARD_DIR)
+      if not os.path.exists(tb_dir):
+        self._created.append(tb_dir)
+      try:
+        self._tb = tf.summary.create_file_writer(tb_dir)
+      except Exception as e:  # noqa: BLE001 - e.g. a full disk
+        self._tb_failed(e)
+
+  def _discard(self) -> None:
+    """A new run that could not start: close and remove what it wrote (a
+    resumed run's files are left as they were)."""
+    for f in (self._csv_file, self._jsonl, self._groups_file):
+      if f is not None and not f.closed:
+        try:
+          f.close()
+        except OSError:
+          pass
+    if self._tb is not None:
+      try:
+        self._tb.close()
+      except Exception:  # noqa: BLE001
+        pass
+      self._tb = None
+    if getattr(self, "_resume_rounds", None) is None:
+      for path in self._created:
+        if os.path.isdir(path):
+          shutil.rmtree(path, ignore_errors=True)
+        elif os.path.exists(path):
+          os.remove(path)
+    self._created = []
+
+  def _tb_failed(self, error: BaseException) -> None:
+    """TensorBoard's scalars are a convenience: a failure to write them stops
+    them (one warning line), not the run."""
+    print(f"warning: TensorBoard scalars stopped ({type(error).__name__}: "
+          f"{str(error).splitlines()[0] if str(error) else ''}); metrics.csv has every row",
+          file=sys.stderr)
+    tb, self._tb = self._tb, None
+    try:
+      if tb is not None:
+        tb.close()
+    except Exception:  # noqa: BLE001
+      pass
+
+  def records_digest(self) -> Dict[str, Any]:
+    """{"count": rows written, "metrics.csv": SHA-256, "metrics.jsonl": SHA-256}:
+    what a checkpoint records in place of the rows."""
+    return {"count": len(self._raw_rows),
+            **{name: h.hexdigest() for name, h in self._hashes.items()}}
 
   def _csv_row(self, row: Mapping[str, Any]) -> str:
     return _csv_line([csv_cell(row.get(c)) for c in self.columns])
 
   @staticmethod
-  def _append(f, line: str) -> None:
-    f.write(line)
-    f.flush()
-    os.fsync(f.fileno())
+  def _append(*pairs) -> None:
+    """Appends each (file, line) pair's line, each one write then fsync; if any
+    fails, every file is cut back to where it was (no torn or partial row) and
+    `WriteFailed` is raised."""
+    sizes = [os.fstat(f.fileno()).st_size for f, _ in pairs]
+    try:
+      for f, line in pairs:
+        data = memoryview(line.encode())
+        while data:
+          data = data[f.write(data):]
+        os.fsync(f.fileno())
+    except OSError as e:
+      for (f, _), size in zip(pairs, sizes):
+        try:
+          os.ftruncate(f.fileno(), size)
+        except OSError:
+          pass
+      raise write_failed(f.name, e, len(line.encode())) from None
 
   def write_config(self, config: Mapping[str, Any]) -> None:
     """config.json; a new run's (not a resumed one's) settings also go to the
     TensorBoard HParams plugin, once."""
     self.config = dict(config)
-    write_json(os.path.join(self.path, "config.json"), config)
+    try:
+      write_json(os.path.join(self.path, "config.json"), config)
+    except WriteFailed:
+      self._discard()  # a new run without its config.json leaves nothing
+      raise
+    self._created = []
     if self._tb is not None and self._resume_rounds is None:
       from tensorboard.plugins.hparams import api as hp_api
-      with self._tb.as_default():
-        hp_api.hparams(hparams_of(config),
-                       trial_id=os.path.basename(os.path.normpath(self.path)))
-      self._tb.flush()
+      try:
+        with self._tb.as_default():
+          hp_api.hparams(hparams_of(config),
+                         trial_id=os.path.basename(os.path.normpath(self.path)))
+        self._tb.flush()
+      except Exception as e:  # noqa: BLE001
+        self._tb_failed(e)
 
   def write_round(self, row: Mapping[str, Any]) -> None:
     raw = _plain(row)
     unknown = set(raw) - set(self.columns)
     if unknown:
       raise KeyError(f"metrics {sorted(unknown)} are not declared columns")
-    self._append(self._csv_file, self._csv_row(raw))
-    self._append(self._jsonl, _jsonl_line(raw))
+    csv_line, jsonl_line = self._csv_row(raw), _jsonl_line(raw)
+    self._append((self._csv_file, csv_line), (self._jsonl, jsonl_line))
+    self._hashes["metrics.csv"].update(csv_line.encode())
+    self._hashes["metrics.jsonl"].update(jsonl_line.encode())
     self._raw_rows.append(raw)
     self._rows.append(to_jsonable(raw))
     if self._tb is not None:
       import tensorflow as tf
-      with self._tb.as_default(step=int(raw["round"])):
-        for key, value in raw.items():
-          if (key != "round" and isinstance(value, (int, float))
-              and math.isfinite(value)):
-            tf.summary.scalar(tensorboard_tag(key), value)
+      try:
+        with self._tb.as_default(step=int(raw["round"])):
+          for key, value in raw.items():
+            if (key != "round" and isinstance(value, (int, float))
+                and math.isfinite(value)):
+              tf.summary.scalar(tensorboard_tag(key), value)
+      except Exception as e:  # noqa: BLE001
+        self._tb_failed(e)
 
   def write_groups(self, round_num: int, client_ids: Sequence[str],
                    groups: Optional[Sequence[int]]) -> None:
@@ -376,7 +560,7 @@ class ResultsWriter:
       if len(cells) != self._groups_width - 1:
         raise ValueError(f"groups.csv: {len(cells)} values for "
                          f"{self._groups_width - 1} clients")
-    self._append(self._groups_file, _csv_line([int(round_num), *cells]))
+    self._append((self._groups_file, _csv_line([int(round_num), *cells])))
 
   def _open_groups(self, client_ids: List[str]) -> None:
     header = ["round", *client_ids]
@@ -391,7 +575,7 @@ class ResultsWriter:
               and int(cells[0]) in self._resume_rounds):
             kept.append(cells)
     atomic_write_bytes(path, "".join(_csv_line(c) for c in [header, *kept]).encode())
-    self._groups_file = open(path, "a", newline="")
+    self._groups_file = self._open_append(path)
     self._groups_width = len(header)
 
   def _write_groups_long(self, round_num: int, client_ids: Sequence[str],
@@ -411,8 +595,8 @@ class ResultsWriter:
                else np.flatnonzero(groups != self._last_groups))
     self._last_groups = groups.copy()
     if len(changed):
-      self._append(self._groups_file, "".join(
-          _csv_line([int(round_num), client_ids[k], int(groups[k])]) for k in changed))
+      self._append((self._groups_file, "".join(
+          _csv_line([int(round_num), client_ids[k], int(groups[k])]) for k in changed)))
 
   def _open_groups_long(self, client_ids: List[str]) -> None:
     header = ["round", "client", "group"]
@@ -434,7 +618,14 @@ class ResultsWriter:
             seen = True
       self._last_groups = last if seen else None
     atomic_write_bytes(path, "".join(_csv_line(c) for c in [header, *kept]).encode())
-    self._groups_file = open(path, "a", newline="")
+    self._groups_file = self._open_append(path)
+
+  @staticmethod
+  def _open_append(path: str):
+    try:
+      return open(path, "ab", buffering=0)
+    except OSError as e:
+      raise write_failed(path, e) from None
 
   @property
   def rows(self) -> List[Dict[str, Any]]:
@@ -494,10 +685,16 @@ class ResultsWriter:
   def close(self) -> None:
     for f in (self._csv_file, self._jsonl, self._groups_file):
       if f is not None and not f.closed:
-        f.close()
+        try:
+          f.close()  # unbuffered: every row is on disk already
+        except OSError:
+          pass
     if self._tb is not None:
-      self._tb.flush()
-      self._tb.close()
+      try:
+        self._tb.flush()
+        self._tb.close()
+      except Exception as e:  # noqa: BLE001
+        self._tb_failed(e)
       self._tb = None
 
 
