@@ -1,5 +1,5 @@
 """The `ray` runner: the same numbers as `local` for every algorithm, a lost
-actor as one line and exit 4, its flags.
+actor as one line and exit 4, a stop signal as `local` closes it, its flags.
 
 Ray talks over loopback only here: these tests run inside a network namespace
 whose only interface is loopback (`unshare -n`). Run elsewhere, the module
@@ -25,9 +25,11 @@ ray = pytest.importorskip("ray", reason="needs the ray extra (today's stack)")
 
 import tasks  # noqa: E402
 from tests.conftest import REPO_ROOT  # noqa: E402
-from tests.helpers import rerun_in_loopback_namespace  # noqa: E402
+from tests.helpers import (_is_descendant, metrics_rows_written,  # noqa: E402
+                           rerun_in_loopback_namespace)
 from tests.test_runners import (PARITY_CASES, RTOL, ATOL, SOLVER_CASES,  # noqa: E402
                                 _run, assert_same_run)
+from tff_cluster import interrupts  # noqa: E402
 from tff_cluster.runners import ray_runner  # noqa: E402
 from tff_cluster.task import DataOptions  # noqa: E402
 
@@ -211,6 +213,39 @@ def test_a_checkpoint_resumes_on_another_sharding(ray_instance, tmp_path):
         np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL)
 
 
+@needs_isolation
+def test_local_to_ray_to_local_resume_gives_the_uninterrupted_runs_metrics(ray_instance, tmp_path,
+                                                                           capsys):
+  """From the command line, in this process (the module's Ray instance):
+  round 1 on local, round 2 resumed on ray (local -> ray), round 3 resumed on
+  local (ray -> local, whose config.json names --ray_workers): the metrics of
+  one local run of 3 rounds."""
+  from tests.helpers import SMALL_ARGS, main_in_process, read_metrics_csv
+  flags = ["--algo=fedavg", *SMALL_ARGS, "--num_clients=6", "--clients_per_round=3",
+           "--checkpoint_every=1", "--jit=off"]
+
+  def main(args):
+    code, _, err = main_in_process(args, capsys)
+    assert code in (0, None), err
+
+  whole, run = tmp_path / "whole", tmp_path / "run"
+  main([*flags, "--rounds=3", f"--output_dir={whole}"])
+  main([*flags, "--rounds=1", f"--output_dir={run}"])
+  main(["--resume", f"--output_dir={run}", "--rounds=2", "--runner=ray", "--ray_workers=1"])
+  assert json.loads((run / "config.json").read_text())["runner"] == "ray"
+  main(["--resume", f"--output_dir={run}", "--rounds=3", "--runner=local"])
+  config = json.loads((run / "config.json").read_text())
+  assert config["runner"] == "local" and config["resumed_from"]["runner"] == "ray"
+  a, b = read_metrics_csv(whole / "metrics.csv"), read_metrics_csv(run / "metrics.csv")
+  assert len(a) == len(b) == 3
+  for row_a, row_b in zip(a, b):
+    for name, x in row_a.items():
+      if name.endswith("seconds") or x is None:
+        continue
+      # The ray runner adds the shards' partial sums in another order.
+      np.testing.assert_allclose(row_b[name], x, rtol=1e-4, atol=1e-6, err_msg=name)
+
+
 def _cli(*flags, timeout=600):
   return subprocess.run([sys.executable, SCRIPT, "--task=synthetic", "--progress=false",
                          *flags], cwd=REPO_ROOT, capture_output=True, text=True,
@@ -269,6 +304,184 @@ def test_a_killed_actor_ends_the_run_and_resume_finishes_it(tmp_path):
       if name.endswith("seconds") or x == y:
         continue
       np.testing.assert_allclose(float(x), float(y), rtol=RTOL, atol=ATOL, err_msg=name)
+
+
+def _start_time(pid: int):
+  """A live process's start time (clock ticks since boot), or None: with its
+  pid it names the process, whatever later reuses the pid."""
+  try:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+      raw = f.read().decode("ascii", "replace")
+  except OSError:
+    return None
+  fields = raw[raw.rindex(")") + 2:].split()  # from field 3 (the state) on
+  return None if fields[0] in ("Z", "X") else int(fields[19])
+
+
+def _descendants(ancestor: int) -> dict:
+  """Live processes below `ancestor` in the process tree: pid -> start time."""
+  found = {}
+  for name in os.listdir("/proc"):
+    if name.isdigit() and _is_descendant(int(name), ancestor):
+      started = _start_time(int(name))
+      if started is not None:
+        found[int(name)] = started
+  return found
+
+
+def _alive(processes: dict) -> set:
+  return {pid for pid, started in processes.items() if _start_time(pid) == started}
+
+
+@needs_isolation
+def test_sigterm_closes_a_ray_run_like_a_local_one(tmp_path):
+  """SIGTERM mid-run (ray.init puts Ray's handlers over the run's; they aborted
+  it, exit 134): the round's records and checkpoint finished, one line, exit
+  143, and no process the run started (Ray's among them) left running. Rounds
+  of 10 clients x 20 epochs: the signal mostly lands while the driver waits on
+  the actor."""
+  run = tmp_path / "run"
+  proc = subprocess.Popen(
+      [sys.executable, SCRIPT, "--task=synthetic", "--progress=false", "--algo=fedavg",
+       "--num_clients=20", "--clients_per_round=10", "--local_epochs=20", "--rounds=100",
+       "--checkpoint_every=1", "--runner=ray", "--ray_workers=1", f"--output_dir={run}"],
+      cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      stdin=subprocess.DEVNULL)
+  started = {}
+  try:
+    deadline = time.monotonic() + 300
+    while metrics_rows_written(run / "metrics.csv") < 1:
+      assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1]
+      time.sleep(0.05)
+    started = _descendants(proc.pid)
+    assert started, "the run started no Ray process"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+    deadline = time.monotonic() + 15
+    while _alive(started) and time.monotonic() < deadline:
+      time.sleep(0.1)
+    left = _alive(started)
+    for pid in left:
+      os.kill(pid, signal.SIGKILL)
+  assert not left, f"processes {sorted(left)} of the run outlived it"
+  assert proc.returncode == 128 + signal.SIGTERM, err
+  lines = [l for l in err.splitlines() if l.startswith("run_experiment.py")]
+  assert len(lines) == 1 and "interrupted; partial results" in lines[0], err
+  assert "Traceback" not in err and "logging.cc" not in err
+  summary = json.loads((run / "summary.json").read_text())
+  assert summary["completed"] is False and summary["reason"] == "interrupted"
+  assert summary["checkpoint_round"] == summary["rounds_completed"] >= 1
+  assert metrics_rows_written(run / "metrics.csv") == summary["rounds_completed"]
+
+
+class _FakeRay:
+  """`ray` as `connect` sees it, whose `init` puts its own handlers over the
+  stop signals' (as `ray.init` does SIGTERM's), or exits as Ray's SIGTERM
+  handler does (`exit_code`), or receives `signum` while it starts."""
+
+  def __init__(self, exit_code=None, signum=None):
+    self.exit_code = exit_code
+    self.signum = signum
+    self.initialized = False
+    self.stopped = False
+
+  def is_initialized(self):
+    return self.initialized
+
+  def init(self, **kwargs):
+    del kwargs
+    if self.signum is not None:
+      os.kill(os.getpid(), self.signum)
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+      signal.signal(sig, signal.SIG_DFL)
+    if self.exit_code is not None:
+      sys.exit(self.exit_code)
+    self.initialized = True
+
+  def shutdown(self):
+    self.initialized, self.stopped = False, True
+
+  def get(self, refs):
+    """Receives `signum` while it waits; a SystemExit its handler raises
+    comes out as SystemExit(1), as it does out of `ray.get`."""
+    del refs
+    try:
+      os.kill(os.getpid(), self.signum)
+      time.sleep(5)
+    except SystemExit:
+      raise SystemExit(1) from None
+    raise AssertionError("the signal's handler did not raise")
+
+
+@pytest.fixture
+def fake_ray(monkeypatch):
+  """Installs a handler like the CLI's on the stop signals (notes the signal;
+  raises SystemExit(128 + signum) unless deferred); yields it and a function
+  that makes `ray_runner` use a `_FakeRay`."""
+  monkeypatch.setattr(ray_runner, "_POOL", None)
+  before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
+
+  def run_handler(signum, frame):
+    del frame
+    interrupts.note(signum)
+    if not interrupts.are_deferred():
+      raise SystemExit(128 + signum)
+
+  for sig in before:
+    signal.signal(sig, run_handler)
+  interrupts.note(None)
+  yield run_handler, lambda fake: monkeypatch.setattr(ray_runner, "import_ray", lambda: fake)
+  for sig, old in before.items():
+    signal.signal(sig, old)
+  interrupts.note(None)
+
+
+def test_starting_ray_keeps_the_runs_stop_signal_handlers(fake_ray):
+  run_handler, use = fake_ray
+  use(_FakeRay())
+  ray_runner.connect(1, None)
+  for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+    assert signal.getsignal(sig) is run_handler, sig
+
+
+def test_a_sigterm_rays_handler_takes_closes_the_run_as_interrupted(fake_ray):
+  """Ray's own SIGTERM handler, where it is in force inside ray.init, exits
+  with 1 (or 15): the run sees SIGTERM's SystemExit(143), its handlers back."""
+  run_handler, use = fake_ray
+  for code in (1, 15):
+    use(_FakeRay(exit_code=code))
+    with pytest.raises(SystemExit) as raised:
+      ray_runner.connect(1, None)
+    assert raised.value.code == 128 + signal.SIGTERM
+    assert interrupts.received() == signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) is run_handler
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_while_ray_starts_stops_ray_then_the_run(fake_ray, sig):
+  """Noted while Ray starts (raising inside ray.init left Ray's agents
+  running), then Ray is stopped and the run closes: SystemExit(128 + sig)."""
+  _, use = fake_ray
+  fake = _FakeRay(signum=sig)
+  use(fake)
+  with pytest.raises(SystemExit) as raised:
+    ray_runner.connect(1, None)
+  assert raised.value.code == 128 + sig
+  assert fake.stopped and ray_runner._POOL is None  # noqa: SLF001
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_while_the_driver_waits_on_ray_keeps_its_exit_status(fake_ray, sig):
+  """Ray turns a handler's SystemExit(128 + sig) inside `ray.get` into
+  SystemExit(1) (measured), which ended the run with no line and exit 1."""
+  runner = ray_runner.RayRunner.__new__(ray_runner.RayRunner)
+  runner._ray = _FakeRay(signum=sig)  # noqa: SLF001
+  with pytest.raises(SystemExit) as raised:
+    runner._get([])  # noqa: SLF001
+  assert raised.value.code == 128 + sig
 
 
 @needs_isolation

@@ -12,7 +12,12 @@ training loop raises it at its next check, right after the stretch.
 from __future__ import annotations
 
 import contextlib
+import signal
+import threading
 from typing import Iterator, Optional
+
+# The signals that stop a run (the CLI closes it as interrupted, exit 128 + signum).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 _DEPTH = [0]
 _RECEIVED = {"signum": None}
@@ -43,4 +48,23 @@ def are_deferred() -> bool:
   return _DEPTH[0] > 0
 
 
-__all__ = ["are_deferred", "deferred", "note", "received"]
+@contextlib.contextmanager
+def handlers_kept() -> Iterator[None]:
+  """Re-installs, when the body ends (however it ends), the stop signals'
+  Python handlers that were in force when it began: the body may replace
+  them, in Python or in C (`signal.signal` installs the handler in both). In
+  a thread other than the main one, where handlers cannot be set, it does
+  nothing."""
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+  saved = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+  try:
+    yield
+  finally:
+    for sig, handler in saved.items():
+      if handler is not None:  # None: installed from C, not known to Python
+        signal.signal(sig, handler)
+
+
+__all__ = ["STOP_SIGNALS", "are_deferred", "deferred", "handlers_kept", "note", "received"]

@@ -13,7 +13,10 @@ Sources, in order:
    redistributed copies (e.g. Debian's dataset-fashion-mnist) are re-gzipped
    and differ byte-wise from upstream. The idx magic numbers, dimensions and
    counts are validated instead. CIFAR-10 reads the python-pickle batches
-   (`cifar-10-batches-py/data_batch_1..5`, `test_batch`).
+   (`cifar-10-batches-py/data_batch_1..5`, `test_batch`) with an unpickler
+   that admits only the numpy arrays, lists and bytes the format holds: a
+   file that asks for anything else (a crafted file's payload) is refused in
+   one line before any of it runs.
 2. No `data_dir`: `tf.keras.datasets.<name>.load_data()`, which uses the
    Keras cache (~/.keras/datasets) and downloads when it is empty; a failed
    download becomes one DataError line saying what to do offline.
@@ -140,6 +143,49 @@ def read_idx_dir(data_dir: str) -> Tuple[Tuple[np.ndarray, np.ndarray],
 # ---------------------------------------------------------------------------
 # CIFAR-10 pickles.
 
+try:  # numpy 2
+  from numpy._core import multiarray as _multiarray, numeric as _numeric
+except ImportError:  # numpy 1
+  from numpy.core import multiarray as _multiarray, numeric as _numeric
+
+
+def _latin1_bytes(text: str, encoding: str = "latin1") -> bytes:
+  """`_codecs.encode` as a pickle of protocol 2 written by Python 3 uses it
+  (bytes as their latin-1 text), refusing every other codec."""
+  if encoding not in ("latin1", "latin-1") or not isinstance(text, str):
+    raise pickle.UnpicklingError(f"it asks _codecs.encode for {encoding!r}; a CIFAR-10 "
+                                 "batch uses latin-1 only (refused, not run)")
+  return text.encode("latin1")
+
+
+# What a CIFAR-10 batch may name (a dict of bytes keys, a uint8 array, a list
+# of int labels, a list of bytes file names): numpy's array and scalar
+# reconstruction under numpy 1's and numpy 2's module names, and bytes as
+# Python 3 writes them at protocol 2. Nothing here runs code a file chooses.
+_CIFAR10_GLOBALS = {
+    ("numpy", "ndarray"): np.ndarray,
+    ("numpy", "dtype"): np.dtype,
+    **{(f"numpy.{core}.multiarray", name): getattr(_multiarray, name)
+       for core in ("core", "_core") for name in ("_reconstruct", "scalar")},
+    **{(f"numpy.{core}.numeric", "_frombuffer"): _numeric._frombuffer
+       for core in ("core", "_core")},
+    ("_codecs", "encode"): _latin1_bytes,
+}
+
+
+class _Cifar10Unpickler(pickle.Unpickler):
+  """An unpickler that resolves only `_CIFAR10_GLOBALS`: any other global a
+  file names (`os.system`, `builtins.eval`, ...) is refused before it is
+  imported or called."""
+
+  def find_class(self, module: str, name: str):
+    try:
+      return _CIFAR10_GLOBALS[(module, name)]
+    except KeyError:
+      raise pickle.UnpicklingError(
+          f"it names {module}.{name}, which no CIFAR-10 batch holds (refused, not "
+          "run)") from None
+
 
 def read_cifar10_dir(data_dir: str) -> Tuple[Tuple[np.ndarray, np.ndarray],
                                              Tuple[np.ndarray, np.ndarray]]:
@@ -160,10 +206,13 @@ def read_cifar10_dir(data_dir: str) -> Tuple[Tuple[np.ndarray, np.ndarray],
     path = os.path.join(folder, name)
     try:
       with open(path, "rb") as f:
-        batch = pickle.load(f, encoding="bytes")
+        batch = _Cifar10Unpickler(f, encoding="bytes").load()
       data, labels = batch[b"data"], batch[b"labels"]
-    except (OSError, pickle.UnpicklingError, EOFError, KeyError, TypeError) as e:
-      raise DataError(f"{path}: not a CIFAR-10 python batch ({e!r})") from e
+    except pickle.UnpicklingError as e:
+      raise DataError(f"{path}: not a CIFAR-10 python batch: {e}") from None
+    except (OSError, EOFError, KeyError, TypeError, ValueError, AttributeError,
+            IndexError) as e:
+      raise DataError(f"{path}: not a CIFAR-10 python batch ({e!r})") from None
     data = np.asarray(data, dtype=np.uint8)
     if data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or len(data) != len(labels):
       raise DataError(f"{path}: expected [n, 3072] images and n labels, got "

@@ -27,16 +27,20 @@ cluster (`ray start --head` on one host, `ray start --address=...` on the
 others), which `close()` leaves running. When Ray is already initialised in
 the process (a notebook, a test session), that instance is used and left
 running. Actors are kept in a pool per Ray instance and reused by the next
-runner of the process (their TensorFlow is imported once).
+runner of the process (their TensorFlow is imported once). Starting Ray keeps
+the process's stop-signal handlers (`interrupts.handlers_kept`), so SIGTERM,
+SIGINT and SIGHUP stop a `ray` run as they stop a `local` one.
 """
 
 from __future__ import annotations
 
+import atexit
 import collections
 import collections.abc
 import contextlib
 import functools
 import os
+import signal
 import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence
@@ -44,7 +48,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tff_cluster import evaluation, local_training, stack
+from tff_cluster import evaluation, interrupts, local_training, stack
 from tff_cluster.data.federated import FederatedData, LazyFederatedData
 from tff_cluster.runners import local_runner
 from tff_cluster.runners.base import RoundOutput, WorkerLost, check_keys, to_numpy
@@ -258,15 +262,64 @@ def connect(num_workers: int, address: Optional[str]) -> _Pool:
       check_reachable(address)
       kwargs = init_kwargs(address=address)
     try:
-      ray.init(**kwargs)
+      with _run_handlers_kept(ray, defer=address is None):
+        ray.init(**kwargs)
+    except SystemExit as e:
+      if isinstance(e.code, int) and e.code > 128:  # the run's own handler
+        raise
+      # A handler of Ray's (one `_run_handlers_kept` could not keep out) took
+      # a SIGTERM: it exits with 1 or 15; closed as the run's handler closes one.
+      interrupts.note(signal.SIGTERM)
+      raise _signal_exit(signal.SIGTERM) from None
     except (ConnectionError, TimeoutError, RuntimeError, ValueError) as e:
       raise RayUnavailable(f"--ray_address={address}: cannot connect to a Ray cluster "
                            f"({str(e).splitlines()[0] if str(e) else type(e).__name__})"
                            ) from None
     pool.owns_ray = True
     pool.address = address
+    atexit.register(_shutdown_pool, pool)  # a run that stops before `session()`
   _POOL = pool
+  if pool.owns_ray and interrupts.received() is not None:  # noted while Ray started
+    shutdown()  # Ray first, then the run
+    raise _signal_exit(interrupts.received())
   return pool
+
+
+def _signal_exit(signum: int) -> BaseException:
+  """What the run's handler raises for stop signal `signum`: KeyboardInterrupt
+  for SIGINT, else SystemExit(128 + signum)."""
+  return KeyboardInterrupt() if signum == signal.SIGINT else SystemExit(128 + signum)
+
+
+@contextlib.contextmanager
+def _run_handlers_kept(ray, defer: bool):
+  """Keeps the run's stop-signal handlers in force while `ray.init` runs.
+
+  `ray.init` installs Python SIGTERM handlers of Ray's (one kills the
+  processes Ray has started so far, then exits with 1) and its C++ core a
+  fatal-signal handler on SIGTERM, which aborted a run's SIGTERM (exit 134, a
+  stack dump). Ray's Python handlers are not installed here (its
+  `set_sigterm_handler` does nothing meanwhile), and the run's handlers are
+  put back over the C++ one afterwards. With `defer` (Ray started on this
+  machine), a stop signal is only noted while Ray starts (`interrupts`): a
+  Ray stopped half-way left its agent processes running (measured), so
+  `connect` stops the started Ray, then the run."""
+  utils = getattr(getattr(ray, "_private", None), "utils", None)
+  original = getattr(utils, "set_sigterm_handler", None)
+  with contextlib.ExitStack() as kept:
+    kept.enter_context(interrupts.handlers_kept())
+    if defer:
+      kept.enter_context(interrupts.deferred())
+    if original is not None:
+      utils.set_sigterm_handler = lambda handler: None
+      kept.callback(setattr, utils, "set_sigterm_handler", original)
+    yield
+
+
+def _shutdown_pool(pool: _Pool) -> None:
+  """At exit: stops `pool`'s actors and Ray if the run did not (`session`)."""
+  if _POOL is pool:
+    shutdown()
 
 
 def init_kwargs(num_cpus: Optional[int] = None, address: Optional[str] = None
@@ -404,10 +457,18 @@ class RayRunner(local_runner.ServerSide):
     self.exact_batches = first["exact_batches"]
 
   def _get(self, refs):
-    """ray.get, with a lost actor named in one line (`WorkerLost`)."""
+    """ray.get, with a lost actor named in one line (`WorkerLost`) and a stop
+    signal's exception kept (`_signal_exit`)."""
     ray = self._ray
     try:
       return ray.get(refs)
+    except SystemExit:
+      # A stop signal's handler that raises inside ray.get: Ray turns its
+      # SystemExit(128 + signum) into SystemExit(1) (measured), which would end
+      # the run with no line; the handler noted the signal.
+      if interrupts.received() is None:
+        raise
+      raise _signal_exit(interrupts.received()) from None
     except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError) as e:
       text = _lost_actor_text(e, self)
       # The pool's actors are not reused after a loss: the next runner of
