@@ -19,7 +19,12 @@ from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 
 class HParamError(ValueError):
-  """An invalid value; the message is one line naming it and what is valid."""
+  """An invalid value; the message is one line naming it and what is valid
+  (`valid`: that part alone, where a declaration's check raised it)."""
+
+  def __init__(self, message: str, valid: Optional[str] = None):
+    super().__init__(message)
+    self.valid = valid
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +40,10 @@ class HParam:
     choices: the valid values of a str setting.
     low, high: valid range (`None` = unbounded); `low_open`/`high_open` make
       that end exclusive. Floats must also be finite.
+    limit: the largest size accepted where the range itself has no end (a
+      number of rounds, clients, steps): past it a value is a typo that would
+      run for days or fill the memory. An integer without `high` or `limit`
+      is held to `INT_LIMIT`.
     task_defaults: per-task default overrides, e.g. `{"mnist": 3}`.
     group: heading under which `--help` lists it (an algorithm name, or
       "training" for the settings every algorithm shares).
@@ -48,6 +57,7 @@ class HParam:
   high: Optional[float] = None
   low_open: bool = False
   high_open: bool = False
+  limit: Optional[int] = None
   task_defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   group: str = "training"
 
@@ -59,6 +69,8 @@ class HParam:
       return "true or false"
     if self.type is str:
       return "a non-empty text"
+    if self.limit is not None:
+      return f"{dataclasses.replace(self, limit=None).valid_text()}, at most {self.limit}"
     kind = "an integer" if self.type is int else "a number"
     if self.low is not None and self.high is not None:
       left = "(" if self.low_open else "["
@@ -85,7 +97,8 @@ class HParam:
     """Returns `value` (converted) or raises `HParamError` (one line)."""
     if value is None:
       return None
-    bad = HParamError(f"invalid --{self.name}={_show(value)}; valid: {self.valid_text()}")
+    bad = HParamError(f"invalid --{self.name}={_show(value)}; valid: {self.valid_text()}",
+                      self.valid_text())
     if self.type is bool:
       if not isinstance(value, bool):
         raise bad
@@ -113,6 +126,11 @@ class HParam:
       raise bad
     if self.high is not None and (value > self.high or (self.high_open and value == self.high)):
       raise bad
+    if self.limit is not None and value > self.limit:
+      raise bad
+    if self.type is int and self.high is None and self.limit is None and value > INT_LIMIT:
+      valid = f"{self.valid_text()}, at most {INT_LIMIT} (every integer setting's limit)"
+      raise HParamError(f"invalid --{self.name}={_show(value)}; valid: {valid}", valid)
     return value
 
 
@@ -129,20 +147,36 @@ def _is_numpy_int(value: Any) -> bool:
 
 
 # ---------------------------------------------------------------------------
+# Upper limits of the sizes, checked with the flags before any work. No
+# experiment of the papers reproduced here comes near them (the longest runs
+# 800 rounds, the largest federation 3,400 writers, the most local work 20
+# epochs); a value past them is a typo, and would run for days or fill the
+# memory before the first round. docs/cli.md states them.
+
+INT_LIMIT = 2**31 - 1  # any integer setting: TensorFlow's int32 counters and shapes
+MAX_ROUNDS = 1_000_000
+MAX_CLIENTS = 1_000_000  # --num_clients and --clients_per_round
+MAX_LOCAL_EPOCHS = 10_000
+MAX_LOCAL_STEPS = 10_000_000
+MAX_BATCH_SIZE = 1_000_000
+MAX_WORKERS = 10_000  # --ray_workers (actors) and --client_chunk (clients side by side)
+MAX_MODELS = 10_000  # --num_groups, --ensemble_size: each one a model held in memory
+
+# ---------------------------------------------------------------------------
 # Settings every algorithm shares (the local solver and the round loop).
 # `None` defaults come from the task (`TaskSpec.defaults`).
 
-ROUNDS = HParam("rounds", int, None, "Communication rounds.", low=1)
+ROUNDS = HParam("rounds", int, None, "Communication rounds.", low=1, limit=MAX_ROUNDS)
 CLIENTS_PER_ROUND = HParam("clients_per_round", int, None,
-                           "Clients sampled per round.", low=1)
+                           "Clients sampled per round.", low=1, limit=MAX_CLIENTS)
 LOCAL_EPOCHS = HParam("local_epochs", int, None, "Local epochs per round; exclusive "
-                      "with --local_steps.", low=1)
+                      "with --local_steps.", low=1, limit=MAX_LOCAL_EPOCHS)
 LOCAL_STEPS = HParam("local_steps", int, None, "Local work as a number of mini-batch "
                      "steps per round (cycling through reshuffled epochs, restarted every "
                      "round); exclusive with --local_epochs (default: unset, the epochs "
-                     "apply).", low=1)
+                     "apply).", low=1, limit=MAX_LOCAL_STEPS)
 BATCH_SIZE = HParam("batch_size", int, None, "Local mini-batch size.",
-                    low=1)
+                    low=1, limit=MAX_BATCH_SIZE)
 CLIENT_LR = HParam("client_lr", float, None, "Local SGD learning rate.",
                    low=0, low_open=True)
 LR_DECAY = HParam("lr_decay", float, 1.0, "Per-round multiplier of the client "
@@ -157,7 +191,7 @@ CLIENT_STATE = HParam("client_state", str, "persist", "Client momentum buffer be
 SEED = HParam("seed", int, 0, "Seed of data generation/partition, model init, client "
               "sampling and local shuffles.", low=0, high=2**31 - 1)
 EVAL_EVERY = HParam("eval_every", int, 1, "Evaluate every this many rounds (and the "
-                    "last).", low=1)
+                    "last).", low=1, limit=MAX_ROUNDS)
 DIVERGENCE_RATIO = HParam(
     "divergence_ratio", float, 100.0, "Stop the run as diverged when a round's training "
     "loss exceeds this many times the initial model's loss on the round's clients "
@@ -175,10 +209,10 @@ MU = HParam("mu", float, None, "Proximal coefficient mu of the local objective "
             "F_k(w) + (mu/2)||w - w_start||^2.", low=0)
 NUM_GROUPS = HParam("num_groups", int, 5, "m: the number of groups/clusters of a "
                     "clustered algorithm (the data's true cluster count is "
-                    "--task_arg=num_clusters).", low=1,
+                    "--task_arg=num_clusters).", low=1, limit=MAX_MODELS,
                     task_defaults={"mnist": 3})
 ENSEMBLE_SIZE = HParam("ensemble_size", int, 1, "Independent runs combined at test "
-                       "time.", low=1)
+                       "time.", low=1, limit=MAX_MODELS)
 
 # ---------------------------------------------------------------------------
 # Runners.
@@ -202,10 +236,11 @@ CLIENT_BATCHING = HParam("client_batching", str, "auto", "local and ray runners:
 CLIENT_CHUNK = HParam("client_chunk", int, 4, "client_batching=parallel: clients trained "
                       "side by side in one chunk (fewer are taken where a chunk's estimated "
                       "memory would pass a quarter of the memory available).", low=1,
-                      group="runner")
+                      limit=MAX_WORKERS, group="runner")
 RAY_WORKERS = HParam("ray_workers", int, None, "ray runner: the number of actors, each "
                      "owning a contiguous shard of the clients (default: this machine's "
-                     "CPU count, at most one per client).", low=1, group="runner")
+                     "CPU count, at most one per client).", low=1, limit=MAX_WORKERS,
+                     group="runner")
 RAY_ADDRESS = HParam("ray_address", str, None, "ray runner: HOST:PORT of a running Ray "
                      "cluster's head (ray start --head), or auto (default: a Ray instance "
                      "started on this machine for the run and stopped after it).",

@@ -109,9 +109,11 @@ FEDGROUP_HPARAMS = _group(
            "pre-trained for the group cold start.", low=0, low_open=True),
     HParam("pretrain_iters", int, None, "Mini-batch steps of the cold-start pre-training, "
            "cycling through the client's reshuffled data (default 50, both authors' "
-           "codes; exclusive with --pretrain_epochs).", low=1),
+           "codes; exclusive with --pretrain_epochs).", low=1,
+           limit=hp.MAX_LOCAL_STEPS),
     HParam("pretrain_epochs", int, None, "Local epochs of the cold-start pre-training "
-           "instead of --pretrain_iters (no default; the paper's text implies 1).", low=1),
+           "instead of --pretrain_iters (no default; the paper's text implies 1).", low=1,
+           limit=hp.MAX_LOCAL_EPOCHS),
     HParam("group_agg_lr", float, 0.0, "eta_g: inter-group aggregation rate (0 = off, "
            "as in the paper's Table 3).", low=0),
     HParam("group_agg_rule", str, "alg2", "Inter-group aggregation: alg2 (Algorithm 2 "
@@ -139,9 +141,9 @@ IFCA_HPARAMS = _group(
            "with K random last layers, then forced random groups; their FEMNIST code).",
            choices=("random", "good_init", "fedavg_warm")),
     HParam("ifca_warm_rounds", int, 20, "fedavg_warm: rounds of one-model training "
-           "before round 1.", low=0),
+           "before round 1.", low=0, limit=hp.MAX_ROUNDS),
     HParam("ifca_forced_rounds", int, 20, "fedavg_warm: first rounds whose clients are "
-           "put into K random equal groups.", low=0),
+           "put into K random equal groups.", low=0, limit=hp.MAX_ROUNDS),
     HParam("ifca_agg", str, "uniform", "Per-cluster averaging of the chosen clients' "
            "models: uniform (authors' MNIST/CIFAR code), num_examples (examples "
            "processed this round, their FEMNIST code) or samples (training samples, "
@@ -150,7 +152,8 @@ IFCA_HPARAMS = _group(
            "cluster estimate's loss is taken on (0 = every batch of the schedule: E "
            "passes over the training set with --local_epochs, the steps' batches with "
            "--local_steps; FedBase: 3; the rotated tasks: 1, their whole 100-image "
-           "training set in one batch).", low=0),
+           "training set in one batch).", low=0,
+           limit=hp.MAX_LOCAL_STEPS),
     HParam("ifca_good_init_threshold", float, None, "good_init: the smallest share of "
            "the sample every cluster must get (default 0.35 for K = 2, 0.1 for K = 4, "
            "0.4/K otherwise).", low=0, high=1),
@@ -200,7 +203,8 @@ CFL_HPARAMS = _group(
            "is below eps1.", low=0, low_open=True),
     HParam("cfl_eps2", float, 1.6, "... and its largest update norm is above eps2.",
            low=0),
-    HParam("cfl_warmup_rounds", int, 20, "No split in the first rounds.", low=0),
+    HParam("cfl_warmup_rounds", int, 20, "No split in the first rounds.", low=0,
+           limit=hp.MAX_ROUNDS),
     HParam("cfl_weighting", str, "uniform", "Mean update and cluster models: uniform "
            "(the authors' code) or data-weighted.", choices=("uniform", "data")),
 )
@@ -231,7 +235,8 @@ CFL_MGD_HPARAMS = _group(
            "number of clients (the paper's m) or the cluster's members this round.",
            choices=("total", "members")),
     HParam("cfl_mgd_grad_batches", int, 1, "Option I: batches of the round's schedule "
-           "the client's gradient is the mean over (0 = all).", low=0),
+           "the client's gradient is the mean over (0 = all).", low=0,
+           limit=hp.MAX_LOCAL_STEPS),
     # IFCA's cluster estimate, initialisation and evaluation, shared.
     *(d for d in IFCA_HPARAMS if d.name in (
         "ifca_loss_batches", "ifca_init", "ifca_warm_rounds", "ifca_forced_rounds",
@@ -272,7 +277,8 @@ PFEDMO_HPARAMS = (
            "project variant, after the paper's prose; it breaks Theorem 2's O(eta) bound).",
            choices=("eq12", "mix"), group="pfedmo"),
     HParam("score_batch", int, 64, "B: samples of the scoring batch, drawn once from the "
-           "pooled test data (the paper gives no size).", low=1, group="pfedmo"),
+           "pooled test data (the paper gives no size).", low=1,
+           limit=hp.MAX_BATCH_SIZE, group="pfedmo"),
     HParam("public_fraction", float, 0.1, "When the task has no public set: the share "
            "of the pooled training data drawn as one (it then overlaps the workers').",
            low=0, low_open=True, high=1, group="pfedmo"),

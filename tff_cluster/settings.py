@@ -40,6 +40,23 @@ RESUME_MAY_CHANGE = ("rounds", "output_dir", "overwrite", "progress", "checkpoin
                      "divergence_ratio",
                      "ray_workers", "ray_address", "tff_workers", "tff_worker_grace",
                      "tff_subround_timeout")
+# The runners each flag applies to. A resumed (or evaluated) run inherits only
+# the ones its runner takes: `--resume --runner=local` of a `ray` run does not
+# carry the run's `--ray_workers` over as if it had been typed.
+RUNNER_FLAG_RUNNERS = {"jit": ("local", "ray"), "client_batching": ("local", "ray"),
+                       "client_chunk": ("local", "ray"), "ray_workers": ("ray",),
+                       "ray_address": ("ray",), "tff_workers": ("tff",),
+                       "tff_worker_grace": ("tff",), "tff_subround_timeout": ("tff",)}
+# Generated tasks whose clients all live in this process's memory: the mean
+# samples of a client (FedProx's sizes: floor(lognormal(4, 2)) + 50, mean
+# exp(6) + 50) and the bytes of one sample (60 float32 features, an int32 label).
+GENERATED_SAMPLES_PER_CLIENT = {"synthetic": 453, "synthetic_iid": 453,
+                                "synthetic_clusters": 453}
+GENERATED_SAMPLE_BYTES = 60 * 4 + 4
+# Measured (docs/runners.md, memory as the federation grows): a local run
+# holds about three copies of the clients' arrays and 4 KB of bookkeeping each.
+CLIENT_MEMORY_COPIES = 3
+CLIENT_OVERHEAD_BYTES = 4096
 
 
 def flag_names():
@@ -87,8 +104,10 @@ def resolve_settings(values) -> dict:
       if settings[name] is None:
         continue
       low = 1 if name == "num_clients" else 0
+      limit = hp.MAX_CLIENTS if name == "num_clients" else None
       kind = int if name == "num_clients" else float
-      settings[name] = hp.HParam(name, kind, None, "", low=low).check(settings[name])
+      settings[name] = hp.HParam(name, kind, None, "", low=low, limit=limit).check(
+          settings[name])
   except hp.HParamError as e:
     raise UsageError(str(e)) from None
   settings[other] = None
@@ -147,9 +166,11 @@ def resolve_settings(values) -> dict:
   settings["algo_options"] = {name: settings[name] for name in own}
   settings["task_args"] = parse_task_args(values.get("task_arg") or [], task)
   settings.pop("task_arg", None)
-  if settings["checkpoint_every"] is not None and settings["checkpoint_every"] < 1:
+  if settings["checkpoint_every"] is not None and not (
+      1 <= settings["checkpoint_every"] <= hp.MAX_ROUNDS):
     raise UsageError(f"invalid --checkpoint_every={settings['checkpoint_every']}; "
-                     "valid: an integer >= 1")
+                     f"valid: an integer >= 1, at most {hp.MAX_ROUNDS}")
+  _check_client_memory(settings, task)
   if settings["output_dir"] == "":
     raise UsageError("invalid --output_dir=''; valid: a directory path")
   if (settings["resume"] or settings["eval_only"]) and settings["output_dir"] is None:
@@ -160,6 +181,58 @@ def resolve_settings(values) -> dict:
     settings["output_dir"] = os.path.join(
         "results", f"{settings['task']}_{settings['algo']}_{stamp}")
   return settings
+
+
+def available_memory() -> int:
+  """Bytes this machine can still give a process: MemAvailable of
+  /proc/meminfo, else the physical memory, else 0 (unknown)."""
+  try:
+    with open("/proc/meminfo") as f:
+      for line in f:
+        if line.startswith("MemAvailable:"):
+          return int(line.split()[1]) * 1024
+  except (OSError, ValueError, IndexError):
+    pass
+  try:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  except (OSError, ValueError, AttributeError):
+    return 0
+
+
+def _check_client_memory(settings: dict, task) -> None:
+  """Refuses a generated task whose clients cannot fit in this machine's
+  memory (estimated from their mean size), before any data is made. Tasks read
+  from files are held to their own size; a `ray` run on a cluster
+  (`--ray_address`) spreads the clients over its hosts."""
+  per_client = GENERATED_SAMPLES_PER_CLIENT.get(task.name)
+  if per_client is None or (settings["runner"] == "ray" and settings["ray_address"]):
+    return
+  given_samples = settings["task_args"].get("samples_per_client")
+  per_client = given_samples or per_client
+  clients = settings["num_clients"] or task.defaults.get("num_clients") or 0
+  client_bytes = (CLIENT_MEMORY_COPIES * per_client * GENERATED_SAMPLE_BYTES
+                  + CLIENT_OVERHEAD_BYTES)
+  available = available_memory()
+  if not available or clients * client_bytes <= available:
+    return
+  what = (f"--num_clients={clients} with --task_arg=samples_per_client={given_samples}"
+          if given_samples else f"--num_clients={clients}")
+  fit = available // client_bytes
+  if fit >= 1:
+    valid = f"--num_clients <= {fit} here"
+  else:
+    most = (available - CLIENT_OVERHEAD_BYTES) // (CLIENT_MEMORY_COPIES
+                                                    * GENERATED_SAMPLE_BYTES)
+    valid = f"--task_arg=samples_per_client <= {max(most, 1)} for one client here"
+  raise UsageError(
+      f"invalid {what}: --task={task.name} would need about {_gigabytes(clients * client_bytes)}"
+      f" of memory ({per_client} samples per client), more than the "
+      f"{_gigabytes(available)} available; valid: {valid}, or --runner=ray with "
+      "--ray_address of a cluster")
+
+
+def _gigabytes(size: int) -> str:
+  return f"{size / 2**30:,.1f} GB"
 
 
 def parse_task_args(items, task) -> dict:
@@ -180,9 +253,9 @@ def parse_task_args(items, task) -> dict:
     decl = declared[name]
     try:
       out[name] = decl.check(_typed(decl, raw))
-    except (ValueError, hp.HParamError):
-      raise UsageError(f"invalid --task_arg={name}={raw}; valid: {decl.valid_text()}") \
-          from None
+    except ValueError as e:  # HParamError included
+      valid = getattr(e, "valid", None) or decl.valid_text()
+      raise UsageError(f"invalid --task_arg={name}={raw}; valid: {valid}") from None
   return out
 
 
@@ -220,6 +293,10 @@ def run_dir_settings(run_dir: str, given: Dict[str, Any], resume: bool,
   else:
     values["task_arg"] = [f"{k}={hp.format_value(v)}"
                           for k, v in (config.get("task_args") or {}).items()]
+  runner = given.get("runner") or config.get("runner") or hp.RUNNER.default
+  for name, runners in RUNNER_FLAG_RUNNERS.items():
+    if runner not in runners:
+      values.pop(name, None)  # the run's value, for a runner this one is not
   values.update(given)
   values["resume"], values["eval_only"] = resume, eval_only
   settings = resolve_settings(values)
