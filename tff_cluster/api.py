@@ -61,7 +61,6 @@ from tff_cluster.models import loss_kind  # noqa: F401  (public)
 from tff_cluster.data.federated import FederatedData
 
 _PROCESS_IDS = itertools.count()
-_BATCHING = ("auto", "sequential", "parallel")
 
 
 class ModelWeights(NamedTuple):
@@ -111,7 +110,124 @@ def _check_model_fn(model_fn):
   if model.built and not model.weights:
     raise ValueError("model_fn returned a Keras model without weights; valid: a model "
                      "with at least one weight to train")
+  if local_training.has_weights(model) and _no_trainable_problem(model):
+    raise ValueError(_no_trainable_problem(model))
   return model
+
+
+def _no_trainable_problem(model) -> Optional[str]:
+  """One line when the (built) model has nothing to train, else None."""
+  if model.trainable_variables:
+    return None
+  return (f"model_fn's model has no trainable variables ({len(model.weights)} weights, all "
+          "non-trainable: layers frozen with trainable=False?); valid: a model with at "
+          "least one trainable weight")
+
+
+def _setting(decl: hp.HParam, value, required: bool = False):
+  """`value` of the API argument `decl.name`, checked by the declaration the
+  CLI checks its flag with, the message in the API's words (argument=value,
+  Python values); None takes the declaration's default, or is refused when
+  the argument is `required`."""
+  if value is None and not required:
+    return decl.default
+  try:
+    if value is None:
+      raise hp.HParamError(f"; valid: {decl.valid_text()}")
+    return decl.check(value)
+  except hp.HParamError as e:
+    valid = str(e).partition("; valid: ")[2] or decl.valid_text()
+    if decl.choices:
+      valid = ", ".join(repr(c) for c in decl.choices)
+    elif decl.type is bool:
+      valid = "True or False"
+    raise hp.HParamError(f"invalid {decl.name}={value!r}; valid: {valid}") from None
+
+
+def _declared_input_shape(model) -> Optional[tuple]:
+  """One example's input shape the model declares (None: any size on that
+  axis), or None when it declares none (a subclassed model) or several inputs."""
+  try:
+    inputs = model.inputs
+  except (AttributeError, ValueError):
+    return None
+  if not inputs or len(inputs) != 1:
+    return None
+  return tuple(None if d is None else int(d) for d in tuple(inputs[0].shape)[1:])
+
+
+def _first_line(e: Exception) -> str:
+  return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+def _model_data_problem(model, loss: str, data: FederatedData) -> Optional[str]:
+  """One line when `model` does not fit `data` under `loss` (its input width,
+  its outputs against the classes, the labels against the loss), else None.
+  Checked before any training, on two of the data's examples."""
+  shape, dtype = _data_input(data)
+  declared = _declared_input_shape(model)
+  if declared is not None and (len(declared) != len(shape) or any(
+      d is not None and d != s for d, s in zip(declared, shape))):
+    shown = tuple("None" if d is None else d for d in declared)
+    return (f"initialize(): model_fn's model takes inputs of shape {shown} per example "
+            f"but the data's examples have shape {shape} ({dtype}); valid: a model whose "
+            f"input matches the data")
+  x = next(np.asarray(data.train[c][0])[:2] for c in data.client_ids
+           if len(data.train[c][0]))
+  try:
+    out = model(x, training=False)
+  except Exception as e:  # noqa: BLE001  (Keras raises many types for a bad input)
+    return (f"initialize(): model_fn's model cannot be applied to the data's inputs of "
+            f"shape {shape} ({dtype}): {_first_line(e)}")
+  if isinstance(out, (list, tuple, dict)):
+    return (f"initialize(): model_fn's model returns {len(out)} outputs; valid: one "
+            "output tensor")
+  out = np.asarray(out)
+  if out.ndim != 2:
+    return (f"initialize(): model_fn's model gives outputs of shape {out.shape[1:]} per "
+            "example; valid: one vector per example (shape (k,))")
+  width = int(out.shape[1])
+  classes = data.num_classes
+  if loss == models.SPARSE_CE_LOGITS and width != classes:
+    return (f"initialize(): model_fn's model has {width} outputs but the data has "
+            f"{classes} classes (labels 0..{classes - 1}); valid: a model with {classes} "
+            "outputs, one logit per class, for SparseCategoricalCrossentropy"
+            "(from_logits=True)")
+  if loss == models.BINARY_PROBS and width != 1:
+    return (f"initialize(): model_fn's model has {width} outputs; valid: one sigmoid "
+            "output (the probability of label 1) for BinaryCrossentropy"
+            "(from_logits=False), or SparseCategoricalCrossentropy(from_logits=True) "
+            f"with {classes} outputs")
+  valid_labels = ("0 or 1 for BinaryCrossentropy(from_logits=False)"
+                  if loss == models.BINARY_PROBS else
+                  f"integers 0..{classes - 1} (the data's num_classes={classes})")
+  for split_name, split in (("training", data.train), ("test", data.test)):
+    for c in data.client_ids:
+      y = np.asarray(split[c][1])
+      if not len(y):
+        continue
+      if y.dtype.kind not in "iub":
+        if y.dtype.kind != "f":
+          return (f"initialize(): client {c!r}'s {split_name} labels are {y.dtype}; "
+                  f"valid: {valid_labels}")
+        bad = ~np.isfinite(y) | (y != np.round(y))
+        if bad.any():
+          return (f"initialize(): client {c!r} has {split_name} label "
+                  f"{y.reshape(-1)[int(np.argmax(bad.reshape(-1)))].item()!r}; valid: "
+                  f"{valid_labels}")
+      high = 2 if loss == models.BINARY_PROBS else classes
+      bad = (y < 0) | (y >= high)
+      if bad.any():
+        return (f"initialize(): client {c!r} has {split_name} label "
+                f"{y.reshape(-1)[int(np.argmax(bad.reshape(-1)))].item()!r}; valid: "
+                f"{valid_labels}")
+  if loss == models.BINARY_PROBS and (not np.all(np.isfinite(out)) or out.min() < 0
+                                      or out.max() > 1):
+    bad = out[~np.isfinite(out) | (out < 0) | (out > 1)].reshape(-1)[0]
+    return (f"initialize(): model_fn's model outputs {float(bad):g}, not a probability; "
+            "valid: a sigmoid output for BinaryCrossentropy(from_logits=False), or logits "
+            f"with SparseCategoricalCrossentropy(from_logits=True) and {classes} outputs")
+  return None
 
 
 def _side_by_side_problem(model) -> Optional[str]:
@@ -183,26 +299,36 @@ class Process:
     if unknown:
       raise ValueError(f"unknown setting {unknown[0]!r} for {algo}; valid: "
                        f"{', '.join(sorted(declared)) or 'none'}")
+    for name, value in hparams.items():  # each by its declaration, in the API's words
+      _setting(declared[name], value)
     resolved = spec.options(**hparams)  # checked, the declared defaults filled in
-    if not (isinstance(client_lr, (int, float)) and client_lr > 0):
-      raise ValueError(f"invalid client_lr={client_lr}; valid: a number > 0")
-    if not (isinstance(rounds, int) and rounds >= 1):
-      raise ValueError(f"invalid rounds={rounds}; valid: an integer >= 1 (the planned "
-                       "number of rounds, which some algorithms schedule by)")
     if (local_epochs is None) == (local_steps is None):
       raise ValueError("give exactly one of local_epochs and local_steps")
-    if runner not in hp.RUNNERS:
-      raise ValueError(f"invalid runner={runner!r}; valid: {', '.join(hp.RUNNERS)}")
+    # Every setting by the declaration the CLI checks its flag with.
+    client_lr = _setting(hp.CLIENT_LR, client_lr, required=True)
+    batch_size = _setting(hp.BATCH_SIZE, batch_size, required=True)
+    local_epochs = _setting(hp.LOCAL_EPOCHS, local_epochs)
+    local_steps = _setting(hp.LOCAL_STEPS, local_steps)
+    rounds = _setting(hp.ROUNDS, rounds, required=True)
+    seed = _setting(hp.SEED, seed)
+    lr_decay = _setting(hp.LR_DECAY, lr_decay)
+    client_momentum = _setting(hp.CLIENT_MOMENTUM, client_momentum)
+    client_state = _setting(hp.CLIENT_STATE, client_state)
+    jit = _setting(hp.JIT, jit)
+    client_batching = _setting(hp.CLIENT_BATCHING, client_batching)
+    client_chunk = _setting(hp.CLIENT_CHUNK, client_chunk)
+    runner = _setting(hp.RUNNER, runner)
+    ray_workers = _setting(hp.RAY_WORKERS, ray_workers)
+    ray_address = _setting(hp.RAY_ADDRESS, ray_address)
+    if ray_address == "":
+      raise ValueError("invalid ray_address=''; valid: 'HOST:PORT' of a Ray head, or 'auto'")
+    if not isinstance(evaluate, bool):
+      raise ValueError(f"invalid evaluate={evaluate!r}; valid: True or False")
     if runner == "tff":
       stack.require_tff()
     if runner != "ray" and (ray_workers is not None or ray_address is not None):
       raise ValueError(f"ray_workers / ray_address given with runner={runner!r}; valid: "
                        "runner='ray' with them, or neither")
-    if ray_workers is not None:
-      hp.RAY_WORKERS.check(ray_workers)
-    if client_batching not in _BATCHING:
-      raise ValueError(f"invalid client_batching={client_batching!r}; valid: "
-                       f"{', '.join(repr(b) for b in _BATCHING)}")
     model = _check_model_fn(model_fn)
     if client_batching == "parallel" and runner != "tff":
       problem = _side_by_side_problem(model)
@@ -216,10 +342,11 @@ class Process:
     if local_training.has_weights(model):
       self._set_layout(model)
     self._train_settings = dict(
-        client_lr=float(client_lr), batch_size=int(batch_size), local_epochs=local_epochs,
-        local_steps=local_steps, runner=runner, seed=int(seed), lr_decay=float(lr_decay),
-        client_momentum=float(client_momentum), client_state=client_state, jit=jit,
-        client_batching=client_batching, client_chunk=int(client_chunk), ray_workers=ray_workers, ray_address=ray_address)
+        client_lr=client_lr, batch_size=batch_size, local_epochs=local_epochs,
+        local_steps=local_steps, runner=runner, seed=seed, lr_decay=lr_decay,
+        client_momentum=client_momentum, client_state=client_state, jit=jit,
+        client_batching=client_batching, client_chunk=client_chunk, ray_workers=ray_workers,
+        ray_address=ray_address)
     self._options = resolved
     self._rounds = rounds
     self._all_clients = spec.all_clients
@@ -267,6 +394,8 @@ class Process:
     if not model.weights:
       raise ValueError("model_fn returned a Keras model without weights; valid: a model "
                        "with at least one weight to train")
+    if _no_trainable_problem(model):
+      raise ValueError(_no_trainable_problem(model))
     if self._train_settings["client_batching"] == "parallel" and \
         self._train_settings["runner"] != "tff":
       problem = _side_by_side_problem(model)
@@ -299,8 +428,12 @@ class Process:
     if data.num_training_clients == 0:
       raise ValueError("initialize(): no client has training data; valid: data with at "
                        "least one client holding training samples")
+    model_fn = self._built_model_fn(data)
+    problem = _model_data_problem(model_fn(), self.loss, data)
+    if problem is not None:
+      raise ValueError(problem)
     self._task = TaskSpec(name="custom", description="", load_data=None,
-                          model_fn=self._built_model_fn(data), loss=self.loss, defaults={})
+                          model_fn=model_fn, loss=self.loss, defaults={})
     config = experiment.TrainingConfig(
         rounds=self._rounds, clients_per_round=data.num_training_clients,
         **self._train_settings)
@@ -413,6 +546,9 @@ class Process:
       if not is_rule(client_model) and data.client_ids != self._data.client_ids:
         raise ValueError("evaluate(): the data's client ids differ from initialize()'s; "
                          "valid: the same clients (each is tested with its own model)")
+      problem = _model_data_problem(self._task.model_fn(), self.loss, data)
+      if problem is not None:
+        raise ValueError(problem.replace("initialize():", "evaluate():", 1))
       evaluator = Evaluator(self._task.model_fn, self.loss, data)
     result = evaluator.evaluate(weights, client_model)
     return {"test_accuracy": result.accuracy, "test_loss": result.loss,

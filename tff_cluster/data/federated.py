@@ -20,7 +20,15 @@ Arrays = Tuple[np.ndarray, np.ndarray]  # (x, y)
 
 
 class DataError(ValueError):
-  """Bad or missing input data. The message is one line meant for the user."""
+  """Bad or missing input data. The message is one line meant for the user:
+  line breaks in it (from text quoted out of a file or an underlying error)
+  are joined into one line."""
+
+  def __init__(self, message: Any = "", *args):
+    text = str(message)
+    if "\n" in text or "\r" in text:
+      text = " ".join(part.strip() for part in text.splitlines() if part.strip())
+    super().__init__(text, *args)
 
 
 @dataclasses.dataclass

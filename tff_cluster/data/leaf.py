@@ -10,7 +10,10 @@ file ::
 
 A dataset is sharded over several files (LEAF writes `all_data_<k>_..._train_9
 .json`); a user's train and test samples sit in files of the same shard index,
-so users are merged by id across all files of a split.
+so users are merged by id across all files of a split. Within one file a user
+is listed once: a user listed twice in `users` is an error (its one
+`user_data` entry would count twice). Undecodable, mistyped or duplicated
+input is refused with a `DataError` of one line naming the file and the user.
 
 Pixel and label conventions are kept as LEAF/FedProx wrote them:
 
@@ -108,34 +111,83 @@ def _json_files(split_dir: str) -> List[str]:
   return [os.path.join(split_dir, n) for n in sorted(names, key=_natural_key)]
 
 
+def _kind(value) -> str:
+  # A JSON value's kind, in JSON's words, for the messages.
+  if value is None:
+    return "null"
+  if isinstance(value, bool):
+    return "a boolean"
+  if isinstance(value, (int, float)):
+    return f"the number {value!r}"
+  if isinstance(value, str):
+    return f"the text {value[:40]!r}"
+  return "an object" if isinstance(value, dict) else "a list"
+
+
+def _load_json(path: str):
+  # The file's JSON value; DataError (one line, naming the file) for a file
+  # that cannot be read, is not UTF-8 text, or is not JSON.
+  try:
+    with open(path, "rb") as f:
+      raw = f.read()
+  except OSError as e:
+    raise DataError(f"{path}: cannot read ({e.strerror or e})") from None
+  try:
+    text = raw.decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise DataError(f"{path}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset "
+                    f"{e.start}); expected a LEAF .json file (JSON text)") from None
+  try:
+    return json.loads(text)
+  except json.JSONDecodeError as e:
+    raise DataError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+  except RecursionError:
+    raise DataError(f"{path}: not valid LEAF JSON (nested too deeply); expected an "
+                    f"object with keys 'users', 'num_samples', 'user_data'") from None
+
+
 def read_leaf_file(path: str) -> RawUsers:
   """Reads one LEAF JSON file: user id -> (raw x list, raw y list).
 
-  Raises DataError naming the file for unreadable JSON, a missing top-level
-  key, or a user listed in `users` without an entry in `user_data`.
+  Raises DataError (one line naming the file, and the user where there is
+  one) for a file that is not UTF-8 JSON, a missing top-level key, a value of
+  the wrong kind (`users` not a list of ids, `num_samples` not a list of
+  counts, `user_data` not an object, a user's `x`/`y` not lists), a user
+  listed twice in `users`, or a user in `users` without an entry in
+  `user_data`.
   """
-  try:
-    with open(path, "r", encoding="utf-8") as f:
-      blob = json.load(f)
-  except json.JSONDecodeError as e:
-    raise DataError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from e
-  except OSError as e:
-    raise DataError(f"{path}: cannot read ({e.strerror})") from e
+  blob = _load_json(path)
   if not isinstance(blob, dict):
-    raise DataError(f"{path}: expected a JSON object with keys 'users', "
-                    f"'num_samples', 'user_data'")
+    raise DataError(f"{path}: the file holds {_kind(blob)}; expected a JSON object "
+                    f"with keys 'users', 'num_samples', 'user_data'")
   for key in ("users", "user_data"):
     if key not in blob:
       raise DataError(f"{path}: missing key {key!r} (LEAF files have 'users', "
                       f"'num_samples', 'user_data')")
   users, user_data = blob["users"], blob["user_data"]
   counts = blob.get("num_samples")
+  if not isinstance(users, list):
+    raise DataError(f"{path}: 'users' is {_kind(users)}; expected a list of user ids")
+  if not isinstance(user_data, dict):
+    raise DataError(f"{path}: 'user_data' is {_kind(user_data)}; expected an object "
+                    f"mapping each user id to {{\"x\": [...], \"y\": [...]}}")
+  if counts is not None and not isinstance(counts, list):
+    raise DataError(f"{path}: 'num_samples' is {_kind(counts)}; expected a list of "
+                    f"sample counts, one per user in 'users'")
   if counts is not None and len(counts) != len(users):
     raise DataError(f"{path}: 'num_samples' has {len(counts)} entries but "
                     f"'users' has {len(users)}")
   out: RawUsers = {}
+  first_entry: Dict[str, int] = {}
   for i, user in enumerate(users):
+    if isinstance(user, bool) or not isinstance(user, (str, int)):
+      raise DataError(f"{path}: users[{i}] is {_kind(user)}; expected a user id "
+                      f"(a string)")
     user = str(user)
+    if user in first_entry:
+      raise DataError(f"{path}: user {user!r} is listed twice in 'users' (entries "
+                      f"{first_entry[user]} and {i}); valid: each user once")
+    first_entry[user] = i
     if user not in user_data:
       raise DataError(f"{path}: user {user!r} is in 'users' but missing from "
                       f"'user_data'")
@@ -145,29 +197,60 @@ def read_leaf_file(path: str) -> RawUsers:
         raise DataError(f"{path}: user {user!r}: missing key {key!r} in "
                         f"'user_data'")
     x, y = record["x"], record["y"]
+    for key, value in (("x", x), ("y", y)):
+      if not isinstance(value, list):
+        raise DataError(f"{path}: user {user!r}: {key!r} is {_kind(value)}; expected "
+                        f"a list with one entry per sample")
     if len(x) != len(y):
       raise DataError(f"{path}: client {user!r} has {len(x)} inputs (x) but "
                       f"{len(y)} labels (y)")
-    if counts is not None and counts[i] != len(y):
-      raise DataError(f"{path}: client {user!r}: num_samples says {counts[i]} "
-                      f"but it has {len(y)} samples")
-    if user in out:  # listed twice in one file: keep all samples.
-      out[user] = (out[user][0] + list(x), out[user][1] + list(y))
-    else:
-      out[user] = (list(x), list(y))
+    if counts is not None:
+      count = counts[i]
+      if isinstance(count, bool) or not isinstance(count, int):
+        raise DataError(f"{path}: client {user!r}: num_samples[{i}] is "
+                        f"{_kind(count)}; expected its number of samples, {len(y)}")
+      if count != len(y):
+        raise DataError(f"{path}: client {user!r}: num_samples says {count} "
+                        f"but it has {len(y)} samples")
+    out[user] = (list(x), list(y))
   return out
+
+
+class _SplitUsers(dict):
+  """RawUsers of one split, with the files each user was read from (named by
+  the errors of its samples)."""
+
+  def __init__(self):
+    super().__init__()
+    self.sources: Dict[str, List[str]] = {}
 
 
 def _read_split(files: Sequence[str]) -> RawUsers:
   # Merges users across the shards of one split (first-appearance order).
-  merged: RawUsers = {}
+  merged = _SplitUsers()
   for path in files:
     for user, (x, y) in read_leaf_file(path).items():
       if user in merged:
         merged[user] = (merged[user][0] + x, merged[user][1] + y)
+        merged.sources[user].append(path)
       else:
         merged[user] = (x, y)
+        merged.sources[user] = [path]
   return merged
+
+
+def _in_files(split: RawUsers, user: str, error: DataError) -> DataError:
+  # `error` (about one user's samples) prefixed with the file(s) it came from.
+  files = getattr(split, "sources", {}).get(user)
+  return DataError(f"{', '.join(files)}: {error}") if files else error
+
+
+def _parsed(parser: Parser, split: RawUsers, user: str, x: list, y: list):
+  # parser(user, x, y); its DataError names the user's file(s).
+  try:
+    return parser(user, x, y)
+  except DataError as e:
+    raise _in_files(split, user, e) from None
 
 
 def read_leaf(path: str, hint: str = ""
@@ -203,11 +286,17 @@ def read_leaf(path: str, hint: str = ""
 
 
 def _labels(client: str, y: list, num_classes: int) -> np.ndarray:
-  """Integer labels in [0, num_classes); float labels must be integral."""
+  """Integer labels in [0, num_classes), one number per sample; float labels
+  must be integral."""
   try:
-    arr = np.asarray(y, dtype=np.float64).reshape(-1)
-  except (TypeError, ValueError) as e:
-    raise DataError(f"client {client!r}: labels are not numbers") from e
+    arr = np.asarray(y, dtype=np.float64)
+  except (TypeError, ValueError):
+    arr = None
+  if arr is None or arr.ndim != 1:
+    bad = next((i for i, v in enumerate(y) if isinstance(v, bool) or not isinstance(
+        v, (int, float))), 0)
+    raise DataError(f"client {client!r}: label {bad} is {_kind(y[bad])}; expected "
+                    f"an integer in 0..{num_classes - 1}")
   bad = ~np.isfinite(arr) | (arr != np.round(arr))
   if bad.any():
     raise DataError(f"client {client!r}: label {y[int(np.argmax(bad))]!r} is "
@@ -220,19 +309,36 @@ def _labels(client: str, y: list, num_classes: int) -> np.ndarray:
   return out
 
 
+def _bad_sample(client: str, x: list, num_features: int) -> DataError:
+  # The error naming x's first sample that is not `num_features` numbers.
+  for i, sample in enumerate(x):
+    if not isinstance(sample, list):
+      got = _kind(sample)
+    elif len(sample) != num_features:
+      got = f"{len(sample)} values"
+    else:
+      bad = next((v for v in sample if isinstance(v, bool)
+                  or not isinstance(v, (int, float))), None)
+      if bad is None and not any(isinstance(v, bool) for v in sample):
+        continue
+      got = f"a value that is {_kind(bad)}"
+    return DataError(f"client {client!r}: expected {num_features} features per sample "
+                     f"(numbers); sample {i} of x has {got}")
+  return DataError(f"client {client!r}: expected {num_features} features per sample "
+                   f"(numbers)")
+
+
 def dense_parser(num_features: int, num_classes: int) -> Parser:
   """Parser for fixed-length float feature vectors (images, synthetic)."""
   def parse(client: str, x: list, y: list):
     try:
       arr = np.asarray(x, dtype=np.float32)
-    except (TypeError, ValueError) as e:
-      raise DataError(f"client {client!r}: x is not a list of {num_features} "
-                      f"numbers per sample") from e
+    except (TypeError, ValueError):
+      raise _bad_sample(client, x, num_features) from None
     if len(x) == 0:
       arr = arr.reshape(0, num_features)
     if arr.ndim != 2 or arr.shape[1] != num_features:
-      raise DataError(f"client {client!r}: expected {num_features} features per "
-                      f"sample, got shape {arr.shape}")
+      raise _bad_sample(client, x, num_features)
     if not np.isfinite(arr).all():
       raise DataError(f"client {client!r}: x has NaN or infinite values")
     return arr, _labels(client, y, num_classes)
@@ -290,7 +396,7 @@ def _assemble(path, raw, parser, num_classes, *, name, seed, train_fraction,
                       f"directory with train/*.json and test/*.json or allow "
                       f"the 90/10 per-user split")
     for user, (x, y) in train_raw.items():
-      xs, ys = parser(user, x, y)
+      xs, ys = _parsed(parser, train_raw, user, x, y)
       add(user, *split_train_test(xs, ys, rng, train_fraction))
     how = f"each user split {train_fraction:g}/{1 - train_fraction:g}"
   else:
@@ -314,10 +420,12 @@ def _assemble(path, raw, parser, num_classes, *, name, seed, train_fraction,
       if user in one_sided:
         if unmatched == "drop":
           continue
-        xs, ys = parser(user, x, y)
+        side = train_raw if user in train_raw else test_raw
+        xs, ys = _parsed(parser, side, user, x, y)
         add(user, *split_train_test(xs, ys, rng, train_fraction))
         continue
-      add(user, parser(user, x, y), parser(user, *test_raw[user]))
+      add(user, _parsed(parser, train_raw, user, x, y),
+          _parsed(parser, test_raw, user, *test_raw[user]))
     how = "LEAF train/test split"
   if empty:
     warnings.warn(f"{path}: skipping {len(empty)} clients with no training "
@@ -535,8 +643,11 @@ def load_sent140(path: str, glove_path: Optional[str], seed: int = 0,
   words = set()
   for split in (train_raw, test_raw or {}):
     for user, (x, _) in split.items():
-      for row in x:
-        words.update(tokenize(_tweet_text(user, row)))
+      try:
+        for row in x:
+          words.update(tokenize(_tweet_text(user, row)))
+      except DataError as e:
+        raise _in_files(split, user, e) from None
   vocab, embedding = load_glove(glove_path, dim, words=words)
 
   def parse(client: str, x: list, y: list):
