@@ -147,13 +147,8 @@ def _setting(decl: hp.HParam, value, required: bool = False):
 def _declared_input_shape(model) -> Optional[tuple]:
   """One example's input shape the model declares (None: any size on that
   axis), or None when it declares none (a subclassed model) or several inputs."""
-  try:
-    inputs = model.inputs
-  except (AttributeError, ValueError):
-    return None
-  if not inputs or len(inputs) != 1:
-    return None
-  return tuple(None if d is None else int(d) for d in tuple(inputs[0].shape)[1:])
+  spec = local_training.model_input_spec(model)
+  return None if spec is None else tuple(None if d is None else int(d) for d in spec.shape)
 
 
 def _first_line(e: Exception) -> str:
