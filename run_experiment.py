@@ -154,8 +154,6 @@ def _fail(message: str, code: int = 2) -> "NoReturn":  # noqa: F821
 
 def run(settings: dict) -> dict:
   """Loads data, builds the driver, trains, writes results. Returns the summary."""
-  import contextlib
-
   from tff_cluster import stack
   tf = stack.import_tensorflow()
 

@@ -9,7 +9,6 @@ repository root on `sys.path` once, for the library and the CLI.
 from __future__ import annotations
 
 import csv
-import json
 import math
 import os
 import subprocess
@@ -25,6 +24,7 @@ if REPO_ROOT not in sys.path:  # the library and the CLI's tasks, for every tabl
   sys.path.insert(0, REPO_ROOT)
 
 from tff_cluster import checkpoint  # noqa: E402  (TF-free)
+from tff_cluster.io import rundir  # noqa: E402  (TF-free)
 
 
 def registered_algorithms() -> set:
@@ -62,11 +62,7 @@ def _check_rounds(directory: str, rounds: Optional[int]) -> None:
 
 def run_config(directory: str) -> dict:
   """A run's config.json ({} where it has none)."""
-  path = os.path.join(directory, "config.json")
-  if not os.path.exists(path):
-    return {}
-  with open(path) as f:
-    return json.load(f)
+  return rundir.read_config(directory, missing_ok=True)
 
 
 def run_rounds(directory: str) -> Optional[int]:
@@ -78,22 +74,14 @@ def run_rounds(directory: str) -> Optional[int]:
 def completed_summary(directory: str) -> Optional[dict]:
   """The run's summary.json if the run has completed, else None (no summary,
   or a run in progress, interrupted, diverged or failed)."""
-  path = os.path.join(directory, "summary.json")
-  if not os.path.exists(path):
-    return None
-  with open(path) as f:
-    summary = json.load(f)
-  return summary if summary.get("completed") else None
+  summary = rundir.read_summary(directory)
+  return summary if summary is not None and summary.get("completed") else None
 
 
 def diverged_summary(directory: str) -> Optional[dict]:
   """The run's summary.json if the divergence guard stopped it, else None."""
-  path = os.path.join(directory, "summary.json")
-  if not os.path.exists(path):
-    return None
-  with open(path) as f:
-    summary = json.load(f)
-  return summary if is_diverged(summary) else None
+  summary = rundir.read_summary(directory)
+  return summary if summary is not None and is_diverged(summary) else None
 
 
 def is_diverged(summary: dict) -> bool:
@@ -114,7 +102,6 @@ def _resume(directory: str, rounds: Optional[int]) -> dict:
 
 
 def _run(cmd: List[str], directory: str, rounds: Optional[int], what: str) -> dict:
-  summary_path = os.path.join(directory, "summary.json")
   if rounds is not None:
     cmd.append(f"--rounds={rounds}")
   t0 = time.perf_counter()
@@ -124,8 +111,9 @@ def _run(cmd: List[str], directory: str, rounds: Optional[int], what: str) -> di
   if proc.returncode != 0:
     tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
     raise RuntimeError(f"{what}: exit {proc.returncode}: {tail}")
-  with open(summary_path) as f:
-    summary = json.load(f)
+  summary = rundir.read_summary(directory)
+  if summary is None:
+    raise RuntimeError(f"{what}: exit 0 without {rundir.path_of(directory, rundir.SUMMARY)}")
   summary["wall_seconds"] = time.perf_counter() - t0
   return summary
 
@@ -135,17 +123,11 @@ def median_round_seconds(directory: str, default: float = float("nan")) -> float
   metrics.csv; training, aggregation and host steps, no evaluation), robust to
   a machine paused or shared for a while, which inflates one round and so the
   mean; `default` where neither file holds any."""
-  times: List[float] = []
   try:
-    with open(os.path.join(directory, "metrics.jsonl")) as f:
-      times = [float(r["round_seconds"]) for r in map(json.loads, filter(str.strip, f))
-               if r.get("round_seconds") is not None]
-  except (OSError, ValueError):
-    try:
-      with open(os.path.join(directory, "metrics.csv"), newline="") as f:
-        times = [float(r["round_seconds"]) for r in csv.DictReader(f) if r.get("round_seconds")]
-    except (OSError, ValueError, KeyError):
-      pass
+    _, rows = rundir.read_metrics(directory, first=rundir.METRICS_JSONL)
+  except rundir.RunDirError:
+    rows = []
+  times = [r["round_seconds"] for r in rows if r.get("round_seconds") is not None]
   return float(np.median(times)) if times else default
 
 

@@ -162,11 +162,10 @@ def score(column: str, summary: dict) -> float:
 
 def source_images(directory: str) -> Optional[int]:
   """Distinct source images of a femnist_fedprox run (its data description)."""
-  path = os.path.join(directory, "config.json")
-  if not os.path.exists(path):
+  config = run_config(directory)
+  if not config:
     return None
-  with open(path) as f:
-    text = json.dumps(json.load(f))
+  text = json.dumps(config)
   import re
   found = re.search(r"(\d[\d,]*) distinct source images", text)
   return int(found.group(1).replace(",", "")) if found else None

@@ -24,7 +24,6 @@ metrics.csv).
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import sqlite3
@@ -37,6 +36,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
 from tff_cluster.data import leaf  # noqa: E402
+from tff_cluster.io import rundir  # noqa: E402
 
 TFF_WRITERS, TFF_TRAIN, TFF_TEST = 3400, 671_585, 77_483  # all_train / all_test
 
@@ -91,10 +91,9 @@ def run(db, out, rounds, extra):
          "--task=femnist", f"--data_dir={db}", f"--rounds={rounds}", f"--output_dir={out}",
          "--overwrite", "--noprogress", *extra]
   subprocess.run(cmd, check=True, cwd=REPO_ROOT)
-  config = json.load(open(os.path.join(out, "config.json")))
-  summary = json.load(open(os.path.join(out, "summary.json")))
-  with open(os.path.join(out, "metrics.csv")) as f:
-    rows = list(csv.DictReader(f))
+  config = rundir.read_config(out)
+  summary = rundir.read_summary(out) or {}
+  rows = rundir.read_metrics(out)[1]
   return dict(writers=config["num_clients_loaded"], train=config["num_train_samples"],
               test=config["num_test_samples"], data_seconds=round(config["data_seconds"], 1),
               setup_seconds=round(summary.get("setup_seconds", float("nan")), 1),

@@ -32,7 +32,6 @@ seeds run; local runner.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -43,6 +42,7 @@ import numpy as np
 from _sweep import (completed_summary, diverged_cell, diverged_summary, median_round_seconds,
                              load_recorded, mean_std, measured, run_one, save_markdown,
                              save_recorded, truncated)
+from tff_cluster.io import rundir  # (_sweep put the repository on sys.path)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data")
@@ -113,9 +113,7 @@ def score(directory: str, method: str) -> Optional[Dict[str, float]]:
   summary = completed_summary(directory)
   if summary is None:
     return None
-  with open(os.path.join(directory, "metrics.jsonl")) as f:
-    rows = [json.loads(line) for line in f if line.strip()]
-  last = rows[-1]
+  last = rundir.read_metrics(directory, first=rundir.METRICS_JSONL)[1][-1]
   seconds = median_round_seconds(directory)
   out = {"seconds": seconds, "ratio": summary.get("max_loss_ratio"), "diverged": None}
   if method in PERSONAL:

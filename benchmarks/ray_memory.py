@@ -87,13 +87,11 @@ def child(args) -> int:
     print(json.dumps({"error": code}))
     return code
   peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-  with open(os.path.join(out_dir, "config.json")) as f:
-    config = json.load(f)
-  with open(os.path.join(out_dir, "metrics.jsonl")) as f:
-    rows = [json.loads(line) for line in f]
-  with open(os.path.join(out_dir, "summary.json")) as f:
-    summary = json.load(f)
   from tff_cluster import checkpoint
+  from tff_cluster.io import rundir
+  config = rundir.read_config(out_dir)
+  rows = rundir.read_metrics(out_dir, first=rundir.METRICS_JSONL)[1]
+  summary = rundir.read_summary(out_dir)
   _, payload = checkpoint.load_latest(out_dir)
   wall = time.perf_counter() - start
   actors = config["runner_info"].get("actors") or []

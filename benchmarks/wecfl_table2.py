@@ -68,6 +68,7 @@ from _sweep import (completed_summary, diverged_cell, diverged_summary, median_r
                              load_recorded, mean_std, measured, registered_algorithms,
                              run_one,  # run_one: run or reuse a run
                              save_markdown, save_recorded, truncated)
+from tff_cluster.io import rundir  # (_sweep put the repository on sys.path)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data")
@@ -155,15 +156,16 @@ def score(directory: str, method: str) -> Optional[tuple]:
   round) for a run the divergence guard stopped; None if the run has not
   finished (a run in progress has no last round yet) or those rounds are
   missing."""
-  path = os.path.join(directory, "metrics.csv")
   stopped = diverged_summary(directory)
   if stopped is not None:
     return None, None, None, int(stopped["diverged_round"])
   summary = completed_summary(directory)
-  if summary is None or not os.path.exists(path):
+  if summary is None:
     return None
-  with open(path, newline="") as f:
-    rows = {int(r["round"]): r for r in csv.DictReader(f)}
+  try:
+    rows = {int(r["round"]): r for r in rundir.read_metrics(directory)[1]}
+  except rundir.RunDirError:
+    return None
   if not rows:
     return None
   wanted = (max(rows),) if method in ENSEMBLES else LAST_ROUNDS

@@ -13,6 +13,7 @@ from tests.conftest import shared_data
 from tests.helpers import assert_one_line_error, main_in_process
 from tff_cluster import experiment, local_training, models
 from tff_cluster.algorithms import fedavg
+from tff_cluster.learning import optimizers
 from tff_cluster.runners import local_runner
 
 cluster_data = test_runners.cluster_data  # the parity cases' data (module fixture)
@@ -100,39 +101,44 @@ def test_functional_trainer_equals_the_padded_trainer(settings):
   settings = dict(settings)
   momentum, nesterov = settings.pop("momentum"), settings.pop("nesterov", False)
   rng = np.random.default_rng(4)
-  extra = {}
-  if settings.pop("grad_offset", False):
-    extra["grad_offset"] = [rng.normal(size=w.shape).astype(np.float32) * 0.1 for w in start]
+  transforms = []
+  grad_offset = settings.pop("grad_offset", False)
+  if grad_offset:
+    grad_offset = [rng.normal(size=w.shape).astype(np.float32) * 0.1 for w in start]
   if settings.pop("control", False):
-    extra["control"] = [w + 0.1 for w in start]
-  extra.update(settings)
+    transforms.append(optimizers.control_variate([w + 0.1 for w in start]))
+  transforms.append(optimizers.scale(settings.pop("grad_scale", 1.0)))
+  transforms.append(optimizers.proximal(settings.pop("mu", 0.0)))
+  if grad_offset:
+    transforms.append(optimizers.offset(grad_offset))
+  transforms.append(optimizers.nesterov(momentum) if nesterov
+                    else optimizers.heavy_ball(momentum))
+  optimizer = optimizers.chain(*transforms)
   velocity = ([w + 0.05 for w in start] if nesterov else
               [rng.normal(size=w.shape).astype(np.float32) * 0.1 for w in start]
               if momentum else None)
+  extra = dict(optimizer=optimizer,
+               opt_state=None if velocity is None else ((),) * (len(transforms) - 1) + (velocity,))
   xs, ys = tf.constant(x), tf.constant(y)
-  padded = local_training.PaddedTrainer(model, models.SPARSE_CE_LOGITS, xs, ys,
-                                        momentum=momentum, nesterov=nesterov)
+  padded = local_training.PaddedTrainer(model, models.SPARSE_CE_LOGITS, xs, ys)
   forward = local_training.stateless_forward(model)
   functional = local_training.FunctionalTrainer(
-      forward, len(start), len(start), models.SPARSE_CE_LOGITS, xs, ys, momentum=momentum,
-      nesterov=nesterov)
+      forward, len(start), len(start), models.SPARSE_CE_LOGITS, xs, ys)
   work = local_training.LocalWork(4, epochs=2)
   # Two clients: rows 0..14 and 15..22 (fewer steps), padded to the same P.
   batches = local_training.stacked_padded_batches([15, 8], [0, 15], work, [7, 8], 8)
   one = [local_training.PaddedBatches(*[tf.constant(t[c]) for t in batches]) for c in (0, 1)]
-  expected = [tf.function(lambda d=d: padded.train(start, d, 0.1, velocity=velocity, **extra))()
-              for d in one]
-  got = tf.function(lambda: functional.train(start, one[1], 0.1, velocity=velocity,
-                                             **extra))()
+  expected = [tf.function(lambda d=d: padded.train(start, d, 0.1, **extra))() for d in one]
+  got = tf.function(lambda: functional.train(start, one[1], 0.1, **extra))()
   for a, b in zip(expected[1].delta, got.delta):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
   def both(c):
     trainer = local_training.FunctionalTrainer(
-        forward, len(start), len(start), models.SPARSE_CE_LOGITS, xs, ys, momentum=momentum,
-        nesterov=nesterov, bound=tf.constant(8))
+        forward, len(start), len(start), models.SPARSE_CE_LOGITS, xs, ys,
+        bound=tf.constant(8))
     data = local_training.PaddedBatches(*[tf.gather(tf.constant(t), c) for t in batches])
-    out = trainer.train(start, data, 0.1, velocity=velocity, **extra)
+    out = trainer.train(start, data, 0.1, **extra)
     loss, count = trainer.loss(start, data, 2)
     grads, _ = trainer.gradient(start, data, 0)
     return out, loss, count, grads

@@ -33,12 +33,12 @@ def test_aggregate_is_the_weighted_mean_of_all_weights_and_empty_clusters_keep_t
       (0, 1.0, [np.array([1., 2.]), np.array([3.])]),
       (0, 3.0, [np.array([5., 6.]), np.array([7.])]),
       (2, 0.5, [np.array([-1., 0.]), np.array([2.])])]
-  eye = np.eye(3, dtype=np.float32)
   total = None
   for key, a, model in clients:
     client_state = collections.OrderedDict(model=[tf.constant(w, tf.float32) for w in model],
                                            weight=tf.constant(a, tf.float32))
-    out = d.client_work(None, tf.constant(eye[key]), {}, client_state, None, "aggregate")
+    out = d.client_work(None, None, {}, client_state, None, "aggregate",
+                        key=tf.constant(key, tf.int32))
     assert int(out.result["cluster"]) == key
     total = out.summed if total is None else tf.nest.map_structure(tf.add, total, out.summed)
   new = d.server_update(tf.nest.map_structure(lambda a: tf.constant(a, tf.float32), state),
@@ -348,3 +348,41 @@ def test_ifca_fedavg_warm_shares_all_but_the_last_layer_and_forces_equal_groups(
   assert not np.array_equal(m[0][0], driver.w0[0])  # the warm-up trained
   row = driver.run_round(1, np.arange(7))
   assert sorted(row[f"group_{j}_round_clients"] for j in range(3)) == [2, 2, 3]
+
+
+@pytest.mark.tff
+def test_aggregate_on_tff_takes_each_clients_key_and_equals_the_local_runner():
+  """The aggregate mode has keys but no database: on the TFF runner each
+  client's key reaches `client_work` alone; the cluster means are the hand
+  mean and equal the local runner's."""
+  from tests.test_fedgroup import _data, _mclr, _spec
+  from tff_cluster.runners import local_runner, tff_runner
+  data = _data(4)
+  model = _mclr()
+  spec = [tf.TensorSpec(v.shape, v.dtype) for v in local_training.model_variables(model)]
+  d = wecfl.ClusterModelsDefinition(spec, len(model.trainable_weights), 3, mu=0.0)
+  rng = np.random.default_rng(4)
+  state = d.initial_state([[rng.normal(size=s.shape).astype(np.float32) for s in spec]
+                           for _ in range(3)])
+  keys, weights = [2, 0, 2, 0], [1.0, 2.0, 0.5, 3.0]
+  kept = [[rng.normal(size=s.shape).astype(np.float32) for s in spec] for _ in keys]
+  client_states = [collections.OrderedDict(model=m, weight=np.float32(a))
+                   for m, a in zip(kept, weights)]
+  comp = tff_runner.build_round(d, "aggregate", _mclr, models.SPARSE_CE_LOGITS, _spec(data))
+  datasets = [local_training.client_dataset(*data.train[data.client_ids[k]], 10, 1, 0)
+              for k in range(4)]
+  new, _, results, _ = comp(state, {"lr": np.float32(0.1)}, datasets,
+                            [np.array([k], np.int32) for k in keys], client_states)
+  assert [int(r["cluster"]) for r in results] == keys
+  for layer in range(len(spec)):
+    for j in range(3):
+      members = [i for i, k in enumerate(keys) if k == j]
+      want = (sum(weights[i] * kept[i][layer] for i in members)
+              / sum(weights[i] for i in members) if members else state["models"][layer][j])
+      np.testing.assert_allclose(np.asarray(new["models"][layer][j]), want, rtol=1e-5,
+                                 atol=1e-6)
+  runner = local_runner.LocalRunner(d, _mclr, models.SPARSE_CE_LOGITS, data, seed=0)
+  local = runner.run("aggregate", state, [0, 1, 2, 3], 1, local_training.LocalWork(10, epochs=1),
+                     0.1, keys, client_states)
+  for a, b in zip(tf.nest.flatten(runner.numpy_state(local.state)), tf.nest.flatten(new)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

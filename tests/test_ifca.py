@@ -229,3 +229,40 @@ def test_round_outputs_are_server_placed_and_read_back_in_client_order():
     np.testing.assert_array_equal(np.asarray(a["losses"]), np.asarray(b["losses"]))
   with pytest.raises(RuntimeError, match="positions"):
     comp.unpack([np.asarray(t)[:4] for t in collected], 5)
+
+
+@pytest.mark.tff
+@pytest.mark.parametrize("algo", ["ifca", "cfl_mgd"])
+def test_forced_rounds_train_the_clusters_of_the_keys_on_tff_as_locally(algo):
+  """forced: each client's key (the runner's `key`) is its cluster: it is
+  the cluster it reports, trains and lands in; the TFF computation equals
+  the local runner's round (IFCA and CFL-MGD)."""
+  from tff_cluster.runners import local_runner
+  data = _data(4)
+  options = dict(num_groups=3)
+  extra = {"num_clients": 4} if algo == "cfl_mgd" else {}
+  definition, comps = api.computations(algo, _mclr, models.SPARSE_CE_LOGITS, _spec(data),
+                                       options, **extra)
+  rng = np.random.default_rng(6)
+  w0 = local_training.get_weights(_mclr())
+  state = definition.initial_state([[w + rng.normal(0, s, w.shape).astype(np.float32)
+                                     for w in w0] for s in (1.0, 0.5, 2.0)])
+  keys, clients = [2, 0, 2, 0], [0, 1, 2, 3]
+  work = local_training.LocalWork(10, epochs=1)
+  datasets = [local_training.work_dataset(*data.train[data.client_ids[k]], work,
+                                          local_training.client_seed(0, 1, k)) for k in clients]
+  rest = [[np.array([k], np.int32) for k in keys]]
+  client_states = None
+  if definition.client_state_spec("forced") is not None:
+    client_states = [definition.initial_client_state("forced") for _ in clients]
+    rest.append(client_states)
+  out = comps["forced"](state, round_params(LR), datasets, *rest)
+  assert [int(r["cluster"]) for r in out[2]] == keys
+  runner = local_runner.LocalRunner(definition, _mclr, models.SPARSE_CE_LOGITS, data, seed=0)
+  local = runner.run("forced", state, clients, 1, work, LR, keys, client_states)
+  assert [int(r["cluster"]) for r in local.results] == keys
+  for a, b in zip(tf.nest.flatten(runner.numpy_state(local.state)), tf.nest.flatten(out[0])):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+  for layer, w in enumerate(state["models"]):  # no client's key is 1: cluster 1 kept
+    np.testing.assert_array_equal(np.asarray(out[0]["models"][layer][1]), w[1])
+    assert not np.array_equal(np.asarray(out[0]["models"][layer][2]), w[2])

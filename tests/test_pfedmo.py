@@ -15,6 +15,7 @@ from tff_cluster.algorithms.pfedmo import (PFedMoDefinition, personalise,
                                            running_max_scores, soft_cross_entropy)
 from tff_cluster.data import federated
 from tff_cluster.data.federated import FederatedData
+from tff_cluster.learning import optimizers
 from tff_cluster.task import DataOptions
 
 
@@ -128,10 +129,9 @@ def test_nag_local_steps_equal_keras_nesterov_sgd():
   y = rng.integers(0, 3, 40).astype(np.int32)
   model = models.mclr(6, 3)
   start = local_training.get_weights(model)
-  trainer = local_training.DatasetTrainer(model, models.SPARSE_CE_LOGITS, momentum=0.7,
-                                          nesterov=True)
+  trainer = local_training.DatasetTrainer(model, models.SPARSE_CE_LOGITS)
   data = local_training.client_dataset(x, y, 8, 1, seed=3)
-  out = trainer.train(start, data, 0.3, velocity=start)
+  out = trainer.train(start, data, 0.3, optimizers.nesterov(0.7), (start,))
   ours = [s + d.numpy() for s, d in zip(start, out.delta)]
 
   reference = models.mclr(6, 3)
@@ -177,10 +177,12 @@ def test_two_nag_steps_on_a_quadratic_by_hand():
   velocity = [tf.zeros_like(model.trainable_variables[0]), tf.constant([x0, 0.0])]
   xs = tf.zeros([1, 1])
   ys = tf.constant([1])
+  opt = optimizers.chain(optimizers.nesterov(gamma))
+  state = (velocity,)
   for _ in range(2):
-    _, _, velocity = local_training.sgd_step(model, models.SPARSE_CE_LOGITS, xs, ys, None,
-                                             eta, None, 0.0, gamma, velocity,
-                                             nesterov=True)
+    _, _, state = local_training.sgd_step(model, models.SPARSE_CE_LOGITS, (xs, ys, None),
+                                          eta, opt, state)
+  velocity = state[0]
   # Closed form for the bias b = (b0, b1) of softmax cross-entropy with label 1.
   b, y_old = np.array([x0, 0.0]), np.array([x0, 0.0])
   for _ in range(2):
@@ -422,3 +424,39 @@ def test_a_federation_read_on_demand_is_read_once(workers):
                                      runner="local")
   registry.get_algorithm("pfedmo").make_driver(task, lazy, config)
   assert len(calls) == 1
+
+
+@pytest.mark.tff
+def test_a_train_round_on_tff_takes_each_workers_key_and_equals_the_local_runner():
+  """The train mode's key is the worker index: on the TFF runner it selects
+  the worker's (x, y, a_i) row and places its score in the worker's row of
+  `score_loss`; the round equals the local runner's."""
+  from tff_cluster.runners import local_runner, tff_runner
+  from tff_cluster.data.synthetic import generate_synthetic
+  data = generate_synthetic(num_clients=3, seed=0)
+  model_fn = lambda: models.mclr(60, 10)  # noqa: E731
+  model = model_fn()
+  spec = [tf.TensorSpec(v.shape, v.dtype) for v in local_training.model_variables(model)]
+  score_x = data.test[data.client_ids[0]][0][:4]
+  d = PFedMoDefinition(spec, 2, 3, [0.2, 0.3, 0.5], score_x, nag_momentum=0.5,
+                       pi=0.4, representation=True, model_rule="eq12")
+  rng = np.random.default_rng(3)
+  state = d.initial_state([rng.normal(0, 0.1, s.shape).astype(np.float32) for s in spec])
+  state["rep_x"] = [w + 0.1 for w in state["rep_x"]]
+  clients, keys = [2, 0, 1], [2, 0, 1]
+  work = local_training.LocalWork(10, epochs=1)
+  element_spec = local_training.client_dataset(*data.train[data.client_ids[0]], 10, 1,
+                                               0).element_spec
+  comp = tff_runner.build_round(d, "train", model_fn, models.SPARSE_CE_LOGITS, element_spec)
+  datasets = [local_training.work_dataset(*data.train[data.client_ids[k]], work,
+                                          local_training.client_seed(0, 1, k)) for k in clients]
+  new, summed, results = comp(state, {"lr": np.float32(0.05)}, datasets,
+                              [np.array([k], np.int32) for k in keys])
+  scores = np.asarray(summed["score_loss"])
+  for k, r in zip(keys, results):
+    assert scores[k] == pytest.approx(float(r["score_loss"]), rel=1e-6)
+  runner = local_runner.LocalRunner(d, model_fn, models.SPARSE_CE_LOGITS, data, seed=0)
+  local = runner.run("train", state, clients, 1, work, 0.05, keys)
+  np.testing.assert_allclose(local.summed["score_loss"], scores, rtol=1e-4, atol=1e-6)
+  for a, b in zip(tf.nest.flatten(runner.numpy_state(local.state)), tf.nest.flatten(new)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)

@@ -19,6 +19,7 @@ import pytest
 from tests.conftest import REPO_ROOT
 from tests.helpers import read_metrics_csv
 from tff_cluster import evaluation, experiment, plot, results
+from tff_cluster.io import rundir
 from tff_cluster.results import ResultsWriter
 
 COLUMNS = ["round", "train_loss", "test_accuracy", "test_loss", "round_seconds",
@@ -61,10 +62,10 @@ def test_nan_and_inf_are_written_as_such_in_csv_and_listed_in_jsonl(tmp_path):
   rows = read_metrics_csv(tmp_path / "metrics.csv")
   assert math.isnan(rows[0]["test_loss"]) and rows[0]["ari"] == math.inf
   assert rows[0]["test_accuracy"] is None and rows[1]["train_loss"] == -math.inf
-  columns, plotted = plot.read_metrics(str(tmp_path))
+  columns, plotted = rundir.read_metrics(str(tmp_path))
   assert columns[0] == "round" and math.isnan(plotted[0]["test_loss"])
   os.remove(tmp_path / "metrics.csv")  # the JSONL reader: null, unless listed
-  _, from_jsonl = plot.read_metrics(str(tmp_path))
+  _, from_jsonl = rundir.read_metrics(str(tmp_path))
   assert math.isnan(from_jsonl[0]["test_loss"]) and from_jsonl[0]["test_accuracy"] is None
   # writer.rows stays JSON-ready (None for non-finite values).
   assert writer.rows[0]["test_loss"] is None
@@ -102,8 +103,11 @@ def test_tensorboard_tags_are_grouped():
   assert results.tensorboard_tag("mean_update_norm") == "metrics/mean_update_norm"
   assert results.tensorboard_tag("global_test_loss") == "metrics/global_test_loss"
   for name in ("group_3_accuracy", "group_0_size", "group_discrepancy", "num_clusters",
-               "ari", "purity", "num_changed", "num_assigned", "cfl_splits"):
+               "ari", "purity", "num_changed", "num_assigned", "kmeans_objective"):
     assert results.tensorboard_tag(name) == f"groups/{name}", name
+  # An algorithm's own diagnostics, named after it: CFL's.
+  assert results.tensorboard_tag("cfl_splits", "cfl") == "groups/cfl_splits"
+  assert results.tensorboard_tag("cfl_splits") == "metrics/cfl_splits"
   assert results.tensorboard_tag("bytes_up") == "comm/bytes_up"
   assert results.tensorboard_tag("round_seconds") == "time/round_seconds"
   assert results.tensorboard_tag("eval_seconds") == "time/eval_seconds"

@@ -14,7 +14,9 @@ import tasks
 from tests.conftest import REPO_ROOT
 from tff_cluster import experiment, local_training, models, registry
 from tff_cluster.algorithms import fedavg
+from tff_cluster.core.definition import Definition
 from tff_cluster.results import ResultsWriter
+from tff_cluster.learning import optimizers
 from tff_cluster.runners import local_runner
 from tff_cluster.task import DataOptions, TaskSpec
 
@@ -106,11 +108,19 @@ def cluster_data():
   return task, data
 
 
+def _own_momentum(algo):
+  """Whether `algo`'s definition declares its own local momentum
+  (`Definition.own_momentum`): it refuses --client_momentum."""
+  module = sys.modules[registry.get_algorithm(algo).load().make_driver.__module__]
+  return any(isinstance(c, type) and issubclass(c, Definition) and c.own_momentum
+             for c in vars(module).values())
+
+
 # Algorithms whose momentum is their own (CFL-MGD's beta): --client_momentum
 # is refused for them, the rest of a solver case applies.
-OWN_MOMENTUM = {"cfl_mgd", "mime_lite", "mime", "pfedmo", "fednag"}
+OWN_MOMENTUM = {a for a in registry.ALGORITHMS if _own_momentum(a)}
 # Algorithms where every client takes part in every round (cross-silo).
-ALL_CLIENTS = {"pfedmo", "fednag"}
+ALL_CLIENTS = {a for a, spec in registry.ALGORITHMS.items() if spec.all_clients}
 
 
 def solver_for(algo, solver):
@@ -299,14 +309,14 @@ def test_heavy_ball_steps_match_hand_computation(trainer_kind):
   v0 = [rng.normal(size=(d, c)).astype(np.float32), rng.normal(size=c).astype(np.float32)]
   work = local_training.LocalWork(2, steps=3)
   if trainer_kind == "dataset":
-    trainer = local_training.DatasetTrainer(model, models.SPARSE_CE_LOGITS, momentum=beta)
+    trainer = local_training.DatasetTrainer(model, models.SPARSE_CE_LOGITS)
     data = local_training.work_dataset(x, y, work, seed=1)
   else:
     trainer = local_training.PaddedTrainer(model, models.SPARSE_CE_LOGITS, tf.constant(x),
-                                           tf.constant(y), momentum=beta)
+                                           tf.constant(y))
     data = local_training.PaddedBatches(*[tf.constant(t) for t in
                                           local_training.padded_batches(n, 0, work, 1)])
-  out = tf.function(lambda: trainer.train(w0, data, lr, velocity=v0))()
+  out = tf.function(lambda: trainer.train(w0, data, lr, optimizers.heavy_ball(beta), (v0,)))()
   order = [b["y"] for b in local_training.work_dataset(
       np.zeros((n, 1), np.float32), np.arange(n, dtype=np.int32), work, 1).as_numpy_iterator()]
   w, b = [t.astype(np.float64) for t in w0]

@@ -8,7 +8,8 @@ import tensorflow as tf
 
 import tasks
 from tff_cluster import experiment, registry
-from tff_cluster.algorithms.server_momentum import ServerMomentumDefinition
+from tff_cluster.algorithms.fedavg import FedAvgDefinition
+from tff_cluster.algorithms.server_momentum import SERVER_OPTIMIZERS
 from tff_cluster.task import DataOptions
 
 SPEC = [tf.TensorSpec([2], tf.float32)]
@@ -23,8 +24,14 @@ def _summed(mean_delta, lr=0.1, clients=2):
       lr_sum=tf.constant(lr * clients, tf.float32), num_clients=tf.constant(float(clients)))
 
 
+def _definition(kind, spec, server_lr, server_momentum):
+  """FedAvg's definition with `kind`'s server optimizer."""
+  return FedAvgDefinition(spec, 1, mu=0.0, weighting="processed",
+                          server_optimizer=SERVER_OPTIMIZERS[kind](server_lr, server_momentum))
+
+
 def _two_rounds(kind, deltas, lrs=(0.1, 0.1), **kw):
-  d = ServerMomentumDefinition(SPEC, 1, kind, weighting="processed", **kw)
+  d = _definition(kind, SPEC, **kw)
   state = tf.nest.map_structure(lambda a: tf.constant(a, tf.float32),
                                 d.initial_state([np.array([1.0, -1.0])]))
   out = []
@@ -66,8 +73,8 @@ def test_fedmom_by_hand():
   The paper's algorithm section (arXiv 2002.02090) could not be read here;
   the rule is the one two public implementations that cite it write (v the
   averaged-model sequence, v_0 = w_0). With v_0 = 0 instead, w_1 would be 0.75."""
-  d = ServerMomentumDefinition([tf.TensorSpec([1], tf.float32)], 1, "fedmom",
-                               server_lr=1.0, server_momentum=0.5, weighting="processed")
+  d = _definition("fedmom", [tf.TensorSpec([1], tf.float32)], server_lr=1.0,
+                  server_momentum=0.5)
   state = tf.nest.map_structure(lambda a: tf.constant(a, tf.float32),
                                 d.initial_state([np.array([1.0])]))
   models = []

@@ -56,7 +56,8 @@ from tff_cluster import experiment, local_training, models, registry, stack
 from tff_cluster import hparams as hp
 from tff_cluster.data.client_data import from_client_data
 from tff_cluster.evaluation import Evaluator, is_rule
-from tff_cluster.task import TaskSpec
+from tff_cluster.host import round as host_round
+from tff_cluster.host.model_spec import ModelSpec
 from tff_cluster.models import loss_kind  # noqa: F401  (public)
 from tff_cluster.data.federated import FederatedData
 
@@ -332,7 +333,7 @@ class Process:
     self.algo = algo
     self.loss = loss_kind(loss)
     self._model_fn = model_fn
-    self._task = None  # made by initialize, with a model_fn that builds for the data
+    self._model: Optional[ModelSpec] = None  # made by initialize: built for the data
     self._layout = self._num_trainable = None
     if local_training.has_weights(model):
       self._set_layout(model)
@@ -427,8 +428,7 @@ class Process:
     problem = _model_data_problem(model_fn(), self.loss, data)
     if problem is not None:
       raise ValueError(problem)
-    self._task = TaskSpec(name="custom", description="", load_data=None,
-                          model_fn=model_fn, loss=self.loss, defaults={})
+    self._model = ModelSpec(model_fn, self.loss)
     config = experiment.TrainingConfig(
         rounds=self._rounds, clients_per_round=data.num_training_clients,
         **self._train_settings)
@@ -437,13 +437,13 @@ class Process:
       driver.w0 = [np.array(w) for w in self._initial_weights]
     driver.setup()
     self._driver, self._data = driver, data
-    self._evaluator = Evaluator(self._task.model_fn, self.loss, data)
+    self._evaluator = Evaluator(self._model.model_fn, self.loss, data)
     self._latest = ProcessState(self._id, 0, driver.snapshot())
     return self._latest
 
   def _task_driver(self, data, config):
     spec = registry.get_algorithm(self.algo)
-    return spec.load().make_driver(self._task, data, config, self._options)
+    return spec.load().make_driver(self._model, data, config, self._options)
 
   def _check_state(self, state) -> None:
     if not isinstance(state, ProcessState):
@@ -494,18 +494,13 @@ class Process:
       clients = self._data.training_clients().tolist()
     sampled = self._client_indices(clients)
     round_num = state.round_num + 1
-    metrics = dict(driver.run_round(round_num, sampled))
-    weights, client_model = driver.eval_models()
-    if self._evaluate_each_round:
-      result = self._evaluator.evaluate(weights, client_model)
-      metrics.update(test_accuracy=result.accuracy, test_loss=result.loss,
-                     test_accuracy_clientavg=result.accuracy_clientavg,
-                     test_macro_f1=result.macro_f1)
-      metrics.update(driver.round_eval_metrics(result))
-      client_model = result.client_model
+    outcome = host_round.run_round(driver, round_num, sampled,
+                                   self._evaluator if self._evaluate_each_round else None)
+    client_model = (outcome.client_model if outcome.result is None
+                    else outcome.result.client_model)
     new = ProcessState(self._id, round_num, driver.snapshot())
     self._latest = new
-    return ProcessOutput(new, metrics, self._client_results(client_model))
+    return ProcessOutput(new, outcome.metrics, self._client_results(client_model))
 
   def _client_results(self, client_model) -> Dict[str, Dict[str, Any]]:
     ids = self._data.client_ids
@@ -541,14 +536,12 @@ class Process:
       if not is_rule(client_model) and data.client_ids != self._data.client_ids:
         raise ValueError("evaluate(): the data's client ids differ from initialize()'s; "
                          "valid: the same clients (each is tested with its own model)")
-      problem = _model_data_problem(self._task.model_fn(), self.loss, data)
+      problem = _model_data_problem(self._model.model_fn(), self.loss, data)
       if problem is not None:
         raise ValueError(problem.replace("initialize():", "evaluate():", 1))
-      evaluator = Evaluator(self._task.model_fn, self.loss, data)
+      evaluator = Evaluator(self._model.model_fn, self.loss, data)
     result = evaluator.evaluate(weights, client_model)
-    return {"test_accuracy": result.accuracy, "test_loss": result.loss,
-            "test_accuracy_clientavg": result.accuracy_clientavg,
-            "test_macro_f1": result.macro_f1,
+    return {**host_round.eval_metrics(result),
             "client_model": np.asarray(result.client_model).tolist()}
 
 

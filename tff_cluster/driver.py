@@ -2,15 +2,15 @@
 shares (`TrainingConfig`).
 
 A driver owns its algorithm's `Definition`, the runner that executes it, and
-whatever the host keeps between rounds; `tff_cluster.experiment.run_training`
-calls it round by round. Algorithm modules build on this module (never on the
+whatever the host keeps between rounds (its typed `HostState`);
+`tff_cluster.experiment.run_training` and `tff_cluster.api` call it round by
+round (`tff_cluster.host.round`). Algorithm modules build on this module (never on the
 training loop above it).
 """
 
 from __future__ import annotations
 
 import collections
-import copy
 import dataclasses
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -21,9 +21,9 @@ from tff_cluster import clustering, local_training
 from tff_cluster.data.federated import FederatedData, materialize
 from tff_cluster.evaluation import (CHOOSE_BY_TEST_LOSS, ChooseByTestLoss,  # noqa: F401
                                     Ensemble, Evaluator)
-from tff_cluster.runners import base as runners
+from tff_cluster.host.model_spec import ModelSpec
+from tff_cluster.host.state import HostState, stored_as  # noqa: F401  (for algorithms)
 from tff_cluster.runners.factory import make_runner
-from tff_cluster.task import TaskSpec
 
 BYTES_PER_PARAMETER = 4  # float32
 
@@ -79,24 +79,27 @@ class TrainingConfig:
     return self.client_momentum > 0 and self.client_state == "persist"
 
 
-def initial_weights(task: TaskSpec, seed: int) -> List[np.ndarray]:
-  """The model's seeded initialization (trainable then non-trainable)."""
+def initial_weights(model: ModelSpec, seed: int) -> List[np.ndarray]:
+  """The seeded initialization (trainable then non-trainable) of `model`'s
+  model (a `ModelSpec`, or a `TaskSpec`)."""
   tf.keras.utils.set_random_seed(seed)
-  return local_training.get_weights(task.model_fn())
+  return local_training.get_weights(model.model_fn())
 
 
-def model_layout(task: TaskSpec):
-  """(weight specs, number of trainable weights) of the task's model."""
-  model = task.model_fn()
-  return local_training.weights_type_spec(model), len(model.trainable_variables)
+def model_layout(model: ModelSpec):
+  """(weight specs, number of trainable weights) of `model`'s model (a
+  `ModelSpec`, or a `TaskSpec`)."""
+  built = model.model_fn()
+  return local_training.weights_type_spec(built), len(built.trainable_variables)
 
 
 class Driver:
   """The host side of an algorithm: what happens between the runner's calls.
 
   A driver owns its algorithm's `Definition`, the runner that executes it
-  (`config.runner`), and whatever the host keeps between rounds (e.g. each
-  client's group, its per-client state). The loop calls:
+  (`config.runner`), what the host keeps between rounds (`host`, a
+  `HostState`: e.g. each client's group) and the clients' states
+  (`client_states`, the runner's `ClientStateStore`). The loop calls:
 
   `setup()` once before round 1 (e.g. cold start; returns summary extras);
   `run_round()` per round on the sampled clients (returns at least
@@ -104,56 +107,75 @@ class Driver:
   weights and which one each client would receive now; `round_eval_metrics()`
   for algorithm metrics at evaluation time; `summary()` at the end.
   `extra_columns` names its additional per-round metrics.
+
+  A checkpoint keeps `state`, `client_states` and `host` whole. The fields of
+  `host` read as the driver's own attributes too (`driver.assignment`, or by
+  checkpoint key, `driver._summary`); they are written through `host`.
   """
   extra_columns: Sequence[str] = ()
-  # groups.csv: -1 for clients whose `assignment` is < 0 (e.g. FedGroup's
-  # clients in no group yet, tested with the auxiliary model).
-  groups_mask_unassigned = True
-  # Host attributes a checkpoint keeps besides `state` and `client_states`
-  # (e.g. assignments, random generators): whatever cannot be recomputed.
-  checkpoint_attrs: Sequence[str] = ()
   state: Any = None
 
-  def __init__(self, task: TaskSpec, data: FederatedData, config: TrainingConfig,
+  def __init__(self, model: ModelSpec, data: FederatedData, config: TrainingConfig,
                make_definition):
-    """`make_definition(weight_specs, num_trainable, momentum=..., persist_momentum=...)`
-    builds the algorithm's `Definition` for the task's model and the config's
-    local solver. The driver keeps the seeded initial weights `w0` and the
-    model's size `num_params`."""
+    """`model`: the `ModelSpec` to train (or a `TaskSpec`, whose model spec is
+    taken). `make_definition(weight_specs, num_trainable, momentum=...,
+    persist_momentum=...)` builds the algorithm's `Definition` for the model
+    and the config's local solver. The driver keeps the seeded initial
+    weights `w0` and the model's size `num_params`; its host state starts
+    empty (a subclass sets its own)."""
     if config.runner != "ray":  # the ray runner's actors make their own clients
       data = materialize(data)
-    self.task = task
+    self.host = HostState()
+    self.model = model = ModelSpec.of(model)
     self.data = data
     self.config = config
-    specs, num_trainable = model_layout(task)
+    specs, num_trainable = model_layout(model)
     definition = make_definition(specs, num_trainable, momentum=config.client_momentum,
                                  persist_momentum=config.persist_momentum)
     self.definition = definition
-    self.w0 = initial_weights(task, config.seed)
+    self.w0 = initial_weights(model, config.seed)
     self.num_params = int(sum(np.size(w) for w in self.w0))
-    self.runner = make_runner(config.runner, definition, task.model_fn,
-                              task.loss, data, config.seed, config.jit,
+    self.runner = make_runner(config.runner, definition, model.model_fn,
+                              model.loss, data, config.seed, config.jit,
                               client_batching=config.client_batching,
                               client_chunk=config.client_chunk,
                               ray_workers=config.ray_workers, ray_address=config.ray_address,
                               tff_workers=config.tff_workers,
                               tff_worker_grace=config.tff_worker_grace,
                               tff_subround_timeout=config.tff_subround_timeout)
-    # Per-client states, keyed by `state_key_offset + client index`: a dict,
-    # or a mapping whose states stay with the runner's workers (the ray
-    # runner's actors; `on_workers`).
-    store = getattr(self.runner, "client_store", None)
-    self.client_states: Any = {} if store is None else store()
+    # Per-client states, keyed by `state_key_offset + client index`, where
+    # the runner keeps them (in memory, or with the ray runner's actors).
+    self.client_states = self.runner.client_store()
     self.state_key_offset = 0
     self._fresh_client_states: Dict[str, Any] = {}
 
+  def __getattr__(self, name: str):
+    """A field of the host state, by its name or its checkpoint key (only
+    names that are no attribute of the driver itself reach here)."""
+    host = self.__dict__.get("host")
+    field = None if host is None else host.checkpoint_keys().get(name, name)
+    if field is not None and field in host.checkpoint_keys().values():
+      return getattr(host, field)
+    raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+  def __setattr__(self, name: str, value) -> None:
+    host = self.__dict__.get("host")
+    if host is not None and name != "host" and (
+        name in host.checkpoint_keys() or name in host.checkpoint_keys().values()):
+      raise AttributeError(f"{name!r} is a field of the host state: set it on "
+                           f"`driver.host` ({type(host).__name__})")
+    super().__setattr__(name, value)
+
   def make_evaluator(self, split: str = "test") -> Evaluator:
-    """An evaluator of every client's `split` (the runner's own where it
-    evaluates in its workers, as the ray runner does)."""
-    make = getattr(self.runner, "make_evaluator", None)
-    if make is not None:
-      return make(split)
-    return Evaluator(self.task.model_fn, self.task.loss, self.data, split=split)
+    """An evaluator of every client's `split`: the runner's (in this process,
+    or in the ray runner's actors)."""
+    return self.runner.make_evaluator(split)
+
+  def group_assignment(self) -> Optional[np.ndarray]:
+    """Each client's group for groups.csv to mask: its clients with a group
+    < 0 (in no group yet, e.g. FedGroup's, tested with the auxiliary model)
+    show -1; None: no mask (the default)."""
+    return None
 
   # -- shared helpers for the rows of clustered algorithms -----------------------
 
@@ -215,31 +237,27 @@ class Driver:
     cold start's pre-training). The clients' data shuffles are seeded by
     `shuffle_round` (default `round_num`), the learning rate is round_num's.
     """
-    states = state_keys = None
-    store = self.client_states
-    on_workers = persist and getattr(store, "on_workers", False)
+    states, store_args = None, {}
     if self.definition.client_state_spec(mode) is not None:
       skeys = [self.state_key_offset + int(k) for k in clients]
-      # None: the state the client's worker holds (the workers keep the new ones).
-      states = [(None if on_workers else store[s]) if persist and s in store
-                else self.fresh_client_state(mode, int(k)) for k, s in zip(clients, skeys)]
-      if on_workers:
-        state_keys = skeys
-    extra = {} if state_keys is None else {"state_keys": state_keys}
+
+      def fresh(i):  # the i-th client's state before it has one
+        return self.fresh_client_state(mode, int(clients[i]))
+      if persist:
+        states, store_args = self.client_states.lend(skeys, fresh)
+      else:
+        states = [fresh(i) for i in range(len(skeys))]
     out = self.runner.run(mode, state, clients,
                           round_num if shuffle_round is None else shuffle_round,
                           work or self.config.local_work,
                           self.config.lr_at(round_num), keys=keys, client_states=states,
-                          **extra)
-    if state_keys is not None:
-      store.note_stored(state_keys)
+                          **store_args)
     bad = [self.data.client_ids[int(k)] for k, r in zip(clients, out.results)
            if not _all_finite(r)]
     if bad or not _all_finite(out.summed):
       raise Diverged(round_num, bad or None)
-    if states is not None and persist and state_keys is None:
-      for k, new in zip(clients, out.client_states):
-        store[self.state_key_offset + int(k)] = new
+    if states is not None and persist:
+      self.client_states.keep(skeys, out.client_states)
     return out
 
   def fresh_client_state(self, mode: str, client: int):
@@ -261,41 +279,27 @@ class Driver:
     """The driver's state now, cheaply: server and client states are never
     changed in place (each round makes new ones), so references suffice
     (where the workers hold the client states, they keep the references);
-    mutable host attributes are copied."""
-    store = self.client_states
-    return {"state": self.state,
-            "client_states": store.snapshot() if hasattr(store, "snapshot") else dict(store),
-            "host": {name: copy.deepcopy(getattr(self, name))
-                     for name in self.checkpoint_attrs}}
+    the host state is copied."""
+    return {"state": self.state, "client_states": self.client_states.snapshot(),
+            "host": self.host.copy()}
 
   def snapshot_numpy(self, snapshot: Dict[str, Any]) -> Dict[str, Any]:
-    """`snapshot` with every tensor as a numpy array (what a checkpoint
-    stores). Its `client_states` has `items()` and `len()`: a dict, or (the
-    workers' states) one that reads them back in chunks."""
-    states = snapshot["client_states"]
+    """`snapshot` as a checkpoint stores it: every tensor a numpy array, the
+    host state a dict by checkpoint key. Its `client_states` has `items()`
+    and `len()`: a dict, or (the workers' states) one that reads them back
+    in chunks."""
     return {"state": None if snapshot["state"] is None else
             self.runner.numpy_state(snapshot["state"]),
-            "client_states": states if not isinstance(states, dict) else
-            {k: runners.to_numpy(v) for k, v in states.items()},
-            "host": snapshot["host"]}
+            "client_states": self.client_states.numpy_items(snapshot["client_states"]),
+            "host": snapshot["host"].to_dict()}
 
   def restore(self, snapshot: Dict[str, Any]) -> None:
     """Puts the driver back into a `snapshot_numpy` state (no set-up runs);
-    its client states may be on the workers, or any (key, state) pairs with
-    `items()` (a checkpoint's, read client by client)."""
+    its client states may be a snapshot of the driver's store, or any (key,
+    state) pairs with `items()` (a checkpoint's, read client by client)."""
     self.state = self.runner.put_state(snapshot["state"])
-    states = snapshot["client_states"]
-    store = self.client_states
-    if getattr(store, "on_workers", False):
-      if getattr(states, "store", None) is store:
-        store.restore(states)
-      else:
-        store.clear()
-        store.update(states.items())
-    else:
-      self.client_states = dict(states.items())
-    for name, value in snapshot["host"].items():
-      setattr(self, name, copy.deepcopy(value))
+    self.client_states.restore(snapshot["client_states"])
+    self.host = self.host.restored(snapshot["host"])
 
   def setup(self) -> Dict[str, Any]:
     return {}
@@ -340,12 +344,12 @@ class LossRatio:
   ratio and raises `Diverged` above `limit` (0: never).
   """
 
-  def __init__(self, task: TaskSpec, data: FederatedData, w0, limit: float,
+  def __init__(self, model: ModelSpec, data: FederatedData, w0, limit: float,
                evaluator: Optional[Evaluator] = None):
     self.limit = limit
     self._sizes = data.num_train_samples().astype(np.float64)
     if evaluator is None:
-      evaluator = Evaluator(task.model_fn, task.loss, data, split="train")
+      evaluator = Evaluator(model.model_fn, model.loss, data, split="train")
     self._initial = evaluator.mean_losses(w0)
 
   def reference(self, clients) -> float:

@@ -8,12 +8,11 @@ TensorFlow. The models in
 into the task's model (default: the run's task) and evaluated: each model on
 every client, and, when the task's clients are the run's, each client with the
 model `clients.json` gives it. The report goes to `RUN_DIR/eval_<task>.json`.
+The run directory is read through `tff_cluster.io.rundir`.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 from typing import Sequence
 
@@ -22,6 +21,7 @@ import numpy as np
 from tff_cluster import experiment, results, stack
 from tff_cluster.evaluation import Evaluator
 from tff_cluster.data.federated import materialize
+from tff_cluster.io import rundir
 from tff_cluster.settings import TASKS, UsageError, load_task_data, run_dir_settings
 
 
@@ -36,19 +36,18 @@ def evaluate_saved(settings: dict, present: Sequence[str] = ()) -> dict:
   data = materialize(load_task_data(settings, task, present))  # evaluated here
   report = {"task": task.name, "run_dir": run_dir, "num_clients": data.num_clients}
   evaluator = Evaluator(task.model_fn, task.loss, data)
-  for which in ("final", "best"):
-    directory = os.path.join(run_dir, "models", which)
+  for which in rundir.MODEL_KINDS:
+    directory = rundir.models_dir(run_dir, which)
     try:
-      with open(os.path.join(directory, "clients.json")) as f:
-        info = json.load(f)
+      info = rundir.read_clients(directory)
       weights = [experiment.load_model_weights(task, directory, j)
                  for j in range(info["num_models"])]
     except experiment.WeightsMismatch as e:
       raise UsageError(f"--eval_only: {e}") from None
-    except ValueError as e:
-      raise UsageError(f"--eval_only: cannot load {directory} ({e.__class__.__name__}); "
-                       "valid: the directory of a run that finished") from None
-    except (OSError, TypeError, KeyError) as e:
+    except rundir.RunDirError as e:
+      raise UsageError(f"--eval_only: {e}; valid: the directory of a run that "
+                       "finished") from None
+    except (ValueError, OSError, TypeError, KeyError) as e:
       raise UsageError(f"--eval_only: cannot load {directory} ({e.__class__.__name__}); "
                        "valid: the directory of a run that finished") from None
     per_model = [evaluator.evaluate([w], np.zeros(data.num_clients, np.int64)).accuracy
@@ -64,7 +63,7 @@ def evaluate_saved(settings: dict, present: Sequence[str] = ()) -> dict:
       entry["clients"] = ("the task's clients are not the run's: each model on every "
                           "client (model_test_accuracy)")
     report[which] = entry
-  path = os.path.join(run_dir, f"eval_{task.name}.json")
+  path = rundir.eval_path(run_dir, task.name)
   results.write_json(path, report)
   print(f"wrote {path}", file=sys.stderr)
   return report
@@ -79,8 +78,9 @@ def main(argv: Sequence[str]) -> int:
           "RUN_DIR [--task=NAME]", file=sys.stderr)
     return 2
   try:
-    settings = run_dir_settings(rest[0], {"task": task[0]} if task else {}, resume=False,
-                                eval_only=True)
+    # RUN_DIR, not the output_dir its config.json recorded (a run moved or copied).
+    given = {"output_dir": rest[0], **({"task": task[0]} if task else {})}
+    settings = run_dir_settings(rest[0], given, resume=False, eval_only=True)
     evaluate_saved(settings, ["task"] if task else [])
   except UsageError as e:
     print(f"python -m tff_cluster.evaluate: error: {e}", file=sys.stderr)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import io
 import os
-import signal
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -25,26 +24,225 @@ from tff_cluster.driver import (BYTES_PER_PARAMETER, Diverged, Driver,  # noqa: 
                                 client_groups, initial_weights, model_layout,
                                 sample_clients)
 from tff_cluster.evaluation import CHOOSE_BY_TEST_LOSS, Evaluator, is_rule  # noqa: F401
+from tff_cluster.host import round as host_round
 from tff_cluster.results import ResultsWriter, summarize
 from tff_cluster.runners.base import WorkerLost
 from tff_cluster.task import TaskSpec
 
-BASE_COLUMNS = ("round", "train_loss", "loss_ratio", "test_accuracy", "test_loss",
-                "test_accuracy_clientavg", "test_macro_f1", "round_seconds",
-                "eval_seconds", "bytes_down", "bytes_up")
+BASE_COLUMNS = ("round", "train_loss", "loss_ratio", *host_round.EVAL_METRICS,
+                "round_seconds", "eval_seconds", "bytes_down", "bytes_up")
 
 
-def _stop_if_signalled() -> None:
-  """Raises what a stop signal recorded by `interrupts.note` (the CLI's
-  handlers record every one) stands for (KeyboardInterrupt for
-  SIGINT, SystemExit(128 + signum) otherwise), in case code it interrupted (for
-  instance TFF's asyncio execution) swallowed that exception and carried on."""
-  signum = interrupts.received()
-  if signum is None:
-    return
-  if signum == signal.SIGINT:
-    raise KeyboardInterrupt
-  raise SystemExit(128 + signum)
+def check_clients_per_round(config: TrainingConfig, data: FederatedData) -> None:
+  """Refuses a `--clients_per_round` above the clients with training data."""
+  trainable = data.training_clients()
+  if config.clients_per_round > len(trainable):
+    raise ValueError(f"invalid --clients_per_round={config.clients_per_round}: "
+                     f"{len(trainable)} clients have training data; valid: "
+                     f"1..{len(trainable)}")
+
+
+def run_status(error: BaseException) -> Dict[str, Any]:
+  """summary.json's status of a run that `error` ended."""
+  if isinstance(error, Diverged):
+    return {"completed": False, "reason": "diverged", "diverged_round": error.round_num,
+            "diverged_clients": error.clients, "error": str(error)}
+  if isinstance(error, WorkerLost):
+    return {"completed": False, "reason": "worker_lost", "error": str(error)}
+  if isinstance(error, (KeyboardInterrupt, SystemExit)):
+    return {"completed": False, "reason": "interrupted"}
+  if isinstance(error, checkpoint.WriteFailed):  # e.g. a full disk: one line says which file
+    return {"completed": False, "reason": "error", "error": str(error)}
+  if interrupts.received() is not None:
+    return {"completed": False, "reason": "interrupted"}
+  return {"completed": False, "reason": "error", "error": f"{type(error).__name__}: {error}"}
+
+
+def _progress_bar(name: str, config: TrainingConfig, first_round: int):
+  from tqdm import tqdm
+  return tqdm(total=config.rounds, initial=first_round - 1, desc=f"{name}",
+              unit="round", dynamic_ncols=True)
+
+
+def _show_progress(bar, rows: List[Dict[str, Any]]) -> None:
+  """Advances the bar by a round: the latest training loss and accuracy."""
+  postfix = {"loss": f"{rows[-1]['train_loss']:.4f}"}
+  last = [r for r in rows if r.get("test_accuracy") is not None]
+  if last:
+    postfix["acc"] = f"{last[-1]['test_accuracy']:.4f}"
+  bar.set_postfix(postfix)
+  bar.update(1)
+
+
+class TrainingRun:
+  """The records of one `run_training` call: the rows, the set-up's extras
+  and time, the best round's models and the sampling generator; it restores
+  them from a checkpoint, writes checkpoints, records each round and writes
+  the summary."""
+
+  def __init__(self, task: TaskSpec, config: TrainingConfig, driver: Driver,
+               writer: Optional[ResultsWriter], checkpoint_dir: Optional[str],
+               checkpoint_every: int):
+    self.task, self.config, self.driver = task, config, driver
+    self.writer, self.checkpoint_dir = writer, checkpoint_dir
+    self.checkpoint_every = checkpoint_every
+    self.evaluator = driver.make_evaluator()
+    self.data = driver.data  # materialized by the driver unless its runner makes the clients
+    self.start = time.perf_counter()
+    self.rng = np.random.default_rng(np.random.SeedSequence([config.seed, 7]))
+    self.rows: List[Dict[str, Any]] = []
+    self.extras: Dict[str, Any] = {}
+    self.best: Optional[Dict[str, Any]] = None
+    self.first_round = 1
+    self.setup_seconds = 0.0
+    self.last_choice = None
+    self.loss_ratio = LossRatio(task, self.data, driver.w0, config.divergence_ratio,
+                                evaluator=driver.make_evaluator("train"))
+    # The rows are on disk already where the writer writes the run's metrics
+    # files: the checkpoint names them (count and SHA-256) instead of holding
+    # them, so that writing it does not grow with the rounds.
+    self.rows_on_disk = (writer is not None and checkpoint_dir is not None and
+                         os.path.realpath(writer.path) == os.path.realpath(checkpoint_dir))
+
+  def save_checkpoint(self, round_num: int, snapshot, sampling_rng) -> None:
+    """The run state after round `round_num` (`snapshot` of the driver then
+    and the sampling generator), and a summary saying the run is not done."""
+    if self.checkpoint_dir is None:
+      return
+    state = self.driver.snapshot_numpy(snapshot)
+    client_states = state.pop("client_states")
+    digest = self.writer.records_digest() if self.rows_on_disk else None
+    records = ({"rows_file": digest} if digest and digest["count"] == len(self.rows)
+               else {"rows": self.rows})
+    checkpoint.save(self.checkpoint_dir, round_num, {
+        "driver": state, "sampling_rng": sampling_rng, **records,
+        "extras": self.extras, "best": self.best, "setup_seconds": self.setup_seconds},
+        client_states=client_states)
+    if self.writer is not None:  # a killed run's summary says so
+      self.writer.write_summary(dict(summarize(self.rows, self.config.rounds),
+                                     completed=False, reason="running",
+                                     checkpoint_round=round_num))
+
+  def resume(self, payload: Dict[str, Any]) -> None:
+    """Continues from a checkpoint payload (`checkpoint.load_latest`): the
+    driver, the sampling generator, the rows and the best models; refuses one
+    that does not fit this run in one line (`CheckpointError`)."""
+    try:
+      self.driver.restore(payload["driver"])
+      self.rng = payload["sampling_rng"]
+      self.rows = list(payload["rows"])
+      self.extras = dict(payload["extras"])
+      self.best = payload["best"]
+      self.setup_seconds = float(payload["setup_seconds"])
+      self.first_round = int(payload["round"]) + 1
+      if not isinstance(self.rng, np.random.Generator) or len(self.rows) > self.first_round - 1:
+        raise ValueError("its sampling generator or rows are malformed")
+    except checkpoint.WriteFailed:
+      raise
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, OSError,
+            EOFError) as e:  # contents edited by hand, or another algorithm's
+      detail = str(e).splitlines()[0] if str(e) else ""
+      raise checkpoint.CheckpointError(
+          f"the checkpoint of round {payload.get('round')} in "
+          f"{checkpoint.directory(self.checkpoint_dir or '.')} does not fit this run "
+          f"({type(e).__name__}: {detail}); valid: a checkpoint this run wrote") from None
+
+  def set_up(self) -> None:
+    """The driver's set-up (e.g. a cold start), timed and checkpointed as round 0."""
+    setup_start = time.perf_counter()
+    self.extras = self.driver.setup() or {}
+    self.setup_seconds = time.perf_counter() - setup_start
+    self.save_checkpoint(0, self.driver.snapshot(), self.rng)
+
+  def run_rounds(self, trainable: np.ndarray, bar) -> None:
+    """Rounds `first_round`..`config.rounds`, each on clients sampled from
+    `trainable`; a diverged round checkpoints the state before it."""
+    config, driver = self.config, self.driver
+    for round_num in range(self.first_round, config.rounds + 1):
+      good, good_rng = driver.snapshot(), copy.deepcopy(self.rng)
+      sampled = sample_clients(self.rng, trainable, config.clients_per_round)
+      evaluate = round_num % config.eval_every == 0 or round_num == config.rounds
+      try:
+        outcome = host_round.run_round(driver, round_num, sampled,
+                                       self.evaluator if evaluate else None, self.loss_ratio)
+      except Diverged:
+        self.save_checkpoint(round_num - 1, good, good_rng)
+        raise
+      if outcome.result is not None:
+        self.keep_best(round_num, outcome)
+      # The round's records (TensorBoard's summary ops among them): a stop signal
+      # is recorded here and raised just after, never inside them.
+      with interrupts.deferred():
+        self.record(round_num, outcome, bar)
+      interrupts.raise_if_received()
+
+  def keep_best(self, round_num: int, outcome: host_round.RoundOutcome) -> None:
+    """Notes an evaluated round's choice; keeps its models if the most accurate."""
+    result = outcome.result
+    self.last_choice = result.client_model
+    if self.best is None or result.accuracy > self.best["accuracy"]:
+      self.best = {"round": round_num, "accuracy": result.accuracy,
+                   "weights": [[np.asarray(w) for w in m] for m in outcome.weights],
+                   "client_model": np.asarray(result.client_model)}
+
+  def record(self, round_num: int, outcome: host_round.RoundOutcome, bar) -> None:
+    """Round `round_num`'s row and groups, its checkpoint when one is due,
+    the progress bar."""
+    row, data = outcome.row, self.data
+    self.rows.append(row)
+    if self.writer is not None:
+      self.writer.write_round(row)
+      self.writer.write_groups(round_num, data.client_ids, client_groups(
+          outcome.client_model, self.last_choice if "test_accuracy" in row else None,
+          self.driver.group_assignment(), data.num_clients))
+    if self.checkpoint_dir is not None and (round_num % self.checkpoint_every == 0
+                                            or round_num == self.config.rounds):
+      self.save_checkpoint(round_num, self.driver.snapshot(), self.rng)
+    if bar is not None:
+      _show_progress(bar, self.rows)
+
+  def save_final_models(self, models_dir: str) -> None:
+    """The final models and the best round's (`save_models`), in `models_dir`."""
+    data = self.data
+    weights, client_model = self.driver.eval_models()
+    if is_rule(client_model) or data.test_only().any():
+      # Chosen at evaluation (test-only clients always are): the last round's.
+      client_model = (self.last_choice if self.last_choice is not None else
+                      self.evaluator.evaluate(weights, client_model).client_model)
+    save_models(self.task, os.path.join(models_dir, "final"), weights, client_model,
+                data.client_ids, self.config.rounds)
+    if self.best is not None:
+      save_models(self.task, os.path.join(models_dir, "best"), self.best["weights"],
+                  self.best["client_model"], data.client_ids, self.best["round"])
+
+  def close(self, status: Dict[str, Any], write_failed: bool) -> Dict[str, Any]:
+    """The run's summary with `status`, written with the plots (none after a
+    failed write: the disk may be full)."""
+    rows = self.rows
+    summary = summarize(rows, self.config.rounds)
+    summary.update(status)
+    saved = ([] if self.checkpoint_dir is None or status["completed"]
+             else checkpoint.rounds(self.checkpoint_dir))
+    if saved:  # an unfinished run names the checkpoint a resume continues from
+      summary["checkpoint_round"] = saved[-1]
+    summary["total_seconds"] = time.perf_counter() - self.start
+    summary["setup_seconds"] = self.setup_seconds
+    summary["bytes_down"] = int(sum(r.get("bytes_down", 0) for r in rows))
+    summary["bytes_up"] = int(sum(r.get("bytes_up", 0) for r in rows))
+    summary.update(self.extras)
+    summary.update(self.driver.summary())
+    if self.writer is not None:
+      with interrupts.deferred():  # (a signal now: the run is closing anyway)
+        try:
+          self.writer.write_summary(summary)
+        except checkpoint.WriteFailed:
+          if status["completed"]:
+            raise
+          # The run is failing already (the disk may be full): summary.json
+          # keeps what the last checkpoint wrote there.
+        if not write_failed:  # (no figures on a full disk)
+          self.writer.plot(f"{self.task.name}")
+    return summary
 
 
 def run_training(task: TaskSpec, data: FederatedData, config: TrainingConfig,
@@ -69,189 +267,28 @@ def run_training(task: TaskSpec, data: FederatedData, config: TrainingConfig,
   A NaN or infinite loss, update or model raises `Diverged` after the last
   good state is checkpointed and the summary says `"reason": "diverged"`.
   """
-
-  trainable = data.training_clients()
-  if config.clients_per_round > len(trainable):
-    raise ValueError(f"invalid --clients_per_round={config.clients_per_round}: "
-                     f"{len(trainable)} clients have training data; valid: "
-                     f"1..{len(trainable)}")
-  evaluator = driver.make_evaluator()
-  data = driver.data  # materialized by the driver unless its runner makes the clients
-  start = time.perf_counter()
-  rng = np.random.default_rng(np.random.SeedSequence([config.seed, 7]))
-  rows: List[Dict[str, Any]] = []
-  extras: Dict[str, Any] = {}
-  best: Optional[Dict[str, Any]] = None
-  first_round = 1
-  setup_seconds = 0.0
-  last_choice = None
+  check_clients_per_round(config, data)
+  run = TrainingRun(task, config, driver, writer, checkpoint_dir, checkpoint_every)
+  if resume is not None:
+    run.resume(resume)
+  bar = _progress_bar(task.name, config, run.first_round) if progress else None
   status: Dict[str, Any] = {"completed": False, "reason": "interrupted"}
   write_failed = False
-  loss_ratio = LossRatio(task, data, driver.w0, config.divergence_ratio,
-                         evaluator=driver.make_evaluator("train"))
-
-  # The rows are on disk already where the writer writes the run's metrics
-  # files: the checkpoint names them (count and SHA-256) instead of holding
-  # them, so that writing it does not grow with the rounds.
-  rows_on_disk = (writer is not None and checkpoint_dir is not None and
-                  os.path.realpath(writer.path) == os.path.realpath(checkpoint_dir))
-
-  def save_checkpoint(round_num, snapshot, sampling_rng):
-    if checkpoint_dir is None:
-      return
-    state = driver.snapshot_numpy(snapshot)
-    client_states = state.pop("client_states")
-    digest = writer.records_digest() if rows_on_disk else None
-    records = ({"rows_file": digest} if digest and digest["count"] == len(rows)
-               else {"rows": rows})
-    checkpoint.save(checkpoint_dir, round_num, {
-        "driver": state, "sampling_rng": sampling_rng, **records,
-        "extras": extras, "best": best, "setup_seconds": setup_seconds},
-        client_states=client_states)
-    if writer is not None:  # a killed run's summary says so
-      writer.write_summary(dict(summarize(rows, config.rounds), completed=False,
-                                reason="running", checkpoint_round=round_num))
-
-  if resume is not None:
-    try:
-      driver.restore(resume["driver"])
-      rng = resume["sampling_rng"]
-      rows = list(resume["rows"])
-      extras = dict(resume["extras"])
-      best = resume["best"]
-      setup_seconds = float(resume["setup_seconds"])
-      first_round = int(resume["round"]) + 1
-      if not isinstance(rng, np.random.Generator) or len(rows) > first_round - 1:
-        raise ValueError("its sampling generator or rows are malformed")
-    except checkpoint.WriteFailed:
-      raise
-    except (KeyError, TypeError, ValueError, IndexError, AttributeError, OSError,
-            EOFError) as e:  # contents edited by hand, or another algorithm's
-      detail = str(e).splitlines()[0] if str(e) else ""
-      raise checkpoint.CheckpointError(
-          f"the checkpoint of round {resume.get('round')} in "
-          f"{checkpoint.directory(checkpoint_dir or '.')} does not fit this run "
-          f"({type(e).__name__}: {detail}); valid: a checkpoint this run wrote") from None
-  bar = None
-  if progress:
-    from tqdm import tqdm
-    bar = tqdm(total=config.rounds, initial=first_round - 1, desc=f"{task.name}",
-               unit="round", dynamic_ncols=True)
   try:
     if resume is None:
-      setup_start = time.perf_counter()
-      extras = driver.setup() or {}
-      setup_seconds = time.perf_counter() - setup_start
-      save_checkpoint(0, driver.snapshot(), rng)
-    for round_num in range(first_round, config.rounds + 1):
-      good, good_rng = driver.snapshot(), copy.deepcopy(rng)
-      sampled = sample_clients(rng, trainable, config.clients_per_round)
-      t0 = time.perf_counter()
-      row: Dict[str, Any] = {"round": round_num}
-      try:
-        row.update(driver.run_round(round_num, sampled))
-        row["round_seconds"] = time.perf_counter() - t0
-        weights, client_model = driver.eval_models()
-        if not np.isfinite(row["train_loss"]):
-          raise Diverged(round_num, what="the training loss")
-        row["loss_ratio"] = loss_ratio.check(round_num, row["train_loss"], sampled)
-        if not _all_finite(weights):
-          raise Diverged(round_num, what="a model")
-      except Diverged:
-        save_checkpoint(round_num - 1, good, good_rng)
-        raise
-      if round_num % config.eval_every == 0 or round_num == config.rounds:
-        t1 = time.perf_counter()
-        result = evaluator.evaluate(weights, client_model)
-        row.update(test_accuracy=result.accuracy, test_loss=result.loss,
-                   test_accuracy_clientavg=result.accuracy_clientavg,
-                   test_macro_f1=result.macro_f1)
-        row.update(driver.round_eval_metrics(result))
-        row["eval_seconds"] = time.perf_counter() - t1
-        last_choice = result.client_model
-        if best is None or result.accuracy > best["accuracy"]:
-          best = {"round": round_num, "accuracy": result.accuracy,
-                  "weights": [[np.asarray(w) for w in m] for m in weights],
-                  "client_model": np.asarray(result.client_model)}
-      # The round's records (TensorBoard's summary ops among them): a stop signal
-      # is recorded here and raised just after, never inside them.
-      with interrupts.deferred():
-        rows.append(row)
-        if writer is not None:
-          writer.write_round(row)
-          writer.write_groups(round_num, data.client_ids, client_groups(
-              client_model, last_choice if "test_accuracy" in row else None,
-              getattr(driver, "assignment", None) if driver.groups_mask_unassigned else None,
-              data.num_clients))
-        if checkpoint_dir is not None and (round_num % checkpoint_every == 0
-                                           or round_num == config.rounds):
-          save_checkpoint(round_num, driver.snapshot(), rng)
-        if bar is not None:
-          postfix = {"loss": f"{row['train_loss']:.4f}"}
-          last = [r for r in rows if r.get("test_accuracy") is not None]
-          if last:
-            postfix["acc"] = f"{last[-1]['test_accuracy']:.4f}"
-          bar.set_postfix(postfix)
-          bar.update(1)
-      _stop_if_signalled()
+      run.set_up()
+    run.run_rounds(data.training_clients(), bar)
     if models_dir is not None:
-      weights, client_model = driver.eval_models()
-      if is_rule(client_model) or data.test_only().any():
-        # Chosen at evaluation (test-only clients always are): the last round's.
-        client_model = (last_choice if last_choice is not None else
-                        evaluator.evaluate(weights, client_model).client_model)
-      save_models(task, os.path.join(models_dir, "final"), weights, client_model,
-                  data.client_ids, config.rounds)
-      if best is not None:
-        save_models(task, os.path.join(models_dir, "best"), best["weights"],
-                    best["client_model"], data.client_ids, best["round"])
+      run.save_final_models(models_dir)
     status = {"completed": True}
-  except Diverged as e:
-    status = {"completed": False, "reason": "diverged", "diverged_round": e.round_num,
-              "diverged_clients": e.clients, "error": str(e)}
-    raise
-  except WorkerLost as e:
-    status = {"completed": False, "reason": "worker_lost", "error": str(e)}
-    raise
-  except (KeyboardInterrupt, SystemExit):
-    status = {"completed": False, "reason": "interrupted"}
-    raise
-  except checkpoint.WriteFailed as e:  # e.g. a full disk: one line says which file
-    status = {"completed": False, "reason": "error", "error": str(e)}
-    write_failed = True
-    raise
   except BaseException as e:  # noqa: B036 - recorded, then re-raised
-    if interrupts.received() is not None:
-      status = {"completed": False, "reason": "interrupted"}
-    else:
-      status = {"completed": False, "reason": "error", "error": f"{type(e).__name__}: {e}"}
+    status = run_status(e)
+    write_failed = isinstance(e, checkpoint.WriteFailed)
     raise
   finally:
     if bar is not None:
       bar.close()
-    summary = summarize(rows, config.rounds)
-    summary.update(status)
-    saved = ([] if checkpoint_dir is None or status["completed"]
-             else checkpoint.rounds(checkpoint_dir))
-    if saved:  # an unfinished run names the checkpoint a resume continues from
-      summary["checkpoint_round"] = saved[-1]
-    summary["total_seconds"] = time.perf_counter() - start
-    summary["setup_seconds"] = setup_seconds
-    summary["bytes_down"] = int(sum(r.get("bytes_down", 0) for r in rows))
-    summary["bytes_up"] = int(sum(r.get("bytes_up", 0) for r in rows))
-    summary.update(extras)
-    summary.update(driver.summary())
-    if writer is not None:
-      with interrupts.deferred():  # (a signal now: the run is closing anyway)
-        try:
-          writer.write_summary(summary)
-        except checkpoint.WriteFailed:
-          if status["completed"]:
-            raise
-          # The run is failing already (the disk may be full): summary.json
-          # keeps what the last checkpoint wrote there.
-        if not write_failed:  # (no figures on a full disk)
-          writer.plot(f"{task.name}")
+    summary = run.close(status, write_failed)
   return summary
 
 

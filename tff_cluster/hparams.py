@@ -284,11 +284,6 @@ def resolve(declared: Sequence[HParam], given: Mapping[str, Any], task: Optional
   return out
 
 
-def by_name(declared: Sequence[HParam]) -> dict:
-  return {hp.name: hp for hp in declared}
-
-
-
 def format_value(value: Any) -> str:
   """A value as a flag or `--task_arg` text (booleans as true/false)."""
   return _show(value)

@@ -48,6 +48,20 @@ def are_deferred() -> bool:
   return _DEPTH[0] > 0
 
 
+def raise_if_received() -> None:
+  """Raises what a recorded stop signal (`note`) stands for: KeyboardInterrupt
+  for SIGINT, SystemExit(128 + signum) otherwise; nothing when none is
+  recorded. The training loop calls it after each round, in case code a
+  signal interrupted (for instance TFF's asyncio execution) swallowed the
+  handler's exception and carried on."""
+  signum = received()
+  if signum is None:
+    return
+  if signum == signal.SIGINT:
+    raise KeyboardInterrupt
+  raise SystemExit(128 + signum)
+
+
 @contextlib.contextmanager
 def handlers_kept() -> Iterator[None]:
   """Re-installs, when the body ends (however it ends), the stop signals'
@@ -67,4 +81,5 @@ def handlers_kept() -> Iterator[None]:
         signal.signal(sig, handler)
 
 
-__all__ = ["STOP_SIGNALS", "are_deferred", "deferred", "handlers_kept", "note", "received"]
+__all__ = ["STOP_SIGNALS", "are_deferred", "deferred", "handlers_kept", "note",
+           "raise_if_received", "received"]

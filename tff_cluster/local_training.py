@@ -4,7 +4,8 @@ Plain TensorFlow. Model weights are a flat list of tensors in the order
 `trainable_variables + non_trainable_variables` (non-trainable = BatchNorm
 moving statistics, averaged like the rest).
 
-One local SGD step (`sgd_step`) is written once. Two trainers drive it over a
+One local step (`sgd_step`: the batch gradient, then the client optimizer's
+update, `learning.optimizers`) is written once. Two trainers drive it over a
 client's batches, one per runner:
 
 * `DatasetTrainer` iterates a `tf.data.Dataset` with `dataset.reduce`; it runs
@@ -23,12 +24,13 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
-from typing import List, NamedTuple, Optional, Sequence
+from typing import Any, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 
 from tff_cluster import models
+from tff_cluster.learning import optimizers
 
 
 def model_variables(model: tf.keras.Model) -> List[tf.Variable]:
@@ -395,42 +397,35 @@ def batch_loop(x, y, data: PaddedBatches, limit, body, init, bound=None):
 
 
 class TrainResult(NamedTuple):
-  """delta: w_final - w_start per weight (trainable first); velocity: the
-  final momentum buffer (trainable weights) or None without momentum;
-  num_examples, loss_sum: float32 (loss_sum = sum over batches of the batch's
-  mean loss x its size, each taken before that batch's step)."""
+  """delta: w_final - w_start per weight (trainable first); num_examples,
+  loss_sum: float32 (loss_sum = sum over batches of the batch's mean loss x
+  its size, each taken before that batch's step); opt_state: the client
+  optimizer's final state (`optimizers.Chain`'s structure)."""
   delta: List[tf.Tensor]
   num_examples: tf.Tensor
   loss_sum: tf.Tensor
-  velocity: Optional[List[tf.Tensor]]
+  opt_state: Any
+
+  @property
+  def velocity(self) -> Optional[List[tf.Tensor]]:
+    """The optimizer state as one flat list (heavy-ball's buffer, Nesterov's
+    look-ahead point per trainable weight), or None when it holds nothing."""
+    flat = tf.nest.flatten(self.opt_state)
+    return flat or None
 
 
-def sgd_step(model: tf.keras.Model, loss: str, x, y, mask, lr, anchor, mu: float,
-             momentum: float, velocity, grad_offset=None, nesterov: bool = False,
-             grad_scale: float = 1.0, control=None):
-  """One step of mini-batch SGD on F_k(w) + (mu/2)||w - anchor||^2.
+def sgd_step(model: tf.keras.Model, loss: str, batch, lr, optimizer, opt_state):
+  """One local step on the batch `(x, y, mask)` (`mask`: None, or 1.0/0.0 per
+  row, the real examples) with the bound client optimizer `optimizer`
+  (`optimizers.Chain`, see `optimizers`).
 
-  g = grad of the batch's mean loss (over its real examples: `mask` is None or
-  1.0/0.0 per row) + mu (w - anchor)  (FedProx, Li et al. 2020, eq. 2);
-  without momentum w <- w - lr g; with heavy-ball momentum beta
-  v <- beta v + g, w <- w - lr v (PyTorch's SGD convention, which the
-  WeCFL/CFL-MGD reference codes use).
+  g = the gradient of the batch's mean loss over its real examples; the
+  optimizer's transforms turn it into the new trainable weights (for plain
+  SGD w <- w - lr g), which are assigned to the model.
 
-  `grad_offset` (a constant per trainable weight, or None) is added to every
-  step's gradient (MimeLite's fixed server momentum term), after the gradient
-  is scaled by `grad_scale`; with `control` (trainable weights x), the
-  gradient at x on the same batch is subtracted first (Mime's control
-  variate: g = grad f(w; batch) - grad f(x; batch), then scale, then offset).
-
-  `nesterov`: Nesterov's accelerated gradient in its two-sequence form (the
-  pFedMo paper's eqs. 6-7), with `velocity` holding the look-ahead point y of
-  the previous step, not a velocity:
-    y_new = w - lr g(w);  w <- y_new + momentum (y_new - y);  y <- y_new.
-  In one sequence this is v <- momentum v - lr g, w <- w + momentum v - lr g
-  (Keras' nesterov SGD), with v = y_new - y.
-
-  Returns (batch loss x batch size, batch size, new velocity or None).
+  Returns (batch loss x batch size, batch size, new optimizer state).
   """
+  x, y, mask = batch
   trainable = model.trainable_variables
   with tf.GradientTape() as tape:
     predictions = model(x, training=True)
@@ -442,38 +437,11 @@ def sgd_step(model: tf.keras.Model, loss: str, x, y, mask, lr, anchor, mu: float
       count = tf.reduce_sum(mask)
       batch_loss = tf.reduce_sum(per_example * mask) / count
   grads = tape.gradient(batch_loss, trainable)
-  if control is not None:
-    grads = [g - c for g, c in zip(grads, _gradient_at(model, loss, x, y, mask, control))]
-  if grad_scale != 1.0:
-    grads = [grad_scale * g for g in grads]
-  new_weights, new_velocity = sgd_update(trainable, grads, lr, anchor, mu, momentum, velocity,
-                                         grad_offset, nesterov)
+  new_weights, new_state = optimizer.update(
+      trainable, grads, opt_state, lr, lambda point: _gradient_at(model, loss, x, y, mask, point))
   for var, value in zip(trainable, new_weights):
     var.assign(value)
-  return batch_loss * count, count, new_velocity
-
-
-def sgd_update(weights, grads, lr, anchor, mu: float, momentum: float, velocity,
-               grad_offset=None, nesterov: bool = False):
-  """`sgd_step`'s update of the trainable weights from the batch's (scaled,
-  control-corrected) gradients, as values: (new weights, new velocity or
-  None). The proximal term and the gradient offset are added here."""
-  new_weights, new_velocity = [], [] if momentum or nesterov else None
-  for i, (var, grad) in enumerate(zip(weights, grads)):
-    if mu:
-      grad = grad + mu * (var - anchor[i])
-    if grad_offset is not None:
-      grad = grad + grad_offset[i]
-    if nesterov:
-      y_new = var - lr * grad
-      new_velocity.append(y_new)
-      new_weights.append(y_new + momentum * (y_new - velocity[i]))
-      continue
-    if momentum:
-      grad = momentum * velocity[i] + grad
-      new_velocity.append(grad)
-    new_weights.append(var - lr * grad)
-  return new_weights, new_velocity
+  return batch_loss * count, count, new_state
 
 
 def _gradient_at(model, loss: str, x, y, mask, point):
@@ -496,37 +464,33 @@ def _gradient_at(model, loss: str, x, y, mask, point):
   return grads
 
 
-class _Trainer:
-  """`train(start, data, lr, mu, velocity)`: local SGD from `start` over `data`."""
+def start_optimizer(optimizer, trainable_start, opt_state=None):
+  """(the client optimizer bound to the start, its state): `opt_state` as
+  given, or the optimizer's initial state. `optimizer` None is plain SGD."""
+  opt = optimizers.as_chain(optimizers.sgd() if optimizer is None else optimizer)
+  opt = opt.bind(trainable_start)
+  state = opt.init(trainable_start) if opt_state is None else opt.canonical(opt_state)
+  return opt, state
 
-  def __init__(self, model: tf.keras.Model, loss: str, momentum: float = 0.0,
-               nesterov: bool = False):
+
+class _Trainer:
+  """`train(start, data, lr, optimizer, opt_state)`: local steps from `start`
+  over `data` with a client optimizer (`optimizers`)."""
+
+  def __init__(self, model: tf.keras.Model, loss: str):
     self.model = model
     self.loss_kind = loss
-    self.momentum = float(momentum)
-    # Nesterov's (x, y) form (see `sgd_step`): the "velocity" carried and
-    # returned is the look-ahead point y, given by the caller.
-    self.nesterov = bool(nesterov)
     self._variables = model_variables(model)
     self._num_trainable = len(model.trainable_variables)
 
-  def _start(self, start, velocity):
+  def _start(self, start, optimizer, opt_state):
     for var, value in zip(self._variables, start):
       var.assign(value)
-    if self.nesterov:
-      if velocity is None:
-        raise ValueError("Nesterov local steps need the look-ahead point y (velocity)")
-      return tuple(velocity)
-    if not self.momentum:
-      return ()
-    if velocity is None:
-      return tuple(tf.zeros_like(v) for v in self.model.trainable_variables)
-    return tuple(velocity)
+    return start_optimizer(optimizer, start[:self._num_trainable], opt_state)
 
-  def _finish(self, start, num_examples, loss_sum, velocity) -> TrainResult:
+  def _finish(self, start, num_examples, loss_sum, opt_state) -> TrainResult:
     delta = [var - s for var, s in zip(self._variables, start)]
-    return TrainResult(delta, num_examples, loss_sum,
-                       list(velocity) if self.momentum or self.nesterov else None)
+    return TrainResult(delta, num_examples, loss_sum, opt_state)
 
   def predict(self, weights, x):
     """The model's outputs (logits) at `weights` on inputs `x` (inference mode)."""
@@ -534,11 +498,11 @@ class _Trainer:
       var.assign(value)
     return self.model(x, training=False)
 
-  def train(self, start, data, lr, mu: float = 0.0, velocity=None,
-            anchor=None, grad_offset=None, grad_scale: float = 1.0,
-            control=None) -> TrainResult:
-    """`anchor`: the proximal term's centre (trainable weights; default the
-    start); `grad_offset`, `grad_scale`, `control`: see `sgd_step`."""
+  def train(self, start, data, lr, optimizer=None, opt_state=None) -> TrainResult:
+    """Local steps from the weights `start` over `data` at learning rate `lr`
+    with the client optimizer `optimizer` (a chain or transform of
+    `optimizers`; None: plain SGD), its state starting at `opt_state` (None:
+    the optimizer's `init` at the start)."""
     raise NotImplementedError
 
   def loss(self, weights, data, max_batches: int = 0):
@@ -576,24 +540,20 @@ class _Trainer:
 class DatasetTrainer(_Trainer):
   """Local SGD over a `tf.data.Dataset` of `{'x', 'y'}` batches (TFF runner)."""
 
-  def train(self, start, data, lr, mu: float = 0.0, velocity=None,
-            anchor=None, grad_offset=None, grad_scale: float = 1.0,
-            control=None) -> TrainResult:
+  def train(self, start, data, lr, optimizer=None, opt_state=None) -> TrainResult:
     start = list(start)
-    anchor = start[:self._num_trainable] if anchor is None else list(anchor)
     lr = tf.cast(lr, tf.float32)
-    initial_velocity = self._start(start, velocity)
+    opt, state = self._start(start, optimizer, opt_state)
 
     def step(carry, batch):
-      num_examples, loss_sum, v = carry
-      loss_x_n, n, v = sgd_step(self.model, self.loss_kind, batch["x"], batch["y"], None,
-                                lr, anchor, mu, self.momentum, v, grad_offset,
-                                self.nesterov, grad_scale, control)
-      return num_examples + n, loss_sum + loss_x_n, tuple(v) if v is not None else ()
+      num_examples, loss_sum, state = carry
+      loss_x_n, n, state = sgd_step(self.model, self.loss_kind, (batch["x"], batch["y"], None),
+                                    lr, opt, state)
+      return num_examples + n, loss_sum + loss_x_n, state
 
-    num_examples, loss_sum, v = data.reduce(
-        (tf.constant(0.0), tf.constant(0.0), initial_velocity), step)
-    return self._finish(start, num_examples, loss_sum, v)
+    num_examples, loss_sum, state = data.reduce(
+        (tf.constant(0.0), tf.constant(0.0), state), step)
+    return self._finish(start, num_examples, loss_sum, state)
 
   def loss(self, weights, data, max_batches: int = 0):
     for var, value in zip(self._variables, weights):
@@ -631,9 +591,8 @@ class PaddedTrainer(_Trainer):
   gives the same gradients as the real-size batch.
   """
 
-  def __init__(self, model, loss, x, y, momentum: float = 0.0,
-               exact_batches: bool = False, nesterov: bool = False):
-    super().__init__(model, loss, momentum, nesterov)
+  def __init__(self, model, loss, x, y, exact_batches: bool = False):
+    super().__init__(model, loss)
     self._x = x
     self._y = y
     self._exact = exact_batches
@@ -648,23 +607,19 @@ class PaddedTrainer(_Trainer):
       mask = tf.cast(tf.range(tf.shape(data.indices)[1]) < data.sizes[i], tf.float32)
     return tf.gather(self._x, rows), tf.gather(self._y, rows), mask
 
-  def train(self, start, data: PaddedBatches, lr, mu: float = 0.0,
-            velocity=None, anchor=None, grad_offset=None, grad_scale: float = 1.0,
-            control=None) -> TrainResult:
+  def train(self, start, data: PaddedBatches, lr, optimizer=None,
+            opt_state=None) -> TrainResult:
     start = list(start)
-    anchor = start[:self._num_trainable] if anchor is None else list(anchor)
     lr = tf.cast(lr, tf.float32)
-    v = self._start(start, velocity)
+    opt, state = self._start(start, optimizer, opt_state)
 
-    def step(x, y, mask, num_examples, loss_sum, v):
-      loss_x_n, n, new_v = sgd_step(self.model, self.loss_kind, x, y, mask, lr, anchor, mu,
-                                    self.momentum, v, grad_offset, self.nesterov,
-                                    grad_scale, control)
-      return num_examples + n, loss_sum + loss_x_n, tuple(new_v) if new_v is not None else ()
+    def step(x, y, mask, num_examples, loss_sum, state):
+      loss_x_n, n, state = sgd_step(self.model, self.loss_kind, (x, y, mask), lr, opt, state)
+      return num_examples + n, loss_sum + loss_x_n, state
 
-    num_examples, loss_sum, v = self._batches(
-        data, data.num_steps, step, (tf.constant(0.0), tf.constant(0.0), v))
-    return self._finish(start, num_examples, loss_sum, v)
+    num_examples, loss_sum, state = self._batches(
+        data, data.num_steps, step, (tf.constant(0.0), tf.constant(0.0), state))
+    return self._finish(start, num_examples, loss_sum, state)
 
   def _batches(self, data: PaddedBatches, limit, step, init):
     """`carry = step(x, y, mask, *carry)` over batches 0..limit-1: their rows
@@ -712,14 +667,17 @@ class PaddedTrainer(_Trainer):
 def build_local_sgd(model: tf.keras.Model, loss: str, momentum: float = 0.0):
   """`local_sgd(initial_weights, dataset, lr, mu)` as a `tf.function`.
 
-  In-process local SGD over a dataset (`DatasetTrainer`); returns an
-  OrderedDict with `delta`, `num_examples`, `loss_sum`.
+  In-process local SGD over a dataset (`DatasetTrainer`) with FedProx's
+  proximal term `mu` and heavy-ball `momentum`; returns an OrderedDict with
+  `delta`, `num_examples`, `loss_sum`.
   """
-  trainer = DatasetTrainer(model, loss, momentum)
+  trainer = DatasetTrainer(model, loss)
 
   @tf.function
   def local_sgd(initial_weights, dataset, lr, mu):
-    out = trainer.train(initial_weights, dataset, lr, float(mu))
+    out = trainer.train(initial_weights, dataset, lr,
+                        optimizers.chain(optimizers.proximal(float(mu)),
+                                         optimizers.heavy_ball(momentum)))
     return collections.OrderedDict(delta=out.delta, num_examples=out.num_examples,
                                    loss_sum=out.loss_sum)
 
@@ -858,11 +816,9 @@ class FunctionalTrainer:
   """
 
   def __init__(self, forward, num_weights: int, num_trainable: int, loss: str, x, y,
-               momentum: float = 0.0, nesterov: bool = False, bound=None):
+               bound=None):
     self.forward = forward
     self.loss_kind = loss
-    self.momentum = float(momentum)
-    self.nesterov = bool(nesterov)
     self._num_weights = num_weights
     self._num_trainable = num_trainable
     self._x, self._y = x, y
@@ -878,7 +834,8 @@ class FunctionalTrainer:
                       bound=self._bound)
 
   def _mean_loss(self, trainable, rest, x, y, mask):
-    per_example = models.per_example_loss(self.loss_kind, y, self.forward(list(trainable) + list(rest), x))
+    per_example = models.per_example_loss(self.loss_kind, y,
+                                          self.forward(list(trainable) + list(rest), x))
     count = tf.reduce_sum(mask)
     return tf.reduce_sum(per_example * mask) / count, count
 
@@ -894,40 +851,25 @@ class FunctionalTrainer:
   def predict(self, weights, x):
     return self.forward(list(weights), x)
 
-  def train(self, start, data: PaddedBatches, lr, mu: float = 0.0, velocity=None,
-            anchor=None, grad_offset=None, grad_scale: float = 1.0,
-            control=None) -> TrainResult:
+  def train(self, start, data: PaddedBatches, lr, optimizer=None,
+            opt_state=None) -> TrainResult:
     start = [tf.convert_to_tensor(w) for w in start]
     nt = self._num_trainable
     rest = start[nt:]
-    anchor = start[:nt] if anchor is None else list(anchor)
     lr = tf.cast(lr, tf.float32)
-    if self.nesterov:
-      if velocity is None:
-        raise ValueError("Nesterov local steps need the look-ahead point y (velocity)")
-      v0 = tuple(velocity)
-    elif self.momentum:
-      v0 = tuple(tf.zeros_like(w) for w in start[:nt]) if velocity is None else tuple(velocity)
-    else:
-      v0 = ()
+    opt, state0 = start_optimizer(optimizer, start[:nt], opt_state)
 
-    def body(x, y, mask, w, num_examples, loss_sum, v):
+    def body(x, y, mask, w, num_examples, loss_sum, state):
       grads, batch_loss, count = self._grad(w, rest, x, y, mask)
-      if control is not None:
-        at_control, _, _ = self._grad(list(control), rest, x, y, mask)
-        grads = [g - c for g, c in zip(grads, at_control)]
-      if grad_scale != 1.0:
-        grads = [grad_scale * g for g in grads]
-      new_w, new_v = sgd_update(w, grads, lr, anchor, mu, self.momentum, v, grad_offset,
-                                self.nesterov)
-      return (tuple(new_w), num_examples + count, loss_sum + batch_loss * count,
-              tuple(new_v or ()))
+      new_w, state = opt.update(w, grads, state, lr,
+                                lambda point: self._grad(list(point), rest, x, y, mask)[0])
+      return (tuple(new_w), num_examples + count, loss_sum + batch_loss * count, state)
 
-    w, num_examples, loss_sum, v = self._loop(
-        data, data.num_steps, body, (tuple(start[:nt]), tf.constant(0.0), tf.constant(0.0), v0))
+    w, num_examples, loss_sum, state = self._loop(
+        data, data.num_steps, body,
+        (tuple(start[:nt]), tf.constant(0.0), tf.constant(0.0), state0))
     final = list(w) + rest
-    return TrainResult([f - s for f, s in zip(final, start)], num_examples, loss_sum,
-                       list(v) if self.momentum or self.nesterov else None)
+    return TrainResult([f - s for f, s in zip(final, start)], num_examples, loss_sum, state)
 
   def gradient(self, weights, data: PaddedBatches, max_batches: int = 1):
     weights = [tf.convert_to_tensor(w) for w in weights]

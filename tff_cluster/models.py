@@ -52,19 +52,6 @@ def per_example_loss(kind: str, y_true: tf.Tensor, y_pred: tf.Tensor) -> tf.Tens
   raise ValueError(f"unknown loss {kind!r}; valid: {', '.join(LOSSES)}")
 
 
-def num_correct(kind: str, y_true: tf.Tensor, y_pred: tf.Tensor) -> tf.Tensor:
-  """Number of correctly classified examples in the batch (float32)."""
-  if kind == SPARSE_CE_LOGITS:
-    pred = tf.argmax(y_pred, axis=-1, output_type=tf.int32)
-  elif kind == BINARY_PROBS:
-    pred = tf.cast(tf.reshape(y_pred, [-1]) >= 0.5, tf.int32)
-  else:
-    raise ValueError(f"unknown loss {kind!r}; valid: {', '.join(LOSSES)}")
-  return tf.reduce_sum(
-      tf.cast(tf.equal(pred, tf.reshape(tf.cast(y_true, tf.int32), [-1])),
-              tf.float32))
-
-
 def loss_kind(loss) -> str:
   """The library's loss kind for a Keras loss object, name or kind."""
   if isinstance(loss, str):

@@ -5,7 +5,8 @@
                              [--separate_seeds] [--dpi 120]
 
 Each RUN_DIR is a directory written by `run_experiment.py` (its `metrics.csv`,
-or `metrics.jsonl` when there is no CSV, and `config.json`). Runs whose
+or `metrics.jsonl` when there is no CSV, and `config.json`, read by
+`tff_cluster.io.rundir`). Runs whose
 settings differ only by `--seed` form one group, drawn as the mean over the
 seeds with a +/- one standard deviation band (sample std; the legend says how
 many seeds). The title names what all runs share (algorithm, task, model and
@@ -25,7 +26,6 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
-import json
 import math
 import os
 import re
@@ -33,18 +33,31 @@ import sys
 import textwrap
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from tff_cluster import hparams as hp
+from tff_cluster.io import rundir
+
 PROG = "python -m tff_cluster.plot"
 
-# The settings that define a run (config.json keys), in the order labels name
-# them, with their short names. Every other setting found in a config (an
-# algorithm's options, the task's arguments) follows as name=value.
-KEY_SETTINGS = (("algo", ""), ("task", ""), ("model", ""), ("num_groups", "groups"),
-                ("client_lr", "lr"), ("local_epochs", "E"), ("local_steps", "steps"),
-                ("runner", "runner"))
-OTHER_SETTINGS = ("batch_size", "clients_per_round", "rounds", "num_clients", "lr_decay",
-                  "client_momentum", "client_state", "eval_every", "jit", "client_batching",
-                  "synthetic_alpha", "synthetic_beta", "data_dir", "glove_path")
-SHORT_NAMES = dict(KEY_SETTINGS, batch_size="B", clients_per_round="clients/round")
+# The settings that define a run (config.json keys, `rundir`'s, from their
+# declarations), in the order labels name them. First the key settings, which
+# a title always names: what ran, the number of groups, the learning rate, the
+# local work and the runner. Then the algorithm's options (from the config),
+# then the rest: the sizes a single run's title names, the number of clients,
+# the other training and execution settings and the data settings; the seed
+# is what a curve averages over, and `client_chunk` (how many clients train
+# side by side) changes no number. Then the task's arguments, as name=value.
+KEY_SETTINGS = (*rundir.IDENTITY, hp.NUM_GROUPS.name, hp.CLIENT_LR.name,
+                hp.LOCAL_EPOCHS.name, hp.LOCAL_STEPS.name, hp.RUNNER.name)
+TITLE_SIZES = (hp.BATCH_SIZE.name, hp.CLIENTS_PER_ROUND.name, hp.ROUNDS.name)
+OTHER_SETTINGS = (
+    *TITLE_SIZES, "num_clients",
+    *(n for n in (*rundir.TRAINING_SETTINGS, *rundir.EXECUTION_SETTINGS)
+      if n not in (*KEY_SETTINGS, *TITLE_SIZES, hp.SEED.name, hp.CLIENT_CHUNK.name)),
+    *rundir.DATA_SETTINGS)
+# Names shown in titles and legends (the others as they are; what ran by its value).
+SHORT_NAMES = {hp.NUM_GROUPS.name: "groups", hp.CLIENT_LR.name: "lr",
+               hp.LOCAL_EPOCHS.name: "E", hp.LOCAL_STEPS.name: "steps",
+               hp.BATCH_SIZE.name: "B", hp.CLIENTS_PER_ROUND.name: "clients/round"}
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p")
 GROUP_ACCURACY = re.compile(r"^group_(\d+)_accuracy$")
 MAX_MARKERS = 30  # per line; longer runs mark every n-th point
@@ -90,95 +103,23 @@ class RunGroup:
 # Reading
 
 
-def _cell(value: Optional[str]) -> Optional[float]:
-  if value is None or value == "":
-    return None
-  return float(value)  # 'nan', 'inf' and '-inf' included
-
-
-def read_metrics(run_dir: str) -> Tuple[List[str], List[Dict[str, Optional[float]]]]:
-  """(columns, rows) of a run's metrics.csv, or of metrics.jsonl without one.
-
-  CSV cells: empty = not computed that round (None), `nan`/`inf`/`-inf` as
-  floats. JSONL: null is None, or NaN when the row lists the field under
-  "nonfinite". A torn last line (a run killed mid-write) is skipped.
-  Raises PlotError when there is neither file or one cannot be parsed.
-  """
-  csv_path = os.path.join(run_dir, "metrics.csv")
-  jsonl_path = os.path.join(run_dir, "metrics.jsonl")
-  if os.path.isfile(csv_path):
-    try:
-      with open(csv_path, newline="") as f:
-        reader = csv.reader(f)
-        header = next(reader, None)
-        if not header:
-          raise PlotError(f"{csv_path} is empty; valid: a metrics.csv with a header line")
-        rows = []
-        for line_num, cells in enumerate(reader, start=2):
-          if len(cells) != len(header):
-            continue  # a torn line
-          try:
-            rows.append({c: _cell(v) for c, v in zip(header, cells)})
-          except ValueError:
-            raise PlotError(f"{csv_path} line {line_num} has a value that is not a "
-                            "number; valid: numbers, nan, inf or empty cells") from None
-    except OSError as e:
-      raise PlotError(f"cannot read {csv_path} ({e.strerror or e})") from None
-    return header, [r for r in rows if r.get("round") is not None]
-  if os.path.isfile(jsonl_path):
-    columns: Dict[str, None] = {}
-    rows = []
-    try:
-      with open(jsonl_path) as f:
-        lines = f.read().splitlines()
-    except OSError as e:
-      raise PlotError(f"cannot read {jsonl_path} ({e.strerror or e})") from None
-    for i, line in enumerate(lines):
-      if not line.strip():
-        continue
-      try:
-        record = json.loads(line)
-      except ValueError:
-        if i == len(lines) - 1:
-          continue  # a torn last line
-        raise PlotError(f"{jsonl_path} line {i + 1} is not JSON; valid: one JSON "
-                        "object per line") from None
-      nonfinite = set(record.pop("nonfinite", ()) or ())
-      row = {}
-      for key, value in record.items():
-        columns.setdefault(key)
-        if value is None:
-          row[key] = math.nan if key in nonfinite else None
-        elif isinstance(value, (int, float)):
-          row[key] = float(value)
-      if row.get("round") is not None:
-        rows.append(row)
-    return list(columns), rows
-  raise PlotError(f"{run_dir} has no metrics.csv or metrics.jsonl; valid: a run "
-                  "directory written by run_experiment.py (its --output_dir)")
-
-
 def load_run(run_dir: str) -> Run:
-  """A run directory's config and metrics. Raises PlotError (one line)."""
+  """A run directory's config and metrics (`rundir.read_config`,
+  `rundir.read_metrics`). Raises PlotError (one line)."""
   if not os.path.exists(run_dir):
     raise PlotError(f"run directory {run_dir} does not exist; valid: a directory "
                     "written by run_experiment.py (its --output_dir)")
   if not os.path.isdir(run_dir):
     raise PlotError(f"{run_dir} is not a directory; valid: a run directory written by "
                     "run_experiment.py (its --output_dir)")
-  columns, rows = read_metrics(run_dir)
-  config: Dict[str, Any] = {}
-  config_path = os.path.join(run_dir, "config.json")
-  if os.path.isfile(config_path):
-    try:
-      with open(config_path) as f:
-        config = json.load(f)
-    except (OSError, ValueError) as e:
-      raise PlotError(f"cannot read {config_path} ({e.__class__.__name__}); valid: "
-                      "the config.json a run wrote") from None
-    if not isinstance(config, dict):
-      raise PlotError(f"{config_path} is not a JSON object; valid: the config.json a "
-                      "run wrote")
+  try:
+    columns, rows = rundir.read_metrics(run_dir)
+  except rundir.RunDirError as e:
+    raise PlotError(str(e)) from None
+  try:
+    config = rundir.read_config(run_dir, missing_ok=True)
+  except rundir.RunDirError as e:
+    raise PlotError(f"{e}; valid: the config.json a run wrote") from None
   return Run(run_dir, config, columns, rows)
 
 
@@ -191,7 +132,7 @@ def run_settings(config: Mapping[str, Any]) -> Dict[str, Any]:
   the training settings, the algorithm's options and the task's arguments
   (as applied, where the config records them)."""
   out: Dict[str, Any] = {}
-  for name, _ in KEY_SETTINGS:
+  for name in KEY_SETTINGS:
     if config.get(name) is not None:
       out[name] = config[name]
   for name, value in sorted((config.get("algo_options") or {}).items()):
@@ -223,24 +164,22 @@ def group_runs(runs: Sequence[Run], separate_seeds: bool = False) -> List[RunGro
   return groups
 
 
-def format_value(value: Any) -> str:
-  if isinstance(value, bool):
-    return "true" if value else "false"
+def _label_value(value: Any) -> str:
+  """A setting's value in a label: `hparams.format_value`'s text, floats in
+  their shortest form (`%g`)."""
   if isinstance(value, float):
     return f"{value:g}"
-  return str(value)
+  return hp.format_value(value)
 
 
 def _setting_text(name: str, value: Any) -> str:
-  if name in ("algo", "task", "model", "run"):
-    return format_value(value)
-  return f"{SHORT_NAMES.get(name, name)}={format_value(value)}"
+  if name in (*rundir.IDENTITY, "run"):
+    return _label_value(value)
+  return f"{SHORT_NAMES.get(name, name)}={_label_value(value)}"
 
 
 def _ordered_names(groups: Sequence[RunGroup]) -> List[str]:
-  names: Dict[str, None] = {}
-  for name, _ in KEY_SETTINGS:
-    names[name] = None
+  names: Dict[str, None] = dict.fromkeys(KEY_SETTINGS)
   for g in groups:
     for name in g.settings:
       names.setdefault(name)
@@ -268,7 +207,7 @@ def describe(groups: Sequence[RunGroup]) -> Tuple[str, List[str]]:
   common = [n for n in names
             if len({repr(g.settings.get(n, missing)) for g in groups}) == 1
             and n in groups[0].settings]
-  key = {n for n, _ in KEY_SETTINGS} | {"run"}  # "run": a run without config.json
+  key = {*KEY_SETTINGS, "run"}  # "run": a run without config.json
   # A key setting differs when its values (or its absence) differ; any other
   # setting (e.g. an algorithm's option) when the groups that have it differ
   # in it: one that only some groups' algorithm has is implied by the name.
@@ -289,7 +228,7 @@ def describe(groups: Sequence[RunGroup]) -> Tuple[str, List[str]]:
             if n in key and n not in ("algo", "task", "run")]
   if len(groups) == 1:
     parts += [_setting_text(n, shared[n]) for n in common if n not in key and n != "run"
-              and n in ("num_groups", "batch_size", "clients_per_round", "rounds")]
+              and n in TITLE_SIZES]
     parts.append(seeds_text(groups[0].seeds))
   title = ", ".join(p for p in parts if p)
   labels = []

@@ -1,4 +1,5 @@
-"""Everything a run leaves in `--output_dir`.
+"""The writers of everything a run leaves in `--output_dir` (file names and
+readers: `tff_cluster.io.rundir`).
 
   config.json     every resolved setting of the run, the task's arguments as
                   applied, the git commit and library versions
@@ -33,7 +34,6 @@ present only when there are any.
 from __future__ import annotations
 
 import csv
-import fnmatch
 import hashlib
 import importlib.util
 import io
@@ -51,84 +51,12 @@ import numpy as np
 
 from tff_cluster import checkpoint, plot, stack
 from tff_cluster.checkpoint import WriteFailed, atomic_write_bytes, write_failed
-
-RESULT_FILES = ("config.json", "metrics.csv", "metrics.jsonl", "summary.json",
-                "accuracy.png", "groups.csv", "groups.png")
-TENSORBOARD_DIR = "tensorboard"
-RESULT_DIRS = (TENSORBOARD_DIR, "checkpoints", "models")
+from tff_cluster.io import rundir
+from tff_cluster.io.rundir import foreign_entries
 
 
 class OutputDirError(ValueError):
-  pass
-
-
-# What a run writes in its directory (besides RESULT_FILES), as glob patterns
-# per folder; `*/` marks a folder.
-_RUN_ENTRIES = {
-    "": ("eval_*.json", ".write-test", "tensorboard/", "checkpoints/", "models/"),
-    "tensorboard": ("events.out.tfevents.*", "*/"),
-    "tensorboard/*": ("events.out.tfevents.*", "*/"),
-    "checkpoints": ("round-[0-9][0-9][0-9][0-9][0-9][0-9]*.npz",
-                    "round-[0-9][0-9][0-9][0-9][0-9][0-9]*.pkl",
-                    "round-[0-9][0-9][0-9][0-9][0-9][0-9]*.clients/"),
-    "checkpoints/*.clients": ("part-[0-9][0-9][0-9][0-9][0-9][0-9]*.npz",),
-    "models": ("final/", "best/"),
-    "models/*": ("model_[0-9]*.npz", "model_[0-9]*.keras", "clients.json"),
-}
-_CONFIG_KEYS = ("algo", "task", "seed", "rounds")
-_OVERWRITE_SCOPE = ("--overwrite replaces only a previous run's own files (config.json, "
-                    "metrics.csv/.jsonl, summary.json, groups.csv/.png, accuracy.png, "
-                    "eval_*.json, tensorboard/, checkpoints/, models/)")
-
-
-def _is_run_config(path: str) -> bool:
-  try:
-    with open(path) as f:
-      config = json.load(f)
-  except (OSError, ValueError):
-    return False
-  return isinstance(config, dict) and all(k in config for k in _CONFIG_KEYS)
-
-
-def _rule_of(rel: str) -> tuple:
-  for pattern, names in _RUN_ENTRIES.items():
-    if fnmatch.fnmatchcase(rel, pattern):
-      return names
-  return ()
-
-
-def _foreign(path: str, rel: str = "") -> List[str]:
-  """The entries under `path`/`rel` that no run writes (relative paths)."""
-  out = []
-  folder = os.path.join(path, rel) if rel else path
-  rules = _rule_of(rel) + (RESULT_FILES if rel == "" else ())
-  for name in sorted(os.listdir(folder)):
-    entry = f"{rel}/{name}" if rel else name
-    full = os.path.join(folder, name)
-    if checkpoint.is_temporary(name):
-      continue
-    is_dir = os.path.isdir(full) and not os.path.islink(full)
-    if is_dir and any(r.endswith("/") and fnmatch.fnmatchcase(name, r[:-1]) for r in rules):
-      out += _foreign(path, entry)
-    elif not is_dir and any(not r.endswith("/") and fnmatch.fnmatchcase(name, r)
-                            for r in rules):
-      continue
-    else:
-      out.append(entry + ("/" if is_dir else ""))
-  return out
-
-
-def foreign_entries(path: str) -> List[str]:
-  """What in the directory `path` no run of this project wrote (relative
-  paths, folders ending in `/`): everything, when it holds no run's
-  `config.json` (a directory holding only a run's temporary files is a
-  run's); [] for a previous run's directory."""
-  names = [n for n in os.listdir(path) if n != ".write-test"]
-  if not names or all(checkpoint.is_temporary(n) for n in names):
-    return []
-  if not _is_run_config(os.path.join(path, "config.json")):
-    return sorted(n + ("/" if os.path.isdir(os.path.join(path, n)) else "") for n in names)
-  return _foreign(path)
+  """An --output_dir that cannot take a run's results; the message is one line."""
 
 
 def check_output_dir(path: str, overwrite: bool) -> None:
@@ -141,7 +69,8 @@ def check_output_dir(path: str, overwrite: bool) -> None:
     return
   if not overwrite:
     raise OutputDirError(
-        f"--output_dir={path} is not empty; choose another directory ({_OVERWRITE_SCOPE}, "
+        f"--output_dir={path} is not empty; choose another directory "
+        f"({rundir.OVERWRITE_SCOPE}, "
         "and refuses a directory holding anything else)")
   try:
     foreign = foreign_entries(path)
@@ -152,7 +81,7 @@ def check_output_dir(path: str, overwrite: bool) -> None:
     more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
     raise OutputDirError(
         f"--output_dir={path} holds {', '.join(foreign[:3])}{more}, which no run wrote "
-        f"there; {_OVERWRITE_SCOPE}: nothing was changed; move those away or choose "
+        f"there; {rundir.OVERWRITE_SCOPE}: nothing was changed; move those away or choose "
         "another directory")
 
 
@@ -262,29 +191,30 @@ GROUPS_FORMATS = ("wide", "long")
 # `group_<j>_size` columns: its runs get groups.png.
 _GROUP_SIZE = re.compile(r"^group_\d+_size$")
 
-# TensorBoard: every column under one of these sections.
-_GROUP_TAGS = re.compile(r"^(group_|cfl_)|^(num_clusters|ari|purity|num_changed|"
-                         r"num_assigned|num_cold_clients|kmeans_objective)$")
+
+def is_grouping_column(column: str, algo: Optional[str] = None) -> bool:
+  """Whether a metrics column describes how the clients are grouped: a
+  per-group value (`group_*`), a count of clients or clusters (`num_*`), the
+  grouping against the true clusters (`ari`, `purity`), a clustering
+  objective (`*_objective`), or a diagnostic that the run's algorithm `algo`
+  names after itself (`<algo>_*`, e.g. CFL's `cfl_splits`)."""
+  return (column.startswith(("group_", "num_")) or column in ("ari", "purity")
+          or column.endswith("_objective")
+          or (algo is not None and column.startswith(f"{algo}_")))
 
 
-def tensorboard_tag(column: str) -> str:
-  """The TensorBoard tag of a metrics column: `comm/` for bytes, `time/` for
-  seconds, `groups/` for group and clustering columns, `metrics/` for the rest
-  (accuracies, losses, F1, algorithm metrics)."""
-  if column in ("bytes_down", "bytes_up"):
+def tensorboard_tag(column: str, algo: Optional[str] = None) -> str:
+  """The TensorBoard tag of a metrics column of a run of `algo`: `comm/` for
+  bytes, `time/` for seconds, `groups/` for group and clustering columns
+  (`is_grouping_column`), `metrics/` for the rest (accuracies, losses, F1,
+  algorithm metrics)."""
+  if column.startswith("bytes_"):
     return f"comm/{column}"
   if column.endswith("_seconds"):
     return f"time/{column}"
-  if _GROUP_TAGS.search(column):
+  if is_grouping_column(column, algo):
     return f"groups/{column}"
   return f"metrics/{column}"
-
-
-# config.json keys recorded as TensorBoard HParams (when scalar and set).
-HPARAM_KEYS = ("algo", "task", "model", "seed", "rounds", "clients_per_round", "batch_size",
-               "client_lr", "local_epochs", "local_steps", "lr_decay", "client_momentum",
-               "client_state", "eval_every", "num_clients", "runner", "jit", "client_batching",
-               "client_chunk")
 
 
 def hparams_of(config: Mapping[str, Any]) -> Dict[str, Any]:
@@ -298,7 +228,7 @@ def hparams_of(config: Mapping[str, Any]) -> Dict[str, Any]:
         isinstance(v, float) and not math.isfinite(v)) else None
 
   out: Dict[str, Any] = {}
-  for key in HPARAM_KEYS:
+  for key in rundir.HYPERPARAMETERS:
     if scalar(config.get(key)) is not None:
       out[key] = scalar(config[key])
   for key, value in sorted((config.get("algo_options") or {}).items()):
@@ -311,14 +241,6 @@ def hparams_of(config: Mapping[str, Any]) -> Dict[str, Any]:
     if scalar(value) is not None:
       out[f"task_arg.{key}"] = scalar(value)
   return out
-
-
-def _package_version(name: str) -> Optional[str]:
-  from importlib import metadata
-  try:
-    return metadata.version(name)
-  except metadata.PackageNotFoundError:
-    return None
 
 
 def library_versions() -> Dict[str, Any]:
@@ -395,8 +317,8 @@ class ResultsWriter:
       checkpoint.remove_temporary(path)
     self.columns: List[str] = list(dict.fromkeys(columns))
     self.config: Optional[Dict[str, Any]] = None
-    csv_path = os.path.join(path, "metrics.csv")
-    jsonl_path = os.path.join(path, "metrics.jsonl")
+    csv_path = rundir.path_of(path, rundir.METRICS_CSV)
+    jsonl_path = rundir.path_of(path, rundir.METRICS_JSONL)
     raw = [_plain(r) for r in (resume_rows or [])]
     self._resume_rounds = (None if resume_rows is None else
                            {int(r["round"]) for r in raw})
@@ -404,8 +326,8 @@ class ResultsWriter:
     jsonl_lines = [_jsonl_line(r) for r in raw]
     # The running SHA-256 of both files, which a checkpoint records in place of
     # the rows (`checkpoint.read_rows`).
-    self._hashes = {"metrics.csv": hashlib.sha256(), "metrics.jsonl": hashlib.sha256()}
-    for name, lines in (("metrics.csv", csv_lines), ("metrics.jsonl", jsonl_lines)):
+    self._hashes = {rundir.METRICS_CSV: hashlib.sha256(), rundir.METRICS_JSONL: hashlib.sha256()}
+    for name, lines in ((rundir.METRICS_CSV, csv_lines), (rundir.METRICS_JSONL, jsonl_lines)):
       for line in lines:
         self._hashes[name].update(line.encode())
     try:
@@ -424,7 +346,7 @@ class ResultsWriter:
     # absent only from installs made without dependencies): no logs without it.
     if tensorboard and importlib.util.find_spec("tensorboard") is not None:
       import tensorflow as tf
-      tb_dir = os.path.join(path, TENSORBOARD_DIR)
+      tb_dir = rundir.path_of(path, rundir.TENSORBOARD)
       if not os.path.exists(tb_dir):
         self._created.append(tb_dir)
       try:
@@ -502,7 +424,7 @@ class ResultsWriter:
     TensorBoard HParams plugin, once."""
     self.config = dict(config)
     try:
-      write_json(os.path.join(self.path, "config.json"), config)
+      write_json(rundir.path_of(self.path, rundir.CONFIG), config)
     except WriteFailed:
       self._discard()  # a new run without its config.json leaves nothing
       raise
@@ -524,18 +446,19 @@ class ResultsWriter:
       raise KeyError(f"metrics {sorted(unknown)} are not declared columns")
     csv_line, jsonl_line = self._csv_row(raw), _jsonl_line(raw)
     self._append((self._csv_file, csv_line), (self._jsonl, jsonl_line))
-    self._hashes["metrics.csv"].update(csv_line.encode())
-    self._hashes["metrics.jsonl"].update(jsonl_line.encode())
+    self._hashes[rundir.METRICS_CSV].update(csv_line.encode())
+    self._hashes[rundir.METRICS_JSONL].update(jsonl_line.encode())
     self._raw_rows.append(raw)
     self._rows.append(to_jsonable(raw))
     if self._tb is not None:
       import tensorflow as tf
+      algo = (self.config or {}).get("algo")
       try:
         with self._tb.as_default(step=int(raw["round"])):
           for key, value in raw.items():
             if (key != "round" and isinstance(value, (int, float))
                 and math.isfinite(value)):
-              tf.summary.scalar(tensorboard_tag(key), value)
+              tf.summary.scalar(tensorboard_tag(key, algo), value)
       except Exception as e:  # noqa: BLE001
         self._tb_failed(e)
 
@@ -564,7 +487,7 @@ class ResultsWriter:
 
   def _open_groups(self, client_ids: List[str]) -> None:
     header = ["round", *client_ids]
-    path = os.path.join(self.path, "groups.csv")
+    path = rundir.path_of(self.path, rundir.GROUPS_CSV)
     kept = []
     if self._resume_rounds and os.path.isfile(path):
       with open(path, newline="") as f:
@@ -600,7 +523,7 @@ class ResultsWriter:
 
   def _open_groups_long(self, client_ids: List[str]) -> None:
     header = ["round", "client", "group"]
-    path = os.path.join(self.path, "groups.csv")
+    path = rundir.path_of(self.path, rundir.GROUPS_CSV)
     kept = []
     if self._resume_rounds and os.path.isfile(path):
       index = {c: k for k, c in enumerate(client_ids)}
@@ -633,7 +556,7 @@ class ResultsWriter:
     return self._rows
 
   def write_summary(self, summary: Mapping[str, Any]) -> None:
-    write_json(os.path.join(self.path, "summary.json"), summary)
+    write_json(rundir.path_of(self.path, rundir.SUMMARY), summary)
 
   def plot(self, title: Optional[str] = None) -> Optional[str]:
     """accuracy.png: test accuracy, each group's accuracy (when the rows have
@@ -653,7 +576,7 @@ class ResultsWriter:
     task has true clusters (an `ari` column), the final ARI and purity (the
     last evaluated round's, as in summary.json). Returns its path, or None
     when not drawn. A failure to draw is a warning, never an error."""
-    path = os.path.join(self.path, "groups.csv")
+    path = rundir.path_of(self.path, rundir.GROUPS_CSV)
     if not any(_GROUP_SIZE.match(c) for c in self.columns) or not os.path.isfile(path):
       return None
     scores = final_cluster_scores(self._raw_rows)
@@ -664,7 +587,7 @@ class ResultsWriter:
     rounds = ([int(r["round"]) for r in self._raw_rows]
               if self.groups_format == "long" and self._raw_rows else None)
     try:
-      return plot.plot_groups(path, os.path.join(self.path, "groups.png"), title, rounds)
+      return plot.plot_groups(path, rundir.path_of(self.path, rundir.GROUPS_PNG), title, rounds)
     except Exception as e:  # noqa: BLE001 - the run's results matter more
       warnings.warn(f"groups.png not written: {type(e).__name__}: {e}")
       return None
@@ -675,7 +598,7 @@ class ResultsWriter:
     rows = [{k: (float(v) if isinstance(v, (int, float)) else None)
              for k, v in r.items()} for r in self._raw_rows]
     run = plot.Run(self.path, dict(self.config or {}), list(self.columns), rows)
-    out = os.path.join(self.path, "accuracy.png")
+    out = rundir.path_of(self.path, rundir.ACCURACY_PNG)
     try:
       return plot.plot_runs([run], out, title=None if self.config else title, dpi=100)
     except Exception as e:  # noqa: BLE001 - the run's results matter more
@@ -698,9 +621,14 @@ class ResultsWriter:
       self._tb = None
 
 
-# test_accuracy_clientavg / test_macro_f1: client-averaged (training-size
-# weighted) accuracy and macro-F1, the WeCFL paper's scores.
-MAXIMIZED_COLUMNS = ("test_accuracy_assigned", "test_accuracy_clientavg", "test_macro_f1")
+def maximized_columns(columns: Iterable[str]) -> List[str]:
+  """The test scores among `columns` that a summary reports the maximum of,
+  like `test_accuracy`'s: every `test_*` column but test_accuracy itself and
+  the losses (e.g. test_accuracy_clientavg and test_macro_f1, the WeCFL
+  paper's client-averaged scores, and FedGroup's test_accuracy_assigned, its
+  paper's score), sorted by name."""
+  return sorted({c for c in columns if c.startswith("test_") and c != "test_accuracy"
+                 and not c.endswith("_loss")})
 
 
 def final_cluster_scores(rows: Sequence[Mapping[str, Any]]) -> Dict[str, float]:
@@ -726,9 +654,8 @@ def summarize(rows: List[Mapping[str, Any]], rounds: int) -> Dict[str, Any]:
     summary.update(final_test_accuracy=evaluated[-1]["test_accuracy"],
                    max_test_accuracy=best["test_accuracy"],
                    max_round=best["round"])
-  # Algorithm scores maximised like test_accuracy (e.g. FedGroup's
-  # test_accuracy_assigned, the paper's score): max_<name> and its round.
-  for name in MAXIMIZED_COLUMNS:
+  # The other test scores, maximised like test_accuracy: max_<name> and its round.
+  for name in maximized_columns(c for r in rows for c in r):
     scored = [r for r in evaluated if r.get(name) is not None and np.isfinite(r[name])]
     if scored:
       best = max(scored, key=lambda r: r[name])

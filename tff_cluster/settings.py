@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import datetime
 import functools
-import json
 import os
 import shutil
 import sys
@@ -22,6 +21,7 @@ from typing import Any, Dict, Sequence
 from tff_cluster import hparams as hp
 from tff_cluster import registry, results, stack, tasks
 from tff_cluster.data.federated import DataError, FederatedData, reloading
+from tff_cluster.io import rundir
 from tff_cluster.task import DataOptions
 
 ALGOS = registry.ALGORITHMS
@@ -68,18 +68,10 @@ class UsageError(Exception):
   """Bad command-line input; the message is the one line shown to the user."""
 
 
-def resolve_settings(values) -> dict:
-  """Validates flags and fills task and declaration defaults. Raises UsageError."""
-  if values["algo"] not in ALGOS:
-    raise UsageError(f"unknown --algo={values['algo']}; valid: {', '.join(sorted(ALGOS))}")
-  if values["task"] not in TASKS:
-    raise UsageError(f"unknown --task={values['task']}; valid: {', '.join(sorted(TASKS))}")
-  algo = ALGOS[values["algo"]]
-  task = TASKS[values["task"]]
-  try:
-    task.with_model(values.get("model"))
-  except ValueError as e:
-    raise UsageError(str(e)) from None
+def _resolve_declared(values, algo, task) -> dict:
+  """The general flags, and the training, runner and algorithm settings by
+  their declarations with the task's defaults (the local work's other kind
+  None). Raises UsageError."""
   settings = {name: values.get(name) for name in GENERAL}
   given = dict(values)
   if given.get("local_epochs") is not None and given.get("local_steps") is not None:
@@ -111,9 +103,15 @@ def resolve_settings(values) -> dict:
   except hp.HParamError as e:
     raise UsageError(str(e)) from None
   settings[other] = None
+  return settings
+
+
+def _check_training(settings: dict, values, algo, task) -> None:
+  """The sizes a run needs (filled in where every client takes part), and
+  a warning for algorithm flags `algo` ignores. Raises UsageError."""
   if settings["num_clients"] is None:
     settings["num_clients"] = task.defaults.get("num_clients")
-  if algo.all_clients and given.get("clients_per_round") is None:
+  if algo.all_clients and values.get("clients_per_round") is None:
     # Every client takes part in every round: the number is known once the
     # data is loaded (`_load_task_data`).
     settings["clients_per_round"] = None
@@ -135,6 +133,11 @@ def resolve_settings(values) -> dict:
                    if name not in own and values.get(name) is not None)
   if ignored:
     print(f"warning: {', '.join(ignored)} ignored by --algo={algo.name}", file=sys.stderr)
+
+
+def _check_runner(settings: dict, values) -> None:
+  """The runner's stack is installed and only its own flags are given.
+  Raises UsageError."""
   if stack.keras_problem() is not None:
     raise UsageError(stack.keras_problem())
   if settings["runner"] == "tff":
@@ -163,7 +166,24 @@ def resolve_settings(values) -> dict:
     raise UsageError(stack.RAY_MISSING)
   if settings["ray_address"] == "":
     raise UsageError("invalid --ray_address=''; valid: HOST:PORT of a Ray head, or auto")
-  settings["algo_options"] = {name: settings[name] for name in own}
+
+
+def resolve_settings(values) -> dict:
+  """Validates flags and fills task and declaration defaults. Raises UsageError."""
+  if values["algo"] not in ALGOS:
+    raise UsageError(f"unknown --algo={values['algo']}; valid: {', '.join(sorted(ALGOS))}")
+  if values["task"] not in TASKS:
+    raise UsageError(f"unknown --task={values['task']}; valid: {', '.join(sorted(TASKS))}")
+  algo = ALGOS[values["algo"]]
+  task = TASKS[values["task"]]
+  try:
+    task.with_model(values.get("model"))
+  except ValueError as e:
+    raise UsageError(str(e)) from None
+  settings = _resolve_declared(values, algo, task)
+  _check_training(settings, values, algo, task)
+  _check_runner(settings, values)
+  settings["algo_options"] = {d.name: settings[d.name] for d in algo.hparams}
   settings["task_args"] = parse_task_args(values.get("task_arg") or [], task)
   settings.pop("task_arg", None)
   if settings["checkpoint_every"] is not None and not (
@@ -269,13 +289,12 @@ def _typed(decl, raw: str):
 
 
 def run_config(run_dir: str) -> dict:
-  path = os.path.join(run_dir, "config.json")
+  """The run's config.json (`rundir.read_config`); UsageError (one line) when
+  it cannot be read."""
   try:
-    with open(path) as f:
-      return json.load(f)
-  except (OSError, ValueError) as e:
-    raise UsageError(f"cannot read {path} ({e.__class__.__name__}); --resume and "
-                     "--eval_only need the directory of a run") from None
+    return rundir.read_config(run_dir)
+  except rundir.RunDirError as e:
+    raise UsageError(f"{e}; --resume and --eval_only need the directory of a run") from None
 
 
 def run_dir_settings(run_dir: str, given: Dict[str, Any], resume: bool,

@@ -38,6 +38,7 @@ Evaluation: each client is tested with its cluster's model.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Dict
 
 import numpy as np
@@ -49,10 +50,18 @@ from tff_cluster.options import CFL_HPARAMS, Options, options_of
 MIN_SPLIT_SIZE = 3  # |c| > 2
 
 
+@dataclasses.dataclass
+class CFLHost(wecfl.ClusterModelsHost):
+  """CFL's host state: the clusters', and how many splits were made and how
+  many refused for want of a free slot."""
+  splits: int = 0
+  refused: int = 0
+
+
 class CFLDriver(wecfl.ClusterModelsDriver):
   """CFL's host side: the cluster tree over the slots (see the module docstring)."""
 
-  checkpoint_attrs = ("assignment", "_summary", "splits", "refused")
+  host: CFLHost
 
   def __init__(self, task, data, config: driver.TrainingConfig, options: Options):
     self.eps1, self.eps2 = float(options.cfl_eps1), float(options.cfl_eps2)
@@ -60,13 +69,14 @@ class CFLDriver(wecfl.ClusterModelsDriver):
     self.weighting = options.cfl_weighting
     super().__init__(task, data, config, num_groups=options.num_groups, mu=0.0,
                      min_round_clients=1)
-    self.splits = 0
-    self.refused = 0
     self._norms: Dict[str, float] = {}
-    self._summary.update(cfl_eps1=self.eps1, cfl_eps2=self.eps2,
+    self.host.summary.update(cfl_eps1=self.eps1, cfl_eps2=self.eps2,
                          cfl_warmup_rounds=self.warmup, cfl_weighting=self.weighting)
     self.extra_columns = [*self.extra_columns, "num_clusters", "cfl_splits", "cfl_refused",
                           "cfl_max_mean_norm", "cfl_max_update_norm"]
+
+  def make_host(self, assignment):
+    return CFLHost(assignment=assignment, summary={})
 
   def aggregation_weights(self):
     if self.weighting == "data":
@@ -75,14 +85,15 @@ class CFLDriver(wecfl.ClusterModelsDriver):
 
   def choose(self, round_num, sampled, trained, models):
     n = self.definition.num_trainable
-    current = self.assignment[sampled]
+    host = self.host
+    current = host.assignment[sampled]
     updates = np.stack([
         clustering.flatten_weights(list(w)[:n])
         - clustering.flatten_weights(list(models[int(c)])[:n])
         for w, c in zip(trained, current)])
     weights = self.data_weight[sampled] if self.weighting == "data" else None
     new = current.copy()
-    occupied = set(int(c) for c in self.assignment if c >= 0)
+    occupied = set(int(c) for c in host.assignment if c >= 0)
     max_mean = 0.0
     for c in sorted(set(int(c) for c in current)):
       pos = np.flatnonzero(current == c)
@@ -95,7 +106,7 @@ class CFLDriver(wecfl.ClusterModelsDriver):
         continue
       free = [s for s in range(self.k) if s not in occupied]
       if not free:
-        self.refused += 1
+        host.refused += 1
         continue
       # cfl_step maps the bipartition back to global indices (here: positions
       # into this round's sampled clients).
@@ -103,15 +114,16 @@ class CFLDriver(wecfl.ClusterModelsDriver):
                                       weights, MIN_SPLIT_SIZE)
       new[np.asarray(second, np.int64)] = free[0]
       occupied.add(free[0])
-      self.splits += 1
+      host.splits += 1
     self._norms = {"cfl_max_mean_norm": max_mean,
                    "cfl_max_update_norm": float(np.max(np.linalg.norm(updates, axis=1)))}
     return new
 
   def round_extras(self):
-    return {"num_clusters": int(len(np.unique(self.assignment[self.assignment >= 0]))),
-            "cfl_splits": self.splits,
-            "cfl_refused": self.refused, **self._norms}
+    assignment = self.host.assignment
+    return {"num_clusters": int(len(np.unique(assignment[assignment >= 0]))),
+            "cfl_splits": self.host.splits,
+            "cfl_refused": self.host.refused, **self._norms}
 
 
 def make_definition(weights_spec, num_trainable: int, options: Options,

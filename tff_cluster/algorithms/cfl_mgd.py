@@ -52,8 +52,10 @@ import tensorflow as tf
 
 from tff_cluster import driver
 from tff_cluster.core import cluster_ops
+from tff_cluster.core.aggregators import ClusterMean
 from tff_cluster.core.definition import ClientOutput, Definition, flat_norm
-from tff_cluster.algorithms.ifca import IFCADriver, assign_output, estimate_cluster
+from tff_cluster.algorithms.ifca import IFCADriver, assign_output, select_cluster
+from tff_cluster.learning import optimizers
 from tff_cluster.options import CFL_MGD_HPARAMS, Options, options_of
 
 
@@ -69,23 +71,21 @@ class CFLMGDDefinition(Definition):
   """
 
   modes = ("train", "assign", "forced")
+  algo = "cfl_mgd"
+  own_momentum = "its momentum is --cfl_mgd_beta"
 
   def __init__(self, weights_spec, num_trainable: int, num_clusters: int, *,
                option: str, beta: float, buffer: str, norm: str, num_clients: int,
-               loss_batches: int, grad_batches: int, momentum: float = 0.0,
-               persist_momentum: bool = False):
+               loss_batches: int, grad_batches: int, **solver):
     """The `--cfl_mgd_*` options, `norm` = `--grad_avg_norm`, `loss_batches` =
     `--ifca_loss_batches`; `num_clients`: the clients with training data (m)."""
-    if momentum:
-      raise ValueError("invalid --client_momentum for cfl_mgd: its momentum is "
-                       "--cfl_mgd_beta; valid: --client_momentum=0")
-    super().__init__(weights_spec, num_trainable)
-    del persist_momentum
+    super().__init__(weights_spec, num_trainable, **solver)
     self.k = int(num_clusters)
     self.option = option
     self.beta = float(beta)
-    # The trainer's heavy-ball momentum (option II's local steps).
-    self.momentum = self.beta if option == "model" else 0.0
+    # Option II's local steps: heavy-ball momentum whose state starts at the
+    # cluster's buffer (`momenta`: one optimizer state per cluster).
+    self.client_optimizer = optimizers.chain(optimizers.heavy_ball(self.beta))
     self.buffer = buffer
     self.norm = norm
     self.num_clients = int(num_clients)
@@ -108,9 +108,9 @@ class CFLMGDDefinition(Definition):
   def database(self, state, mode):
     if mode != "forced":
       return None
-    # The key's row of every model (and buffer) weight, the last row one-hot.
+    # The key's row of every model (and buffer) weight.
     buffers = [] if self.client_buffers else list(state["momenta"])
-    return [*state["models"], *buffers, tf.eye(self.k, dtype=tf.float32)]
+    return [*state["models"], *buffers]
 
   def broadcast(self, state, params, mode):
     if mode == "forced":
@@ -125,35 +125,28 @@ class CFLMGDDefinition(Definition):
       return None
     return collections.OrderedDict(velocity=list(self.weights_spec[:self.num_trainable]))
 
-  def client_work(self, trainer, selected, received, client_state, data, mode):
-    if mode == "forced":
-      rows = list(selected)
-      cluster = tf.argmax(rows[-1], output_type=tf.int32)
-      start = rows[:len(self.weights_spec)]
-      start_momenta = rows[len(self.weights_spec):-1]
-      losses = tf.zeros([self.k], tf.float32)
-    else:
-      models = list(received["models"])
-      cluster, losses = estimate_cluster(trainer, models, data, self.k, self.loss_batches)
-      if mode == "assign":
-        return assign_output(cluster, losses)
-      start = [tf.gather(w, cluster) for w in models]
-      start_momenta = ([] if self.client_buffers else
-                       [tf.gather(u, cluster) for u in received["momenta"]])
-    onehot = tf.one_hot(cluster, self.k, dtype=tf.float32)
-    scatter = lambda t: cluster_ops.scatter(onehot, t)  # noqa: E731
+  def client_work(self, trainer, selected, received, client_state, data, mode, key=None):
+    stacks = ("models",) if self.client_buffers else ("models", "momenta")
+    cluster, losses, rows = select_cluster(trainer, selected, received, data, mode, self.k,
+                                           self.loss_batches, stacks, key)
+    if mode == "assign":
+      return assign_output(cluster, losses)
+    start, start_momenta = rows[:len(self.weights_spec)], rows[len(self.weights_spec):]
+    clusters = ClusterMean(self.k)
     result = collections.OrderedDict(cluster=cluster, losses=losses)
     if self.option == "model":
-      velocity = list(start_momenta)
-      out = trainer.train(start, data, received["lr"], velocity=velocity)
-      if out.velocity is None:  # beta = 0: the buffer stays zero
-        new_velocity = [tf.zeros_like(v) for v in velocity]
-      else:
-        new_velocity = list(out.velocity)
+      opt = self.client_optimizer
+      if self.beta:
+        out = trainer.train(start, data, received["lr"], opt,
+                            opt.unflat_state(start_momenta, self.trainable_spec))
+        new_velocity = opt.flat_state(out.opt_state)
+      else:  # plain SGD: the buffer stays zero
+        out = trainer.train(start, data, received["lr"], opt)
+        new_velocity = [tf.zeros_like(v) for v in start_momenta]
+      model_sums, counts = clusters.client(cluster, [s + d for s, d in zip(start, out.delta)])
       summed = collections.OrderedDict(
-          model_sums=[scatter(s + d) for s, d in zip(start, out.delta)],
-          velocity_sums=[scatter(v) for v in new_velocity],
-          counts=onehot, loss_sum=out.loss_sum, num_examples=out.num_examples,
+          model_sums=model_sums, velocity_sums=clusters.client(cluster, new_velocity)[0],
+          counts=counts, loss_sum=out.loss_sum, num_examples=out.num_examples,
           update_norm_sum=flat_norm(out.delta), num_clients=tf.constant(1.0))
       return ClientOutput(summed, result, None)
     grads, _ = trainer.gradient(start, data, self.grad_batches)
@@ -163,9 +156,9 @@ class CFLMGDDefinition(Definition):
       previous = list(start_momenta)
     u = [self.beta * p + g for p, g in zip(previous, grads)]
     lr = tf.cast(received["lr"], tf.float32)
+    step_sums, counts = clusters.client(cluster, [lr * v for v in u])
     summed = collections.OrderedDict(
-        step_sums=[scatter(lr * v) for v in u],
-        velocity_sums=[scatter(v) for v in u], counts=onehot,
+        step_sums=step_sums, velocity_sums=clusters.client(cluster, u)[0], counts=counts,
         loss_sum=tf.gather(losses, cluster), num_examples=tf.constant(1.0),
         update_norm_sum=lr * flat_norm(u), num_clients=tf.constant(1.0))
     new_state = collections.OrderedDict(velocity=u) if self.client_buffers else None
@@ -173,8 +166,7 @@ class CFLMGDDefinition(Definition):
 
   def _per_cluster(self, counts, sums, old, divisor=None):
     """sums / divisor where the cluster has members, else `old`."""
-    return cluster_ops.per_cluster_mean(sums, counts if divisor is None else divisor, old,
-                                        has=counts > 0)
+    return ClusterMean.mean(sums, counts if divisor is None else divisor, old, has=counts > 0)
 
   def server_update(self, state, summed, mode):
     if mode == "assign":
@@ -200,7 +192,7 @@ class CFLMGDDriver(IFCADriver):
 
   def __init__(self, task, data, config: driver.TrainingConfig, options: Options):
     super().__init__(task, data, config, options)
-    self._summary.update({k: options[k] for k in (
+    self.host.summary.update({k: options[k] for k in (
         "cfl_mgd_option", "cfl_mgd_beta", "cfl_mgd_buffer", "grad_avg_norm")})
 
   def make_definition(self, specs, num_trainable, **solver):
@@ -215,7 +207,7 @@ class CFLMGDDriver(IFCADriver):
       self.client_states.update({
           int(k): collections.OrderedDict(
               velocity=[np.asarray(u[p]) for u in momenta])
-          for k, p in ((k, int(self.assignment[int(k)])) for k in sampled)})
+          for k, p in ((k, int(self.host.assignment[int(k)])) for k in sampled)})
     if self.definition.option == "model" or not self.definition.client_buffers:
       row["bytes_down"] *= 2  # the models and the buffers
     row["bytes_up"] *= 2

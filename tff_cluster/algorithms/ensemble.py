@@ -48,7 +48,7 @@ class EnsembleDriver(driver.Driver):
       return self.w0
     seed = int(np.random.SeedSequence([self.config.seed, 31, r]).generate_state(1)[0]
                & 0x7FFFFFFF)
-    return driver.initial_weights(self.task, seed)
+    return driver.initial_weights(self.model, seed)
 
   def setup(self):
     self.state = [self.runner.put_state(self.definition.initial_state(self.member_weights(r)))

@@ -25,8 +25,8 @@ import tensorflow as tf
 
 from tff_cluster import driver, hparams, local_training, models, stack
 from tff_cluster.options import FEDAVG_HPARAMS, Options, given, options_of
-from tff_cluster.core.definition import (ClientOutput, Definition,
-                                               weighted_mean_update)
+from tff_cluster.core.definition import ClientOutput, Definition
+from tff_cluster.learning import optimizers
 
 
 def with_weight_spec(spec, weighting: str):
@@ -51,38 +51,74 @@ def client_weight(out, client_state, weighting: str):
 
 
 class FedAvgDefinition(Definition):
-  """State: `{'model': weights}`. Every client receives the model and the round's lr.
+  """State: `{'model': weights}`, and `buffer` (trainable weights) when the
+  server optimizer keeps state. Every client receives the model and the
+  round's lr.
 
-  Summed: `update` = sum_k n_k Delta_k, `weight` = sum_k n_k, `loss_sum`.
+  Summed: `update` = sum_k n_k Delta_k, `weight` = sum_k n_k, `loss_sum`
+  (and `lr_sum`, `num_clients` for a server optimizer that reads the round's
+  client lr). The server applies `server_optimizer`
+  (`optimizers.server_sgd(1.0)` by default: the weighted mean of the
+  clients' models) to the pseudo-gradient d = w_t - w_bar of the trainable
+  weights; BatchNorm statistics take the plain weighted mean. The clients'
+  local steps carry FedProx's proximal term when `mu` > 0.
   """
 
   def __init__(self, weights_spec, num_trainable: int, *, mu: float, weighting: str,
-               **solver):
+               server_optimizer: Optional[optimizers.ServerOptimizer] = None, **solver):
     super().__init__(weights_spec, num_trainable, **solver)
     self.mu = float(mu)
     self.weighting = weighting
+    self.client_optimizer = optimizers.chain(optimizers.proximal(self.mu), self.local_step)
+    self.server_optimizer = (optimizers.server_sgd(1.0) if server_optimizer is None
+                             else server_optimizer)
 
   def client_state_spec(self, mode):
     return with_weight_spec(super().client_state_spec(mode), self.weighting)
 
   def initial_state(self, initial_weights):
-    return collections.OrderedDict(model=[np.asarray(w) for w in initial_weights])
+    model = [np.asarray(w) for w in initial_weights]
+    state = collections.OrderedDict(model=model)
+    buffer = self.server_optimizer.init(model[:self.num_trainable])
+    if buffer:
+      state["buffer"] = buffer
+    return state
 
   def broadcast(self, state, params, mode):
     return collections.OrderedDict(model=list(state["model"]), lr=params["lr"])
 
-  def client_work(self, trainer, selected, received, client_state, data, mode):
+  def client_work(self, trainer, selected, received, client_state, data, mode, key=None):
     out, new_state = self.local_update(trainer, received["model"], data, received["lr"],
-                                       client_state, mu=self.mu)
+                                       client_state)
     n = client_weight(out, client_state, self.weighting)
     summed = collections.OrderedDict(update=[n * d for d in out.delta], weight=n,
                                      loss_sum=out.loss_sum)
+    if self.server_optimizer.uses_client_lr:
+      # The round's learning rate reaches the server as a sum over the clients.
+      summed["lr_sum"] = tf.cast(received["lr"], tf.float32)
+      summed["num_clients"] = tf.constant(1.0)
     result = collections.OrderedDict(loss_sum=out.loss_sum, num_examples=n)
     return ClientOutput(summed, result, new_state)
 
   def server_update(self, state, summed, mode):
-    return collections.OrderedDict(model=weighted_mean_update(
-        list(state["model"]), list(summed["update"]), summed["weight"]))
+    model = list(state["model"])
+    n = self.num_trainable
+    weight = summed["weight"]
+    safe = tf.where(weight > 0, weight, 1.0)
+    mean_delta = [s / safe for s in summed["update"]]
+    d = [-x for x in mean_delta[:n]]  # pseudo-gradient w_t - w_bar
+    client_lr = None
+    if self.server_optimizer.uses_client_lr:
+      client_lr = summed["lr_sum"] / tf.maximum(summed["num_clients"], 1.0)
+    old_buffer = list(state.get("buffer", []))
+    trainable, buffer = self.server_optimizer.update(model[:n], d, old_buffer, client_lr)
+    has = weight > 0
+    new = collections.OrderedDict(
+        model=[tf.where(has, t, w) for t, w in zip(trainable, model[:n])]
+        + [w + x for w, x in zip(model[n:], mean_delta[n:])])
+    if old_buffer:
+      new["buffer"] = [tf.where(has, b, old) for b, old in zip(buffer, old_buffer)]
+    return new
 
 
 class FedAvgDriver(driver.Driver):
@@ -110,11 +146,14 @@ class FedAvgDriver(driver.Driver):
 
 
 def make_definition(weights_spec, num_trainable: int, options: Options,
+                    server_optimizer: Optional[optimizers.ServerOptimizer] = None,
                     **solver) -> FedAvgDefinition:
-  """FedAvg's definition, or FedProx's when `options` has `mu`."""
+  """FedAvg's definition, or FedProx's when `options` has `mu`; with
+  `server_optimizer` (default plain averaging) FedAvgM's, FedMom's, ..."""
   mu = given(options, "mu") if "mu" in options else 0.0
   return FedAvgDefinition(weights_spec, num_trainable, mu=mu,
-                          weighting=options.client_weighting, **solver)
+                          weighting=options.client_weighting,
+                          server_optimizer=server_optimizer, **solver)
 
 
 def make_driver(task, data, config: driver.TrainingConfig, options=None,
@@ -178,11 +217,11 @@ def build_fedavg(model_fn: Callable[[], tf.keras.Model], loss,
 
   @tff.tensorflow.computation(model_weights_type, data_type)
   def client_update(weights, dataset):
-    trainer = local_training.DatasetTrainer(model_fn(), loss, client_momentum)
+    trainer = local_training.DatasetTrainer(model_fn(), loss)
 
     @tf.function  # orders local SGD's variable reads and writes in the graph
     def work(start, dataset):
-      out, _ = definition.local_update(trainer, start, dataset, client_lr, None, mu=mu)
+      out, _ = definition.local_update(trainer, start, dataset, client_lr, None)
       return [-d for d in out.delta], out.num_examples, out.loss_sum
 
     update, num_examples, loss_sum = work(
@@ -203,6 +242,24 @@ def build_fedavg(model_fn: Callable[[], tf.keras.Model], loss,
         loss_sum=tff.federated_sum(loss_sum), num_examples=tff.federated_sum(num_examples)))
     result = tff.federated_zip(tff.learning.templates.ClientResult(update, num_examples))
     return tff.templates.MeasuredProcessOutput(state, result, measurements)
+
+  @tff.tensorflow.computation
+  def initial_model_weights_fn():
+    return tf.nest.map_structure(tf.constant, initial)
+
+  return tff.learning.templates.compose_learning_process(
+      initial_model_weights_fn,
+      tff.learning.templates.build_broadcast_process(model_weights_type),
+      tff.learning.templates.ClientWorkProcess(client_init, client_next),
+      tff.aggregators.MeanFactory().create(model_weights_type, tff.TensorType(np.float32)),
+      _finalizer(server_optimizer, model_weights_type))
+
+
+def _finalizer(server_optimizer, model_weights_type):
+  """`build_fedavg`'s finalizer: `server_optimizer` (a TFF optimizer) applied
+  to the mean update of the trainable weights; the non-trainable weights
+  take the mean update as it is."""
+  import tensorflow_federated as tff
 
   @tff.tensorflow.computation
   def optimizer_init():
@@ -230,13 +287,4 @@ def build_fedavg(model_fn: Callable[[], tf.keras.Model], loss,
     return tff.templates.MeasuredProcessOutput(
         new_state, new_weights, tff.federated_value((), tff.SERVER))
 
-  @tff.tensorflow.computation
-  def initial_model_weights_fn():
-    return tf.nest.map_structure(tf.constant, initial)
-
-  return tff.learning.templates.compose_learning_process(
-      initial_model_weights_fn,
-      tff.learning.templates.build_broadcast_process(model_weights_type),
-      tff.learning.templates.ClientWorkProcess(client_init, client_next),
-      tff.aggregators.MeanFactory().create(model_weights_type, tff.TensorType(np.float32)),
-      tff.learning.templates.FinalizerProcess(finalizer_init, finalizer_next))
+  return tff.learning.templates.FinalizerProcess(finalizer_init, finalizer_next)

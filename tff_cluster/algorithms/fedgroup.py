@@ -64,6 +64,7 @@ Table 3 runs with eta_g = 0 (inter-group aggregation disabled), the default.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import time
 from typing import Dict, Optional, Sequence
 
@@ -72,7 +73,9 @@ import tensorflow as tf
 
 from tff_cluster import clustering, driver, local_training
 from tff_cluster.core import cluster_ops
+from tff_cluster.core.aggregators import ClusterMean
 from tff_cluster.core.definition import ClientOutput, Definition, flat_norm
+from tff_cluster.learning import optimizers
 from tff_cluster.options import FEDGROUP_HPARAMS, Options, given, options_of
 
 DEFAULT_PRETRAIN_ITERS = 50
@@ -96,18 +99,6 @@ def direction_choice(delta: Sequence[tf.Tensor],
   norms = tf.norm(flat_dirs, axis=1) * tf.norm(flat_delta)
   cos = tf.math.divide_no_nan(dots, norms)
   return tf.argmin((1.0 - cos) / 2.0, output_type=tf.int32)
-
-
-def scatter_to_group(delta: Sequence[tf.Tensor], weight: tf.Tensor,
-                     group: tf.Tensor, num_groups: int):
-  """A client's weighted update placed in row `group` of m-row stacks.
-
-  Summing these over clients gives, per group, sum_k n_k Delta_k and sum_k n_k:
-  group-wise weighted aggregation with one federated sum.
-  """
-  onehot = tf.one_hot(group, num_groups, dtype=tf.float32)
-  sums = [cluster_ops.scatter(onehot, weight * d) for d in delta]
-  return sums, onehot * weight
 
 
 def _row_shape(rows: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
@@ -151,8 +142,7 @@ def group_server_update(group_models: Sequence[tf.Tensor],
   members (sampled members this round or `group_active`); all groups if none.
   """
   has_members = weight_sums > 0
-  means = cluster_ops.per_cluster_mean(update_sums, weight_sums,
-                                       [tf.zeros_like(w) for w in group_models])
+  means = ClusterMean.mean(update_sums, weight_sums, [tf.zeros_like(w) for w in group_models])
   new_models = [w + m for w, m in zip(group_models, means)]
   if group_agg_lr > 0:
     if group_agg_rule == "alg2":
@@ -207,6 +197,8 @@ class FedGroupDefinition(Definition):
     super().__init__(weights_spec, num_trainable, **solver)
     self.m = int(num_groups)
     self.mu = float(mu)
+    # The warm rounds' local steps; the cold start's have no proximal term.
+    self.client_optimizer = optimizers.chain(optimizers.proximal(self.mu), self.local_step)
     self.group_agg_lr = float(group_agg_lr)
     self.group_agg_rule = group_agg_rule
     self.newcomer_rule = newcomer_rule
@@ -236,10 +228,7 @@ class FedGroupDefinition(Definition):
     return {"pretrain": 0, "newcomer": 0, "warm": self.m}[mode]
 
   def database(self, state, mode):
-    # Row j: group j's model and its key, so a client knows its group.
-    # (Fields in sorted order: TFF's federated_select orders them so.)
-    return collections.OrderedDict(key=tf.range(self.m, dtype=tf.int32),
-                                   model=list(state["group_models"]))
+    return list(state["group_models"])  # row j: group j's model
 
   def broadcast(self, state, params, mode):
     out = collections.OrderedDict(lr=params["lr"])
@@ -257,9 +246,10 @@ class FedGroupDefinition(Definition):
   def client_state_spec(self, mode):
     return None if mode != "warm" else super().client_state_spec(mode)
 
-  def client_work(self, trainer, selected, received, client_state, data, mode):
+  def client_work(self, trainer, selected, received, client_state, data, mode, key=None):
     if mode in ("pretrain", "newcomer"):
-      out, _ = self.local_update(trainer, received["model"], data, received["lr"], None)
+      out, _ = self.local_update(trainer, received["model"], data, received["lr"], None,
+                                 self.local_step)
       summed = collections.OrderedDict(loss_sum=out.loss_sum,
                                        num_examples=out.num_examples)
       if mode == "pretrain":
@@ -269,10 +259,10 @@ class FedGroupDefinition(Definition):
             group=direction_choice(out.delta, list(received["directions"])),
             loss_sum=out.loss_sum)
       return ClientOutput(summed, result)
-    out, new_state = self.local_update(trainer, list(selected["model"]), data,
-                                       received["lr"], client_state, mu=self.mu)
-    group = selected["key"]
-    sums, weights = scatter_to_group(out.delta, out.num_examples, group, self.m)
+    out, new_state = self.local_update(trainer, list(selected), data, received["lr"],
+                                       client_state)
+    group = key
+    sums, weights = ClusterMean(self.m).client(group, out.delta, out.num_examples)
     summed = collections.OrderedDict(
         update_sums=sums, weight_sums=weights, loss_sum=out.loss_sum,
         num_examples=out.num_examples, update_norm_sum=flat_norm(out.delta),
@@ -336,10 +326,20 @@ def pretrain_work(batch_size: int, pretrain_iters: Optional[int],
   return local_training.LocalWork(batch_size, steps=pretrain_iters or DEFAULT_PRETRAIN_ITERS)
 
 
+@dataclasses.dataclass
+class FedGroupHost(driver.HostState):
+  """FedGroup's host state: each client's group (`assignment`, -1: none
+  yet), which clients were pre-trained in the group cold start and which
+  arrive late (`newcomers`), the generator of its draws and its summary facts."""
+  assignment: np.ndarray
+  pretrained: np.ndarray
+  newcomers: np.ndarray
+  rng: np.random.Generator = driver.stored_as("_rng")
+  summary: Dict[str, object] = driver.stored_as("_summary")
+
+
 class FedGroupDriver(driver.Driver):
   """Group cold start, then FedGroup rounds; holds each client's group."""
-
-  checkpoint_attrs = ("assignment", "pretrained", "newcomers", "_rng", "_summary")
 
   def __init__(self, task, data, config: driver.TrainingConfig, options: Options):
     """FedGroup's options, or FedGrouProx's (with `mu`)."""
@@ -355,17 +355,19 @@ class FedGroupDriver(driver.Driver):
     self.measure = options.measure
     self.pretrain_scale = pretrain_scale
     self.cold_start = cold_start = options.cold_start
-    self._rng = np.random.default_rng(np.random.SeedSequence([config.seed, 11]))
     n = data.num_clients
     # Test-only clients are never trained: not newcomers, never pre-trained,
     # never assigned (the evaluator tests them with their lowest-test-loss model).
+    self.host = host = FedGroupHost(
+        assignment=np.full(n, -1, np.int64), pretrained=np.zeros(n, bool),
+        newcomers=np.zeros(n, bool),
+        rng=np.random.default_rng(np.random.SeedSequence([config.seed, 11])), summary={})
     training = data.training_clients()
-    self.newcomers = np.zeros(n, bool)
     num_newcomers = int(round(newcomer_fraction * len(training)))
     if num_newcomers:  # (all clients training: the same draw as from range(n))
-      self.newcomers[self._rng.choice(training, num_newcomers, replace=False)] = True
+      host.newcomers[host.rng.choice(training, num_newcomers, replace=False)] = True
     self.newcomer_rounds = int(np.ceil(0.1 * config.rounds)) if num_newcomers else 0
-    pool = np.flatnonzero(~self.newcomers & ~self.data.test_only())
+    pool = np.flatnonzero(~host.newcomers & ~self.data.test_only())
     if cold_start == "rcc":
       self.num_pretrain = min(num_groups, len(pool))
     else:
@@ -386,10 +388,7 @@ class FedGroupDriver(driver.Driver):
           f"{len(training) - num_newcomers} clients for the first rounds, fewer than "
           f"--clients_per_round="
           f"{config.clients_per_round}")
-    self.assignment = np.full(n, -1, np.int64)
-    self.pretrained = np.zeros(n, bool)
     self.state = None
-    self._summary: Dict[str, object] = {}
     self.extra_columns = (
         ["test_accuracy_assigned", "mean_update_norm", "group_discrepancy",
          "num_cold_clients", "num_assigned"]
@@ -399,10 +398,14 @@ class FedGroupDriver(driver.Driver):
     w = self.pretrain_work
     return f"{w.steps} steps" if w.steps is not None else f"{w.epochs} epochs"
 
+  def group_assignment(self):
+    return self.host.assignment
+
   def setup(self):
     t0 = time.perf_counter()
-    pool = np.flatnonzero(~self.newcomers & ~self.data.test_only())
-    chosen = np.sort(self._rng.choice(pool, self.num_pretrain, replace=False))
+    host = self.host
+    pool = np.flatnonzero(~host.newcomers & ~self.data.test_only())
+    chosen = np.sort(host.rng.choice(pool, self.num_pretrain, replace=False))
     out = self.train_clients("pretrain", self.definition.initial_state(self.w0), chosen,
                              0, work=self.pretrain_work, persist=False)
     deltas = [list(r["delta"]) for r in out.results]
@@ -412,13 +415,13 @@ class FedGroupDriver(driver.Driver):
       labels = canonical_labels(clustering.cluster_updates(
           np.stack([clustering.flatten_weights(d) for d in deltas]), self.m,
           self.measure, seed=self.config.seed))
-    self.assignment[chosen] = labels
-    self.pretrained[chosen] = True
+    host.assignment[chosen] = labels
+    host.pretrained[chosen] = True
     self.state = self.runner.put_state(self.definition.cold_start_state(self.w0, deltas,
                                                                         labels))
     seconds = time.perf_counter() - t0
     model_bytes = self.num_params * driver.BYTES_PER_PARAMETER
-    self._summary.update(
+    host.summary.update(
         cold_start_seconds=seconds,
         cold_start_clients=int(len(chosen)),
         cold_start_pretraining=self._describe_pretrain(),
@@ -430,28 +433,30 @@ class FedGroupDriver(driver.Driver):
     return {}
 
   def run_round(self, round_num, sampled):
-    if round_num <= self.newcomer_rounds and self.newcomers[sampled].any():
+    host = self.host
+    assignment = host.assignment
+    if round_num <= self.newcomer_rounds and host.newcomers[sampled].any():
       # Newcomers arrive after the first 10% of rounds: resample without them.
-      eligible = np.flatnonzero(~self.newcomers & ~self.data.test_only())
-      sampled = np.sort(self._rng.choice(eligible, len(sampled), replace=False))
+      eligible = np.flatnonzero(~host.newcomers & ~self.data.test_only())
+      sampled = np.sort(host.rng.choice(eligible, len(sampled), replace=False))
     if self.cold_start == "rac":
       # Every client not pre-trained in the group cold start draws a new group.
-      redraw = sampled[~self.pretrained[sampled]]
-      self.assignment[redraw] = self._rng.integers(0, self.m, len(redraw))
+      redraw = sampled[~host.pretrained[sampled]]
+      assignment[redraw] = host.rng.integers(0, self.m, len(redraw))
     elif self.cold_start == "rac_once":
-      cold = sampled[self.assignment[sampled] < 0]
-      self.assignment[cold] = self._rng.integers(0, self.m, len(cold))
-    cold = sampled[self.assignment[sampled] < 0]
+      cold = sampled[assignment[sampled] < 0]
+      assignment[cold] = host.rng.integers(0, self.m, len(cold))
+    cold = sampled[assignment[sampled] < 0]
     if len(cold):
       # Client cold start: pre-train, pick g* (the newcomer rule), then train
       # this round from w_{g*} like every other member.
       joined = self.train_clients("newcomer", self.state, cold, round_num,
                                   work=self.pretrain_work, persist=False,
                                   shuffle_round=NEWCOMER_SHUFFLE_BASE + round_num)
-      self.assignment[cold] = [int(r["group"]) for r in joined.results]
+      assignment[cold] = [int(r["group"]) for r in joined.results]
     before = self.runner.numpy_state(self.state)["group_models"]
     out = self.train_clients("warm", self.state, sampled, round_num,
-                             keys=[int(g) for g in self.assignment[sampled]])
+                             keys=[int(g) for g in assignment[sampled]])
     self.state = out.state
     after = self.runner.numpy_state(self.state)["group_models"]
     # Each cold client also downloaded the auxiliary model and the m directions.
@@ -460,7 +465,7 @@ class FedGroupDriver(driver.Driver):
                              * driver.BYTES_PER_PARAMETER)
     row.update(group_discrepancy=group_discrepancy(before, after, out.results),
                num_cold_clients=int(len(cold)),
-               num_assigned=int((self.assignment >= 0).sum()))
+               num_assigned=int((assignment >= 0).sum()))
     return row
 
   def _models(self):
@@ -469,19 +474,22 @@ class FedGroupDriver(driver.Driver):
     return groups + [list(state["aux_model"])]
 
   def eval_models(self):
-    client_model = np.where(self.assignment >= 0, self.assignment, self.m)
+    assignment = self.host.assignment
+    client_model = np.where(assignment >= 0, assignment, self.m)
     return self._models(), client_model
 
   def round_eval_metrics(self, result):
-    return {"test_accuracy_assigned": assigned_accuracy(result, self.assignment),
-            **self.group_metrics(result, self.m, self.assignment, self.assignment),
-            **self.cluster_scores(self.assignment)}
+    assignment = self.host.assignment
+    return {"test_accuracy_assigned": assigned_accuracy(result, assignment),
+            **self.group_metrics(result, self.m, assignment, assignment),
+            **self.cluster_scores(assignment)}
 
   def summary(self):
-    out = dict(self._summary)
+    assignment = self.host.assignment
+    out = dict(self.host.summary)
     out["final_assignment"] = {cid: int(g) for cid, g in
-                               zip(self.data.client_ids, self.assignment)}
-    out["group_sizes"] = [int((self.assignment == j).sum()) for j in range(self.m)]
+                               zip(self.data.client_ids, assignment)}
+    out["group_sizes"] = [int((assignment == j).sum()) for j in range(self.m)]
     out["num_groups"] = self.m
     # The final ARI and purity: summary.json's `ari`, `purity`, from the rows
     # (`results.summarize`), as for every clustered algorithm.

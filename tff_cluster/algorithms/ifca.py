@@ -9,8 +9,9 @@ Round: the server broadcasts all K models. Each sampled client i
     of the client's data, so 0 gives the loss on its whole training set, as
     the authors' MNIST/CIFAR code; FedBase uses the first 3 batches);
     ties go to the lowest index;
-  * runs its local work from theta_{j_i} and returns the update as a one-hot
-    scatter, so one federated sum gives every cluster's sums;
+  * runs its local work from theta_{j_i} and returns the update as its
+    `ClusterMean` contribution in row j_i, so one federated sum gives every
+    cluster's sums;
   * model averaging (IFCA's option II) per cluster: theta_j <- theta_j +
     sum_{i: j_i = j} a_i Delta_i / sum a_i, with a_i = 1 (`--ifca_agg=uniform`,
     the authors' MNIST/CIFAR code), the examples the client processed this
@@ -57,6 +58,7 @@ Evaluation (`--ifca_eval`):
 from __future__ import annotations
 
 import collections
+import dataclasses
 import time
 import warnings
 from typing import Dict, Optional
@@ -66,6 +68,7 @@ import tensorflow as tf
 
 from tff_cluster import driver, local_training
 from tff_cluster.core import cluster_ops
+from tff_cluster.core.aggregators import ClusterMean
 from tff_cluster.core.definition import ClientOutput, Definition, flat_norm
 from tff_cluster.algorithms.fedavg import client_weight, with_weight_spec
 from tff_cluster.options import IFCA_HPARAMS, Options, options_of
@@ -93,6 +96,23 @@ def estimate_cluster(trainer, models, data, k: int, loss_batches: int):
   """IFCA's cluster estimate of a client: (argmin cluster, [K] mean losses)."""
   losses = cluster_ops.cluster_losses(trainer, models, data, k, loss_batches)
   return argmin_cluster(losses), losses
+
+
+def select_cluster(trainer, selected, received, data, mode: str, k: int,
+                   loss_batches: int, stacks=("models",), key=None):
+  """A client's cluster and its start: (cluster, [K] losses, the cluster's
+  row of each of `received`'s `stacks`, concatenated).
+
+  forced: the cluster is the client's `key` and `selected` the database's
+  row of it (losses 0); otherwise the argmin estimate over
+  `received["models"]`, and in `assign` mode no rows.
+  """
+  if mode == "forced":
+    return key, tf.zeros([k], tf.float32), list(selected)
+  cluster, losses = estimate_cluster(trainer, list(received["models"]), data, k, loss_batches)
+  if mode == "assign":
+    return cluster, losses, []
+  return cluster, losses, [tf.gather(w, cluster) for name in stacks for w in received[name]]
 
 
 def assign_output(cluster, losses) -> ClientOutput:
@@ -131,8 +151,7 @@ class IFCADefinition(Definition):
   def database(self, state, mode):
     if mode != "forced":
       return None
-    # A list (its order is kept by TFF's select), the last row one-hot.
-    return [*state["models"], tf.eye(self.k, dtype=tf.float32)]
+    return list(state["models"])  # a list: TFF's select keeps a list's order
 
   def broadcast(self, state, params, mode):
     if mode == "forced":
@@ -145,27 +164,21 @@ class IFCADefinition(Definition):
     return with_weight_spec(super().client_state_spec(mode),
                             "samples" if self.aggregation == "samples" else "processed")
 
-  def client_work(self, trainer, selected, received, client_state, data, mode):
-    if mode == "forced":
-      start = list(selected)[:-1]
-      cluster = tf.argmax(selected[-1], output_type=tf.int32)
-      losses = tf.zeros([self.k], tf.float32)
-    else:
-      models = list(received["models"])
-      cluster, losses = estimate_cluster(trainer, models, data, self.k, self.loss_batches)
-      if mode == "assign":
-        return assign_output(cluster, losses)
-      start = [tf.gather(w, cluster) for w in models]
+  def client_work(self, trainer, selected, received, client_state, data, mode, key=None):
+    cluster, losses, start = select_cluster(trainer, selected, received, data, mode, self.k,
+                                            self.loss_batches, key=key)
+    if mode == "assign":
+      return assign_output(cluster, losses)
     out, new_state = self.local_update(trainer, start, data, received["lr"], client_state)
     if self.aggregation == "uniform":
       weight = tf.constant(1.0)
     else:
       weight = client_weight(out, client_state,
                              "samples" if self.aggregation == "samples" else "processed")
-    onehot = tf.one_hot(cluster, self.k, dtype=tf.float32)
+    update_sums, weight_sums = ClusterMean(self.k).client(cluster, out.delta, weight)
     summed = collections.OrderedDict(
-        update_sums=[cluster_ops.scatter(onehot, weight * d) for d in out.delta],
-        weight_sums=onehot * weight, loss_sum=out.loss_sum, num_examples=out.num_examples,
+        update_sums=update_sums,
+        weight_sums=weight_sums, loss_sum=out.loss_sum, num_examples=out.num_examples,
         update_norm_sum=flat_norm(out.delta), num_clients=tf.constant(1.0))
     result = collections.OrderedDict(cluster=cluster, losses=losses, loss_sum=out.loss_sum)
     return ClientOutput(summed, result, new_state)
@@ -174,18 +187,28 @@ class IFCADefinition(Definition):
     if mode == "assign":
       return state
     models = list(state["models"])
-    means = cluster_ops.per_cluster_mean(summed["update_sums"], summed["weight_sums"],
-                                         [tf.zeros_like(w) for w in models])
+    means = ClusterMean.mean(summed["update_sums"], summed["weight_sums"],
+                             [tf.zeros_like(w) for w in models])
     return collections.OrderedDict(models=[w + m for w, m in zip(models, means)])
 
 
-class IFCADriver(driver.Driver):
-  """K cluster models; each round's clients estimate their cluster and train it."""
+@dataclasses.dataclass
+class IFCAHost(driver.HostState):
+  """IFCA's host state: the cluster each client last trained (`assignment`,
+  -1: never sampled), the generators of its set-up draws (`rng`) and of the
+  forced rounds' groups (`forced_rng`), and its summary facts."""
+  assignment: np.ndarray
+  rng: np.random.Generator = driver.stored_as("_rng")
+  summary: Dict[str, object] = driver.stored_as("_summary")
+  forced_rng: np.random.Generator = driver.stored_as("_forced_rng")
 
-  checkpoint_attrs = ("assignment", "_rng", "_summary", "_forced_rng")
-  # groups.csv shows the model each client is scored with, a never-sampled
-  # client's argmin included (not -1 for "no assignment yet").
-  groups_mask_unassigned = False
+
+class IFCADriver(driver.Driver):
+  """K cluster models; each round's clients estimate their cluster and train it.
+
+  groups.csv shows the model each client is scored with, a never-sampled
+  client's argmin included (no -1 for "no assignment yet": the default
+  `group_assignment`)."""
 
   def __init__(self, task, data, config: driver.TrainingConfig, options: Options):
     num_groups = options.num_groups
@@ -199,12 +222,12 @@ class IFCADriver(driver.Driver):
     super().__init__(task, data, config, self.make_definition)
     self.init = options.ifca_init
     self.threshold = good_init_threshold(num_groups, options.ifca_good_init_threshold)
-    self._rng = np.random.default_rng(np.random.SeedSequence([config.seed, 13]))
-    self._forced_rng = np.random.default_rng(np.random.SeedSequence([config.seed, 19]))
-    self.assignment = np.full(data.num_clients, -1, np.int64)
+    self.host = IFCAHost(
+        assignment=np.full(data.num_clients, -1, np.int64),
+        rng=np.random.default_rng(np.random.SeedSequence([config.seed, 13])), summary={},
+        forced_rng=np.random.default_rng(np.random.SeedSequence([config.seed, 19])))
     self._train_losses = None  # an Evaluator on the training data, made when needed
     self._scored = None  # the assigned choices of the latest evaluation
-    self._summary: Dict[str, object] = {}
     self.extra_columns = (
         ["mean_update_norm", "num_assigned"] + self.group_columns(num_groups)
         + [f"group_{j}_round_clients" for j in range(num_groups)] + self.score_columns())
@@ -216,7 +239,7 @@ class IFCADriver(driver.Driver):
   def _draw(self, attempt: int):
     """K independent initializations, seeded by (--seed, attempt, cluster)."""
     return [driver.initial_weights(
-        self.task, int(np.random.SeedSequence([self.config.seed, 17, attempt, j])
+        self.model, int(np.random.SeedSequence([self.config.seed, 17, attempt, j])
                        .generate_state(1)[0] & 0x7FFFFFFF)) for j in range(self.k)]
 
   def setup(self):
@@ -224,8 +247,8 @@ class IFCADriver(driver.Driver):
     state = self.definition.initial_state(self._draw(0))
     attempts = 1
     if self.init == "good_init" and self.k > 1:
-      clients = driver.sample_clients(self._rng, self.data.training_clients(),
-                                          self.config.clients_per_round)
+      clients = driver.sample_clients(self.host.rng, self.data.training_clients(),
+                                      self.config.clients_per_round)
       best, best_share = state, -1.0
       for attempt in range(GOOD_INIT_ATTEMPTS):
         if attempt:
@@ -243,11 +266,11 @@ class IFCADriver(driver.Driver):
                       f">= {self.threshold:g} of the clients; using the best "
                       f"(smallest share {best_share:g})")
       state = best
-      self._summary["good_init_smallest_share"] = float(best_share)
+      self.host.summary["good_init_smallest_share"] = float(best_share)
     if self.init == "fedavg_warm":
       state = self._warm_start(state)
     self.state = self.runner.put_state(state)
-    self._summary.update(init=self.init, init_attempts=attempts,
+    self.host.summary.update(init=self.init, init_attempts=attempts,
                          init_seconds=time.perf_counter() - t0,
                          num_parameters=self.num_params)
     return {}
@@ -258,16 +281,16 @@ class IFCADriver(driver.Driver):
     except the last Dense layer, which keeps its own draw."""
     single = self.definition.initial_state(self.w0)
     for i in range(self.warm_rounds):
-      clients = driver.sample_clients(self._rng, self.data.training_clients(),
-                                          self.config.clients_per_round)
+      clients = driver.sample_clients(self.host.rng, self.data.training_clients(),
+                                      self.config.clients_per_round)
       out = self.train_clients("forced", single, clients, 1, keys=np.zeros(len(clients)),
                                persist=False, shuffle_round=WARM_SHUFFLE_BASE + i)
       single = self.runner.numpy_state(out.state)
-    keep = set(local_training.last_dense_indices(self.task.model_fn()))  # kernel, bias
+    keep = set(local_training.last_dense_indices(self.model.model_fn()))  # kernel, bias
     models = [np.asarray(w) for w in self.runner.numpy_state(state)["models"]]
     warm = [np.asarray(w)[0] for w in single["models"]]
-    self._summary["warm_rounds"] = self.warm_rounds
-    self._summary["forced_rounds"] = self.forced_rounds
+    self.host.summary["warm_rounds"] = self.warm_rounds
+    self.host.summary["forced_rounds"] = self.forced_rounds
     # The definition's own initial state of these K models (CFL-MGD's also
     # holds zero momentum buffers).
     return self.definition.initial_state(
@@ -277,15 +300,15 @@ class IFCADriver(driver.Driver):
   def run_round(self, round_num, sampled):
     if round_num <= self.forced_rounds:
       groups = np.empty(len(sampled), np.int64)
-      groups[self._forced_rng.permutation(len(sampled))] = np.arange(len(sampled)) % self.k
+      groups[self.host.forced_rng.permutation(len(sampled))] = np.arange(len(sampled)) % self.k
       out = self.train_clients("forced", self.state, sampled, round_num, keys=groups)
     else:
       out = self.train_clients("train", self.state, sampled, round_num)
     self.state = out.state
     clusters = np.array([int(r["cluster"]) for r in out.results])
-    self.assignment[sampled] = clusters
+    self.host.assignment[sampled] = clusters
     row = self.training_row(out.summed, len(sampled), models_down=self.k)
-    row["num_assigned"] = int((self.assignment >= 0).sum())
+    row["num_assigned"] = int((self.host.assignment >= 0).sum())
     counts = np.bincount(clusters, minlength=self.k)
     row.update({f"group_{j}_round_clients": int(counts[j]) for j in range(self.k)})
     return row
@@ -306,7 +329,7 @@ class IFCADriver(driver.Driver):
     client with training data never sampled, the argmin of its mean training
     loss over `models` (ties to the lowest index); -1 for test-only clients
     (the evaluation lets them choose by test loss)."""
-    out = self.assignment.copy()
+    out = self.host.assignment.copy()
     fresh = np.flatnonzero((out < 0) & (self.data.num_train_samples() > 0))
     if len(fresh):
       if self._train_losses is None:
@@ -317,7 +340,7 @@ class IFCADriver(driver.Driver):
 
   def round_eval_metrics(self, result):
     tested = np.asarray(result.client_model)  # the model each client was tested with
-    scored = self._scored if self._scored is not None else self.assignment
+    scored = self._scored if self._scored is not None else self.host.assignment
     # Group sizes count what groups.csv shows: the assigned choices, or under
     # test_loss the evaluation's.
     shown = scored if self.eval_mode == "assigned" else tested
@@ -327,9 +350,9 @@ class IFCADriver(driver.Driver):
             **self.cluster_scores(scored)}
 
   def summary(self):
-    out = dict(self._summary)
+    out = dict(self.host.summary)
     out["last_training_cluster"] = {cid: int(g) for cid, g in
-                                    zip(self.data.client_ids, self.assignment)}
+                                    zip(self.data.client_ids, self.host.assignment)}
     out["num_groups"] = self.k
     return out
 

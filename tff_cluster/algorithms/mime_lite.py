@@ -50,6 +50,7 @@ import tensorflow as tf
 from tff_cluster import driver, local_training
 from tff_cluster.core.definition import ClientOutput, Definition
 from tff_cluster.algorithms.fedavg import FedAvgDriver
+from tff_cluster.learning import optimizers
 from tff_cluster.options import MIME_HPARAMS, Options, options_of
 
 
@@ -59,15 +60,11 @@ class MimeLiteDefinition(Definition):
   """State: `model` (every weight) and `momentum` (trainable weights)."""
 
   algo = "mime_lite"
+  own_momentum = "its momentum is the server's, --mime_momentum"
 
   def __init__(self, weights_spec, num_trainable: int, *, mime_momentum: float,
-               server_lr: float, mime_momentum_form: str, momentum: float = 0.0,
-               persist_momentum: bool = False):
-    if momentum:
-      raise ValueError(f"invalid --client_momentum for {self.algo}: its momentum is the "
-                       "server's, --mime_momentum; valid: --client_momentum=0")
-    super().__init__(weights_spec, num_trainable)
-    del persist_momentum
+               server_lr: float, mime_momentum_form: str, **solver):
+    super().__init__(weights_spec, num_trainable, **solver)
     self.beta = float(mime_momentum)
     self.server_lr = float(server_lr)
     self.form = mime_momentum_form
@@ -84,12 +81,12 @@ class MimeLiteDefinition(Definition):
     return collections.OrderedDict(model=list(state["model"]),
                                    momentum=list(state["momentum"]), lr=params["lr"])
 
-  def client_work(self, trainer, selected, received, client_state, data, mode):
+  def client_work(self, trainer, selected, received, client_state, data, mode, key=None):
     start = list(received["model"])
     full_gradient, _ = trainer.gradient(start, data, 0)
     offset = [self.beta * m for m in received["momentum"]]
-    out = trainer.train(start, data, received["lr"], grad_offset=offset,
-                        grad_scale=self.scale)
+    out = trainer.train(start, data, received["lr"],
+                        optimizers.chain(optimizers.scale(self.scale), optimizers.offset(offset)))
     n = out.num_examples
     summed = collections.OrderedDict(
         update=[n * d for d in out.delta], gradient=[n * g for g in full_gradient],
@@ -131,7 +128,7 @@ class MimeDefinition(MimeLiteDefinition):
                                    momentum=list(state["momentum"]),
                                    control=list(state["control"]), lr=params["lr"])
 
-  def client_work(self, trainer, selected, received, client_state, data, mode):
+  def client_work(self, trainer, selected, received, client_state, data, mode, key=None):
     start = list(received["model"])
     if mode == "gradient":
       gradient, n = trainer.gradient(start, data, 0)
@@ -141,8 +138,9 @@ class MimeDefinition(MimeLiteDefinition):
     # U(g - g(x) + c, m) = scale (g - g(x)) + (scale c + beta m).
     offset = [self.scale * c + self.beta * m
               for c, m in zip(received["control"], received["momentum"])]
-    out = trainer.train(start, data, received["lr"], grad_offset=offset,
-                        grad_scale=self.scale, control=start[:self.num_trainable])
+    out = trainer.train(start, data, received["lr"], optimizers.chain(
+        optimizers.control_variate(start[:self.num_trainable]),
+        optimizers.scale(self.scale), optimizers.offset(offset)))
     n = out.num_examples
     summed = collections.OrderedDict(update=[n * d for d in out.delta], weight=n,
                                      loss_sum=out.loss_sum)

@@ -85,8 +85,10 @@ import tensorflow as tf
 
 from tff_cluster import driver
 from tff_cluster.runners.factory import make_runner
+from tff_cluster.core.aggregators import ClusterSum
 from tff_cluster.core.definition import ClientOutput, Definition
 from tff_cluster.data.federated import FederatedData, materialize
+from tff_cluster.learning import optimizers
 from tff_cluster.options import FEDNAG_HPARAMS, PFEDMO_HPARAMS, Options, options_of
 
 RUNNER_SEED_TAG = 91  # the representation model's data order: its own seed stream
@@ -130,19 +132,16 @@ class PFedMoDefinition(Definition):
   representation model's steps on the public set).
   """
 
-  nesterov = True
+  own_momentum = "its local momentum is NAG's, --nag_momentum"
 
   def __init__(self, weights_spec, num_trainable: int, num_workers: int,
                agg_weights, score_x: np.ndarray, *, nag_momentum: float, pi: float,
-               representation: bool, model_rule: str, momentum: float = 0.0,
-               persist_momentum: bool = False):
-    algo = "pfedmo" if representation else "fednag"
-    if momentum:
-      raise ValueError(f"invalid --client_momentum for {algo}: its local momentum is "
-                       "NAG's, --nag_momentum; valid: --client_momentum=0")
-    del persist_momentum
+               representation: bool, model_rule: str, **solver):
+    self.algo = "pfedmo" if representation else "fednag"
     self.model_rule = model_rule
-    super().__init__(weights_spec, num_trainable, momentum=nag_momentum)
+    super().__init__(weights_spec, num_trainable, **solver)
+    # Local steps are Nesterov's (x, y) form, the look-ahead point y given.
+    self.client_optimizer = optimizers.chain(optimizers.nesterov(nag_momentum))
     self.num_workers = int(num_workers)
     self.agg_weights = np.asarray(agg_weights, np.float32)
     if self.agg_weights.shape != (self.num_workers,):
@@ -173,14 +172,14 @@ class PFedMoDefinition(Definition):
 
   def database(self, state, mode):
     # A flat list (TFF's select keeps a list's order, not a dict's):
-    # x_{i+} per weight, y_{i+} per trainable weight, the one-hot row, a_i.
-    return [*state["x"], *state["y"], tf.eye(self.num_workers, dtype=tf.float32),
-            state["agg_weight"]]
+    # x_{i+} per weight, y_{i+} per trainable weight, a_i.
+    return [*state["x"], *state["y"], state["agg_weight"]]
 
   def _unpack(self, selected):
+    """(x_{i+}, y_{i+}, a_i) from a worker's database row."""
     selected = list(selected)
     m, n = len(self.weights_spec), self.num_trainable
-    return selected[:m], selected[m:m + n], selected[m + n], selected[m + n + 1]
+    return selected[:m], selected[m:m + n], selected[m + n]
 
   def broadcast(self, state, params, mode):
     if mode == "represent":
@@ -188,37 +187,38 @@ class PFedMoDefinition(Definition):
                                      lr=params["lr"])
     return collections.OrderedDict(rep_x=list(state["rep_x"]), lr=params["lr"])
 
-  def client_work(self, trainer, selected, received, client_state, data, mode):
+  def client_work(self, trainer, selected, received, client_state, data, mode, key=None):
     if mode == "represent":
-      out = trainer.train(received["x"], data, received["lr"], velocity=received["y"])
+      out = trainer.train(received["x"], data, received["lr"], self.client_optimizer,
+                          (received["y"],))
       x_new = [s + d for s, d in zip(received["x"], out.delta)]
-      summed = collections.OrderedDict(x=x_new, y=self._look_ahead(out, x_new),
+      summed = collections.OrderedDict(x=x_new, y=self._look_ahead(out),
                                        loss_sum=out.loss_sum, weight=out.num_examples)
       return ClientOutput(summed, collections.OrderedDict(loss_sum=out.loss_sum,
                                                           num_examples=out.num_examples))
-    start, y_start, onehot, a = self._unpack(selected)
+    start, y_start, a = self._unpack(selected)
     if self.representation:
       teacher = trainer.predict(received["rep_x"], self.score_x)
-    out = trainer.train(start, data, received["lr"], velocity=y_start)
+    out = trainer.train(start, data, received["lr"], self.client_optimizer, (y_start,))
     x_new = [s + d for s, d in zip(start, out.delta)]
-    y_new = self._look_ahead(out, x_new)
+    y_new = self._look_ahead(out)
     if self.representation:
       score_loss = soft_cross_entropy(teacher, trainer.predict(x_new, self.score_x))
     else:
       score_loss = tf.constant(0.0)
     summed = collections.OrderedDict(
         x=[a * w for w in x_new], y=[a * w for w in y_new], weight=a,
-        score_loss=score_loss * onehot, loss_sum=out.loss_sum,
+        score_loss=ClusterSum(self.num_workers).client(key, [score_loss])[0],
+        loss_sum=out.loss_sum,
         num_examples=out.num_examples)
     result = collections.OrderedDict(loss_sum=out.loss_sum, num_examples=out.num_examples,
                                      score_loss=score_loss)
     return ClientOutput(summed, result)
 
-  def _look_ahead(self, out, x_new):
-    """y after the local steps (with gamma = 0 NAG is SGD and y = x)."""
-    if out.velocity is not None:
-      return list(out.velocity)
-    return list(x_new[:self.num_trainable])
+  def _look_ahead(self, out):
+    """y after the local steps: the Nesterov step's state (with gamma = 0
+    NAG is SGD and y = x)."""
+    return list(out.opt_state[-1])
 
   def server_update(self, state, summed, mode):
     new = collections.OrderedDict(state)
@@ -331,8 +331,8 @@ class PFedMoDriver(driver.Driver):
       # The representation model trains on the server's public set: on the
       # driver (the local runner) when the clients are on Ray actors.
       rep = "local" if config.runner == "ray" else config.runner
-      self.rep_runner = make_runner(rep, self.definition, task.model_fn,
-                                            task.loss, public, seed, config.jit,
+      self.rep_runner = make_runner(rep, self.definition, self.model.model_fn,
+                                            self.model.loss, public, seed, config.jit,
                                             client_batching=config.client_batching,
                                             client_chunk=config.client_chunk,
                                             modes=("represent",))

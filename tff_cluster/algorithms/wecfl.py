@@ -27,7 +27,7 @@ Round t, on the sampled clients (the paper: all of them):
      same, is refitted). Refitted labels are renamed to match the previous
      cluster models (least total distance between the new centres and the
      old models' features), so a cluster keeps its index across rounds;
-  3. M-step (`aggregate` mode, a federated sum of one-hot scatters):
+  3. M-step (`aggregate` mode, keyed by the new clusters: a `ClusterMean`):
      Omega_k = sum_{i in k} a_i omega_i / sum_{i in k} a_i over every weight,
      BatchNorm statistics included; a cluster without members keeps its model;
   4. each member receives Omega_k (its next round's start; momentum buffers
@@ -51,6 +51,7 @@ Evaluation: each client is tested with its cluster's model.
 from __future__ import annotations
 
 import collections
+import dataclasses
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
@@ -58,7 +59,9 @@ import tensorflow as tf
 
 from tff_cluster import clustering, driver, local_training
 from tff_cluster.core import cluster_ops
+from tff_cluster.core.aggregators import ClusterMean
 from tff_cluster.core.definition import ClientOutput, Definition, flat_norm
+from tff_cluster.learning import optimizers
 from tff_cluster.options import WECFL_HPARAMS, Options, options_of
 
 
@@ -74,7 +77,8 @@ class ClusterModelsDefinition(Definition):
   persistent momentum). Modes:
     train: key = the client's cluster; trains from its model (the proximal
       centre, with mu > 0, is the cluster-weight mean of the models);
-    aggregate: key = the client's new cluster; sums a_i * model one-hot.
+    aggregate: key = the client's new cluster; its kept model goes into
+      that cluster's mean with weight a_i (no database: the key alone).
   """
 
   modes = ("train", "aggregate")
@@ -99,7 +103,7 @@ class ClusterModelsDefinition(Definition):
   def database(self, state, mode):
     if mode == "train":
       return list(state["models"])
-    return tf.eye(self.k, dtype=tf.float32)  # the client's one-hot row
+    return None
 
   def broadcast(self, state, params, mode):
     out = collections.OrderedDict(lr=params["lr"])
@@ -115,22 +119,21 @@ class ClusterModelsDefinition(Definition):
   def client_state_spec(self, mode):
     spec = collections.OrderedDict(model=list(self.weights_spec),
                                    weight=tf.TensorSpec([], tf.float32))
-    if self.persist_momentum:
-      spec["velocity"] = list(self.weights_spec[:self.num_trainable])
+    spec.update(super().client_state_spec(mode) or {})
     return spec
 
-  def client_work(self, trainer, selected, received, client_state, data, mode):
+  def client_work(self, trainer, selected, received, client_state, data, mode, key=None):
     if mode == "aggregate":
-      onehot = selected
-      a = client_state["weight"]
-      summed = collections.OrderedDict(
-          model_sums=[cluster_ops.scatter(onehot, a * w) for w in client_state["model"]],
-          weight_sums=onehot * a)
-      result = collections.OrderedDict(cluster=tf.argmax(onehot, output_type=tf.int32))
+      model_sums, weight_sums = ClusterMean(self.k).client(key, client_state["model"],
+                                                           client_state["weight"])
+      summed = collections.OrderedDict(model_sums=model_sums, weight_sums=weight_sums)
+      result = collections.OrderedDict(cluster=key)
       return ClientOutput(summed, result, client_state)
     start = list(selected)
+    optimizer = optimizers.chain(optimizers.proximal(self.mu, received.get("anchor")),
+                                 self.local_step)
     out, new_state = self.local_update(trainer, start, data, received["lr"], client_state,
-                                       mu=self.mu, anchor=received.get("anchor"))
+                                       optimizer)
     new_state["model"] = [s + d for s, d in zip(start, out.delta)]
     summed = collections.OrderedDict(
         loss_sum=out.loss_sum, num_examples=out.num_examples,
@@ -142,7 +145,7 @@ class ClusterModelsDefinition(Definition):
       return state
     weights = summed["weight_sums"]
     has = weights > 0
-    models = cluster_ops.per_cluster_mean(summed["model_sums"], weights, list(state["models"]))
+    models = ClusterMean.mean(summed["model_sums"], weights, list(state["models"]))
     return collections.OrderedDict(
         models=models, cluster_weight=tf.where(has, weights, state["cluster_weight"]))
 
@@ -159,12 +162,20 @@ def match_labels(labels: np.ndarray, centres: np.ndarray, previous: np.ndarray) 
   return rename[np.asarray(labels, np.int64)]
 
 
+@dataclasses.dataclass
+class ClusterModelsHost(driver.HostState):
+  """The host state of WeCFL, FeSEM and CFL: each client's cluster
+  (`assignment`; -1: a test-only client, never assigned) and the summary facts."""
+  assignment: np.ndarray
+  summary: Dict[str, object] = driver.stored_as("_summary")
+
+
 class ClusterModelsDriver(driver.Driver):
   """Host side shared by WeCFL, FeSEM and CFL: cluster models, each client's
-  cluster (`assignment`), the two calls per round. Subclasses choose the new
+  cluster (`host.assignment`), the two calls per round. Subclasses choose the new
   clusters (`choose`) and the averaging weights (`aggregation_weights`)."""
 
-  checkpoint_attrs = ("assignment", "_summary")
+  host: ClusterModelsHost
 
   def __init__(self, task, data, config: driver.TrainingConfig, *, num_groups: int,
                mu: float, min_round_clients: Optional[int] = None):
@@ -182,14 +193,17 @@ class ClusterModelsDriver(driver.Driver):
     self.k = num_groups
     # Every client starts in cluster 0, except test-only clients: -1, never
     # assigned (the evaluator tests them with their lowest-test-loss model).
-    self.assignment = np.where(data.test_only(), -1, 0).astype(np.int64)
+    self.host = self.make_host(np.where(data.test_only(), -1, 0).astype(np.int64))
     sizes = np.asarray(data.num_train_samples(), np.float64)
     self.data_weight = sizes / sizes.sum()
-    self._summary: Dict[str, object] = {}
     self.extra_columns = (["mean_update_norm", "num_changed"]
                           + self.group_columns(num_groups) + self.score_columns())
 
   # -- to override -----------------------------------------------------------
+
+  def make_host(self, assignment: np.ndarray) -> ClusterModelsHost:
+    """The host state at the start, every client in `assignment`'s cluster."""
+    return ClusterModelsHost(assignment=assignment, summary={})
 
   def aggregation_weights(self) -> np.ndarray:
     """a_i of the M-step for every client."""
@@ -208,8 +222,11 @@ class ClusterModelsDriver(driver.Driver):
 
   def setup(self):
     self.state = self.runner.put_state(self.definition.initial_state(self.w0))
-    self._summary["num_parameters"] = self.num_params
+    self.host.summary["num_parameters"] = self.num_params
     return {}
+
+  def group_assignment(self):
+    return self.host.assignment
 
   def fresh_client_state(self, mode, client):
     state = collections.OrderedDict(self.definition.initial_client_state(mode))
@@ -222,34 +239,36 @@ class ClusterModelsDriver(driver.Driver):
 
   def run_round(self, round_num, sampled):
     sampled = np.asarray(sampled)
+    assignment = self.host.assignment
     before = self._models()
     out = self.train_clients("train", self.state, sampled, round_num,
-                             keys=self.assignment[sampled])
+                             keys=assignment[sampled])
     trained = [list(new["model"]) for new in out.client_states]
     new = np.asarray(self.choose(round_num, sampled, trained, before), np.int64)
-    changed = int((new != self.assignment[sampled]).sum())
+    changed = int((new != assignment[sampled]).sum())
     agg = self.train_clients("aggregate", out.state, sampled, round_num, keys=new)
     self.state = agg.state
-    self.assignment[sampled] = new
+    assignment[sampled] = new
     row = self.training_row(out.summed, len(sampled))
     row["num_changed"] = changed
     row.update(self.round_extras())
     return row
 
   def eval_models(self):
-    return self._models(), self.assignment.copy()
+    return self._models(), self.host.assignment.copy()
 
   def round_eval_metrics(self, result):
     # Group accuracy: the clients tested with model j (test-only clients by
     # their own choice); sizes and the scores against the true clusters: the
     # clients with an assignment (test-only clients have none).
-    return {**self.group_metrics(result, self.k, result.client_model, self.assignment),
-            **self.cluster_scores(self.assignment)}
+    assignment = self.host.assignment
+    return {**self.group_metrics(result, self.k, result.client_model, assignment),
+            **self.cluster_scores(assignment)}
 
   def summary(self):
-    out = dict(self._summary)
+    out = dict(self.host.summary)
     out["final_assignment"] = {cid: int(g) for cid, g in
-                               zip(self.data.client_ids, self.assignment)}
+                               zip(self.data.client_ids, self.host.assignment)}
     out["num_groups"] = self.k
     return out
 
@@ -270,7 +289,7 @@ class WeCFLDriver(ClusterModelsDriver):
       self._feature_indices = [local_training.last_dense_kernel_index(task.model_fn())]
     elif self.features == "fc":
       self._feature_indices = local_training.dense_indices(task.model_fn())
-    self._summary.update(wecfl_features=self.features, wecfl_kmeans=self.kmeans,
+    self.host.summary.update(wecfl_features=self.features, wecfl_kmeans=self.kmeans,
                          kmeans_weights=kmeans_weights, center_weights=center_weights)
     self._inertia = float("nan")
     self.extra_columns = [*self.extra_columns, "kmeans_objective"]

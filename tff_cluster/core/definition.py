@@ -5,17 +5,37 @@ An algorithm subclasses `Definition` and writes its round once:
   state            = initial_state(w0)                 server state (numpy)
   database         = database(state, mode)             [K, ...] stacks, or None
   received         = broadcast(state, params, mode)    what every client receives
-  out              = client_work(trainer, selected, received, client_state, data, mode)
+  out              = client_work(trainer, selected, received, client_state, data, mode
+                                 [, key=key_k])
                      -> ClientOutput(summed, result, state)
   new_state        = server_update(state, sum_k out.summed, mode)
 
-`selected` is row `key_k` of `database` (the client's cluster model, chosen
-by its key) or None when the algorithm selects nothing. `params` holds the
-round's values (`lr`, the decayed client learning rate). `trainer.train(...)`
-is the runner's local SGD (`local_training.DatasetTrainer` under TFF,
-`PaddedTrainer` in-process): the definition never sees how batches are held.
-`result` goes back to the host per client (e.g. its group); `state` is the
-client's new per-client state, kept by the driver between rounds.
+In a mode with keys (`num_keys(mode)` = K > 0) the host gives every client
+a key in 0..K-1 (its cluster, group or worker index); the runners pass it
+to `client_work` as `key`, a scalar int32 tensor, and `selected` is row
+`key` of `database` (the client's cluster model), or None where `database`
+is None (the client needs only its key). In a mode without keys `selected`
+is None and no `key` is passed (a definition whose modes have no keys need
+not take the argument). `params` holds the round's values (`lr`, the
+decayed client learning rate).
+`trainer.train(start, data, lr, optimizer, opt_state)` is the runner's local
+training (`local_training.DatasetTrainer` under TFF, `PaddedTrainer` or
+`FunctionalTrainer` in-process): the definition never sees how batches are
+held. The optimizer is a value of `learning.optimizers` (a chain of
+gradient transforms ending in a step) that the definition owns
+(`client_optimizer`, built from its options and the solver's
+`--client_momentum`); `local_update` threads its persisted state through the
+client state. `result` goes back to the host per client (e.g. its group);
+`state` is the client's new per-client state, kept by the driver between
+rounds.
+
+`out.summed` is added up over the round's clients (one federated sum,
+`aggregators.Sum`); per-cluster weighted means ride on that sum as
+`aggregators.ClusterMean` contributions in the row of the client's key (or
+of the cluster the client chose itself, as IFCA's estimate), which
+`server_update` divides with `ClusterMean.mean`; `aggregators.ClusterSum`
+places a value per key without dividing. Server-side optimizers (`optimizers.server_sgd`,
+`server_heavy_ball`, ...) turn a pseudo-gradient into the next server model.
 
 A definition may have several `modes` (e.g. FedGroup's group cold start
 `pretrain`, and rounds with or without clients that are not yet in a group):
@@ -38,6 +58,7 @@ import numpy as np
 import tensorflow as tf
 
 from tff_cluster import local_training
+from tff_cluster.learning import optimizers
 
 
 class ClientOutput(NamedTuple):
@@ -60,22 +81,40 @@ class Definition:
   Args:
     weights_spec: `tf.TensorSpec` per model weight (trainable first).
     num_trainable: how many of them are trainable.
-    momentum: heavy-ball beta of local SGD (0 = plain SGD).
+    momentum: heavy-ball beta of the clients' local steps (`--client_momentum`;
+      0 = plain SGD): `local_step` is `optimizers.heavy_ball(momentum)`.
     persist_momentum: keep each client's momentum buffer between rounds (the
-      client state holds it); otherwise it starts at zero every round.
+      client state's `velocity` holds it); otherwise it starts at zero every
+      round.
+
+  `client_optimizer` is the chain `local_update` trains with by default: the
+  solver's `local_step` alone here; a subclass puts its own transforms in
+  front (FedProx's proximal term) or its own step in place. A subclass whose
+  local momentum is its own option names it in `own_momentum` (with `algo`,
+  its `--algo` name): it then refuses `--client_momentum` in one line and
+  keeps no momentum buffer.
   """
 
   modes: Tuple[str, ...] = ("train",)
-  # Local steps are Nesterov's (x, y) form (`local_training.sgd_step`), the
-  # client state's or the definition's `velocity` being the look-ahead point.
-  nesterov: bool = False
+  algo: str = ""
+  own_momentum: str = ""
 
   def __init__(self, weights_spec: Sequence[tf.TensorSpec], num_trainable: int, *,
                momentum: float = 0.0, persist_momentum: bool = False):
+    if self.own_momentum and momentum:
+      raise ValueError(f"invalid --client_momentum for {self.algo}: {self.own_momentum}; "
+                       "valid: --client_momentum=0")
     self.weights_spec = [tf.TensorSpec(s.shape, s.dtype) for s in weights_spec]
     self.num_trainable = int(num_trainable)
-    self.momentum = float(momentum)
-    self.persist_momentum = bool(persist_momentum) and self.momentum > 0
+    self.local_step = optimizers.heavy_ball(momentum)
+    self.client_optimizer = optimizers.chain(self.local_step)
+    self.persist_momentum = (bool(persist_momentum) and float(momentum) > 0
+                             and not self.own_momentum)
+
+  @property
+  def trainable_spec(self) -> List[tf.TensorSpec]:
+    """`tf.TensorSpec` per trainable weight."""
+    return list(self.weights_spec[:self.num_trainable])
 
   # -- server --------------------------------------------------------------
 
@@ -90,7 +129,8 @@ class Definition:
 
   def database(self, state, mode: str):
     """A structure of stacked tensors [K, ...]; a client receives row `key` of
-    every one (`selected`). Only called when `num_keys(mode)` > 0."""
+    every one (`selected`), or None when the mode's clients need only their
+    key. Only called when `num_keys(mode)` > 0."""
     del state, mode
     return None
 
@@ -103,7 +143,9 @@ class Definition:
     raise NotImplementedError
 
   def client_work(self, trainer, selected, received, client_state, data,
-                  mode: str) -> ClientOutput:
+                  mode: str, key=None) -> ClientOutput:
+    """One client's work. `key`: its key (a scalar int32 tensor) in a mode
+    with keys, else None."""
     raise NotImplementedError
 
   def server_update(self, state, summed, mode: str):
@@ -116,8 +158,8 @@ class Definition:
     del mode
     if not self.persist_momentum:
       return None
-    return collections.OrderedDict(
-        velocity=list(self.weights_spec[:self.num_trainable]))
+    return collections.OrderedDict(velocity=tf.nest.flatten(
+        self.client_optimizer.state_spec(self.trainable_spec)))
 
   def initial_client_state(self, mode: str):
     spec = self.client_state_spec(mode)
@@ -128,33 +170,28 @@ class Definition:
 
   # -- helpers for subclasses ----------------------------------------------
 
-  def local_update(self, trainer, start, data, lr, client_state, mu: float = 0.0,
-                   anchor=None) -> Tuple[local_training.TrainResult, Any]:
-    """Local SGD from `start`; threads the persistent momentum buffer.
+  def local_update(self, trainer, start, data, lr, client_state,
+                   optimizer=None) -> Tuple[local_training.TrainResult, Any]:
+    """Local steps from `start` with `optimizer` (default
+    `client_optimizer`); threads the client's persisted optimizer state (the
+    client state's `velocity`, the state as one flat list).
 
-    `anchor`: the proximal term's centre (default `start`). Returns the
-    training result and the client's new state (None when the algorithm
-    keeps no client state).
+    Returns the training result and the client's new state (None when the
+    algorithm keeps no client state).
     """
-    velocity = None
+    opt = self.client_optimizer if optimizer is None else optimizers.as_chain(optimizer)
+    opt_state = None
     if client_state is not None and "velocity" in client_state:
-      velocity = list(client_state["velocity"])
-    out = trainer.train(start, data, lr, mu=mu, velocity=velocity, anchor=anchor)
+      opt_state = opt.unflat_state(client_state["velocity"], self.trainable_spec)
+    out = trainer.train(start, data, lr, opt, opt_state)
     if client_state is None:
       return out, None
     new_state = collections.OrderedDict(client_state)
-    if velocity is not None:
-      new_state["velocity"] = out.velocity
+    if opt_state is not None:
+      new_state["velocity"] = opt.flat_state(out.opt_state)
     return out, new_state
 
 
 def flat_norm(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
   """Euclidean norm of a list of tensors taken as one vector."""
   return tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(t)) for t in tensors]))
-
-
-def weighted_mean_update(model: Sequence[tf.Tensor], update_sum: Sequence[tf.Tensor],
-                         weight_sum: tf.Tensor) -> List[tf.Tensor]:
-  """w + sum_k n_k Delta_k / sum_k n_k; w unchanged when the weight is 0."""
-  safe = tf.where(weight_sum > 0, weight_sum, 1.0)
-  return [w + s / safe for w, s in zip(model, update_sum)]

@@ -34,8 +34,9 @@ import numpy as np
 import tensorflow as tf
 
 from tff_cluster import local_training
+from tff_cluster.core import aggregators
 from tff_cluster.core.definition import round_params
-from tff_cluster.runners.base import RoundOutput, check_keys, to_numpy
+from tff_cluster.runners.base import RoundOutput, Runner, check_keys, to_numpy
 
 JIT_CHOICES = ("auto", "on", "off")
 BATCHING_CHOICES = ("auto", "sequential", "parallel")
@@ -146,7 +147,7 @@ def stack_client_states(client_states: Sequence[Any]):
     stacked.append(table if len(unique) == len(leaves) else tf.gather(table, index))
   return tf.nest.pack_sequence_as(client_states[0], stacked)
 
-class ServerSide:
+class ServerSide(Runner):
   """What the in-process runners (`local`, `ray`) share: the server state as
   tensors on `self.device` and the definition's server functions there.
   Needs `self.definition`, `self.device` and a `self._server` dict."""
@@ -194,6 +195,7 @@ class LocalRunner(ServerSide):
                client_index: Optional[Sequence[int]] = None,
                client_batching: str = "auto", chunk: Optional[int] = None):
     self.definition = definition
+    self.model_fn, self.loss, self.data = model_fn, loss, data  # (`make_evaluator`'s)
     self._data = data
     self._seed = seed
     # Client k's shuffles are seeded by its index in the whole federation
@@ -262,23 +264,24 @@ class LocalRunner(ServerSide):
     `functional`: local SGD on the weights as values (`FunctionalTrainer`,
     whose loops run `bound` masked iterations when `bound` is given)."""
     d, model, loss = self.definition, self._model, self._loss
+    keyed = d.num_keys(mode) > 0  # the client's key goes to `client_work`
 
     def one(c, database, keys, received, client_states, indices, sizes, num_steps, x, y):
       if functional:
         trainer = local_training.FunctionalTrainer(
-            self._forward, len(d.weights_spec), d.num_trainable, loss, x, y,
-            momentum=d.momentum, nesterov=d.nesterov, bound=bound)
+            self._forward, len(d.weights_spec), d.num_trainable, loss, x, y, bound=bound)
       else:
-        trainer = local_training.PaddedTrainer(
-            model, loss, x, y, momentum=d.momentum, exact_batches=self.exact_batches,
-            nesterov=d.nesterov)
+        trainer = local_training.PaddedTrainer(model, loss, x, y,
+                                               exact_batches=self.exact_batches)
+      key = tf.gather(keys, c) if keyed else None
       selected = None if database is None else tf.nest.map_structure(
-          lambda t: tf.gather(t, tf.gather(keys, c)), database)
+          lambda t: tf.gather(t, key), database)
       client_state = None if client_states is None else tf.nest.map_structure(
           lambda t: tf.gather(t, c), client_states)
       data = local_training.PaddedBatches(
           tf.gather(indices, c), tf.gather(sizes, c), tf.gather(num_steps, c))
-      out = d.client_work(trainer, selected, received, client_state, data, mode)
+      out = d.client_work(trainer, selected, received, client_state, data, mode,
+                          **({"key": key} if keyed else {}))
       return out.summed, out.result, () if out.state is None else out.state
 
     return one
@@ -308,7 +311,7 @@ class LocalRunner(ServerSide):
       def body(c, total, results, states):
         summed, result, state = one(c, database, keys, received, client_states, indices,
                                     sizes, num_steps, x, y)
-        total = tf.nest.map_structure(tf.add, total, summed)
+        total = aggregators.Sum.add(total, summed)
         results = [a.write(c, v) for a, v in zip(results, tf.nest.flatten(result))]
         states = [a.write(c, v) for a, v in zip(states, tf.nest.flatten(state))]
         return c + 1, total, results, states

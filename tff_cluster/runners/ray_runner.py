@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import atexit
 import collections
-import collections.abc
 import contextlib
 import functools
 import os
@@ -51,7 +50,8 @@ import tensorflow as tf
 from tff_cluster import evaluation, interrupts, local_training, stack
 from tff_cluster.data.federated import FederatedData, LazyFederatedData
 from tff_cluster.runners import local_runner
-from tff_cluster.runners.base import RoundOutput, WorkerLost, check_keys, to_numpy
+from tff_cluster.runners.base import (ClientStateStore, RoundOutput, WorkerLost, check_keys,
+                                      to_numpy)
 
 # How long a call to an unreachable `--ray_address` may take before it fails.
 CONNECT_TIMEOUT_S = 30
@@ -626,16 +626,16 @@ class ShardedEvaluator:
     return np.concatenate(self._per_shard("mean_losses", weights))
 
 
-class ActorClientStates(collections.abc.MutableMapping):
+class ActorClientStates(ClientStateStore):
   """The driver's per-client states (`Driver.client_states`) held by the
   actors: each state lives with the actor that owns its client; the driver
   keeps the set of keys. Reading or writing an entry is a call to its actor
   (`update` and `items_in_chunks` batch them per actor); the runner's
-  training calls use and keep the states in place (`RayRunner.run`'s
-  `state_keys`). `snapshot()` is cheap (each actor keeps references), and
-  the `SNAPSHOTS` latest snapshots can be restored or read back."""
+  training calls use and keep the states in place (`lend` passes
+  `RayRunner.run` the `state_keys`). `snapshot()` is cheap (each actor keeps
+  references), and the `SNAPSHOTS` latest snapshots can be restored or read
+  back."""
 
-  on_workers = True
   SNAPSHOTS = 3
 
   def __init__(self, runner: RayRunner):
@@ -697,8 +697,17 @@ class ActorClientStates(collections.abc.MutableMapping):
     self._runner._get(calls)  # noqa: SLF001
     self._keys = set()
 
-  def note_stored(self, keys) -> None:
-    """The actors kept states under `keys` (a training call's)."""
+  def lend(self, keys, fresh):
+    """A None for each key with a state (its actor passes the one it holds),
+    `fresh(i)` for the others; the call's actors keep the new states under
+    `keys`."""
+    keys = [int(s) for s in keys]
+    return ([None if s in self._keys else fresh(i) for i, s in enumerate(keys)],
+            {"state_keys": keys})
+
+  def keep(self, keys, states) -> None:
+    """The actors kept the call's states under `keys` already."""
+    del states
     self._keys.update(int(k) for k in keys)
 
   def snapshot(self) -> "ActorStatesSnapshot":
@@ -727,7 +736,20 @@ class ActorClientStates(collections.abc.MutableMapping):
                            f"(they keep the {self.SNAPSHOTS} latest snapshots)") from None
         yield from zip(part, values)
 
-  def restore(self, snapshot: "ActorStatesSnapshot") -> None:
+  def numpy_items(self, snapshot: "ActorStatesSnapshot") -> "ActorStatesSnapshot":
+    """The snapshot itself: its `items()` read numpy states from the actors."""
+    return snapshot
+
+  def restore(self, states) -> None:
+    """Back to `states`: a snapshot of this store (the actors still hold it),
+    or any (key, state) pairs with `items()`, sent to the actors."""
+    if isinstance(states, ActorStatesSnapshot) and states.store is self:
+      self._restore_snapshot(states)
+    else:
+      self.clear()
+      self.update(states.items())
+
+  def _restore_snapshot(self, snapshot: "ActorStatesSnapshot") -> None:
     r = self._runner
     done = r._get([self._call(w, "restore_states", snapshot.token)  # noqa: SLF001
                    for w in range(len(r._actors))])  # noqa: SLF001

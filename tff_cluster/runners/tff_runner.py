@@ -9,10 +9,15 @@ computation
 
   received  = federated_broadcast(federated_map(broadcast, (state, params)))
   selected  = federated_select(keys, K - 1, federated_map(database, state), row)
-  out       = federated_map(client_work, (selected, received, data, position, client_state))
+  out       = federated_map(client_work, (selected, keys, received, data, position,
+                                          client_state))
   summed    = federated_sum(out.summed)
   collected = federated_aggregate(out.row, collect)   # (position, result[, new state]) rows
   new_state = federated_map(server_update, (state, summed))
+
+The keys (a mode with `num_keys` > 0) are a CLIENTS-placed int32 value
+beside the data: they select each client's `database` row (no select where
+the mode's `database` is None) and reach `client_work` as its `key`.
 
 Every output is placed at SERVER: the per-client results and new states come
 back through the "collect" aggregation, each row carrying the client's
@@ -45,7 +50,7 @@ import tensorflow_federated as tff  # noqa: E402
 
 from tff_cluster import hparams, local_training, models, runtime, tff_types
 from tff_cluster.core.definition import round_params
-from tff_cluster.runners.base import RoundOutput, check_keys, to_numpy
+from tff_cluster.runners.base import RoundOutput, Runner, check_keys, to_numpy
 
 PARAMS_SPEC = collections.OrderedDict(lr=tf.TensorSpec([], tf.float32))
 KEY_TYPE = tff.TensorType(np.int32, [1])
@@ -74,7 +79,8 @@ def build_round(definition, mode: str, model_fn, loss: str, element_spec):
   client_state_spec = d.client_state_spec(mode)
   stateful = client_state_spec is not None
   num_keys = d.num_keys(mode)
-  selecting = num_keys > 0
+  keyed = num_keys > 0
+  selecting = keyed and has_database(d, mode)
 
   @tff.tensorflow.computation(state_type, params_type)
   def broadcast_fn(state, params):
@@ -94,49 +100,16 @@ def build_round(definition, mode: str, model_fn, loss: str, element_spec):
       return tf.nest.map_structure(lambda t: tf.gather(t, key), database)
 
     arg_types.append(tff.SequenceType(row_fn.type_signature.result))
+  if keyed:
+    arg_types.append(KEY_TYPE)
   arg_types += [received_type, data_type, POSITION_TYPE]
   if stateful:
     arg_types.append(tff_types.to_tff_type(client_state_spec))
   # The per-client results' and states' specs, recorded when the client
   # computation is traced (the host unflattens the collected rows with them).
   specs: Dict[str, Any] = {}
-
-  def client_body(selected, received, dataset, position, client_state):
-    trainer = local_training.DatasetTrainer(model_fn(), loss, momentum=d.momentum,
-                                             nesterov=d.nesterov)
-
-    # A tf.function inside the computation's graph: its automatic control
-    # dependencies order the variable assignments and reads of local SGD.
-    @tf.function
-    def work(selected, received, dataset, position, client_state):
-      if selected is not None:
-        selected = selected.get_single_element()
-      out = d.client_work(trainer, selected, received, client_state, dataset, mode)
-      per_client = (out.result, out.state) if stateful else (out.result,)
-      specs["per_client"] = tf.nest.map_structure(
-          lambda t: tf.TensorSpec(t.shape, t.dtype), per_client)
-      # One row of the collect aggregation: the client's position, then its
-      # result's (and state's) tensors, each with a leading axis of 1.
-      row = [tf.reshape(tf.cast(position, tf.int32), [1])] + [
-          tf.expand_dims(t, 0) for t in tf.nest.flatten(per_client)]
-      return out.summed, row
-
-    return work(selected, received, dataset, position, client_state)
-
-  if selecting and stateful:
-    def client_args(selected, received, dataset, position, client_state):
-      return client_body(selected, received, dataset, position, client_state)
-  elif selecting:
-    def client_args(selected, received, dataset, position):
-      return client_body(selected, received, dataset, position, None)
-  elif stateful:
-    def client_args(received, dataset, position, client_state):
-      return client_body(None, received, dataset, position, client_state)
-  else:
-    def client_args(received, dataset, position):
-      return client_body(None, received, dataset, position, None)
-
-  client_fn = tff.tensorflow.computation(*arg_types)(client_args)
+  client_fn = client_computation(d, mode, model_fn, loss, arg_types, selecting, keyed,
+                                 stateful, specs)
   summed_type = client_fn.type_signature.result[0]
   collect = collect_aggregation(client_fn.type_signature.result[1])
 
@@ -151,6 +124,8 @@ def build_round(definition, mode: str, model_fn, loss: str, element_spec):
       database = tff.federated_map(database_fn, state)
       args.append(tff.federated_select(
           keys, tff.federated_value(np.int32(num_keys - 1), tff.SERVER), database, row_fn))
+    if keyed:
+      args.append(keys)
     args += [received, data, positions]
     if stateful:
       args.append(client_states)
@@ -165,15 +140,15 @@ def build_round(definition, mode: str, model_fn, loss: str, element_spec):
   at_clients = lambda t: tff.FederatedType(t, tff.CLIENTS)  # noqa: E731
   types = [at_server(state_type), at_server(params_type), at_clients(data_type),
            at_clients(POSITION_TYPE)]
-  if selecting:
+  if keyed:
     types.append(at_clients(KEY_TYPE))
   if stateful:
     types.append(at_clients(arg_types[-1]))
 
-  if selecting and stateful:
+  if keyed and stateful:
     def round_fn(state, params, data, positions, keys, client_states):
       return body(state, params, data, positions, keys, client_states)
-  elif selecting:
+  elif keyed:
     def round_fn(state, params, data, positions, keys):
       return body(state, params, data, positions, keys, None)
   elif stateful:
@@ -185,6 +160,52 @@ def build_round(definition, mode: str, model_fn, loss: str, element_spec):
 
   computation = tff.federated_computation(*types)(round_fn)
   return RoundComputation(computation, specs["per_client"], stateful)
+
+
+def has_database(definition, mode: str) -> bool:
+  """Whether `definition.database` gives rows in keyed `mode` (None: the
+  clients receive only their keys), from a trace of it."""
+  traced = tf.function(lambda state: definition.database(state, mode)).get_concrete_function(
+      definition.state_spec())
+  return traced.structured_outputs is not None
+
+
+def client_computation(d, mode: str, model_fn, loss: str, arg_types, selecting: bool,
+                       keyed: bool, stateful: bool, specs: Dict[str, Any]):
+  """The client work of `d`'s `mode` as a TFF computation of one struct of
+  `arg_types` ([selected,] [key,] received, dataset, position[,
+  client_state]) returning (summed, the client's row of the collect
+  aggregation). Tracing it records the per-client results' (and states')
+  specs in `specs["per_client"]`."""
+  names = ((["selected"] if selecting else []) + (["key"] if keyed else [])
+           + ["received", "dataset", "position"] + (["client_state"] if stateful else []))
+
+  def client_body(args):
+    args = {name: tff.types.type_to_py_container(args[i], t)
+            for i, (name, t) in enumerate(zip(names, arg_types))}
+    trainer = local_training.DatasetTrainer(model_fn(), loss)
+
+    # A tf.function inside the computation's graph: its automatic control
+    # dependencies order the variable assignments and reads of local SGD.
+    @tf.function
+    def work(selected, key, received, dataset, position, client_state):
+      if selected is not None:
+        selected = selected.get_single_element()
+      extra = {} if key is None else {"key": key[0]}
+      out = d.client_work(trainer, selected, received, client_state, dataset, mode, **extra)
+      per_client = (out.result, out.state) if stateful else (out.result,)
+      specs["per_client"] = tf.nest.map_structure(
+          lambda t: tf.TensorSpec(t.shape, t.dtype), per_client)
+      # One row of the collect aggregation: the client's position, then its
+      # result's (and state's) tensors, each with a leading axis of 1.
+      row = [tf.reshape(tf.cast(position, tf.int32), [1])] + [
+          tf.expand_dims(t, 0) for t in tf.nest.flatten(per_client)]
+      return out.summed, row
+
+    return work(args.get("selected"), args.get("key"), args["received"], args["dataset"],
+                args["position"], args.get("client_state"))
+
+  return tff.tensorflow.computation(tff.StructType(arg_types))(client_body)
 
 
 def collect_aggregation(row_type):
@@ -288,7 +309,7 @@ def build_computations(definition, model_fn, loss, element_spec) -> Dict[str, An
           for mode in definition.modes}
 
 
-class TffRunner:
+class TffRunner(Runner):
   """Runs a `Definition` through `build_round`'s computations (one per mode).
 
   Args: as `local_runner.LocalRunner` (no jit: TFF's worker does not compile
@@ -305,9 +326,7 @@ class TffRunner:
                workers: Optional[str] = None, worker_grace: Optional[float] = None,
                subround_timeout: Optional[float] = None):
     self.definition = definition
-    self._model_fn = model_fn
-    self._loss = loss
-    self._data = data
+    self.model_fn, self.loss, self.data = model_fn, loss, data
     self._seed = seed
     first = data.client_ids[0]
     self._element_spec = local_training.client_dataset(
@@ -354,7 +373,7 @@ class TffRunner:
     """The clients' seeded datasets (the batches `padded_batches` also gives)."""
     out = []
     for k in clients:
-      x, y = self._data.train[self._data.client_ids[k]]
+      x, y = self.data.train[self.data.client_ids[k]]
       out.append(local_training.work_dataset(
           x, y, work, local_training.client_seed(self._seed, round_num, int(k))))
     return out

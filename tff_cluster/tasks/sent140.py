@@ -46,8 +46,6 @@ both FedGroup authors' codes'; the paper does not state T).
 
 from __future__ import annotations
 
-import numpy as np
-
 from tff_cluster import models
 from tff_cluster.data import download, leaf
 from tff_cluster.data import sent140 as sent140_data
@@ -93,11 +91,6 @@ def load_sent140(options: DataOptions) -> FederatedData:
             "" if given else " (the default)")
   _EMBEDDING["matrix"] = embedding
   return data
-
-
-def set_embedding(matrix: np.ndarray) -> None:
-  """Sets the model's embedding without loading data (e.g. a saved model)."""
-  _EMBEDDING["matrix"] = np.asarray(matrix, np.float32)
 
 
 def model_fn():

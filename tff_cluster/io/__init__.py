@@ -1,0 +1,1 @@
+"""Reading and writing what a run leaves on disk (its run directory)."""
