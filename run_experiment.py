@@ -32,9 +32,9 @@ import time  # noqa: E402
 
 from absl import flags, logging  # noqa: E402
 
-from tff_cluster import hparams as hp  # noqa: E402
+from tff_cluster.spec import hparams as hp  # noqa: E402
 from tff_cluster import interrupts  # noqa: E402
-from tff_cluster.settings import (  # noqa: E402,F401  (UsageError, resolve_settings: public)
+from tff_cluster.cli import (  # noqa: E402,F401  (UsageError, resolve_settings: public)
     ALGO_HPARAMS as _ALGO_HPARAMS, ALGOS as _ALGOS, GENERAL as _GENERAL,
     RUNNER_HPARAMS as _RUNNER_HPARAMS, TASKS as _TASKS, UsageError, flag_names,
     load_task_data, prepare_output_dir, resolve_settings, run_config, run_dir_settings)
@@ -157,7 +157,9 @@ def run(settings: dict) -> dict:
   from tff_cluster import stack
   tf = stack.import_tensorflow()
 
-  from tff_cluster import checkpoint, experiment, results
+  from tff_cluster.io import checkpoint
+  from tff_cluster.host import loop
+  from tff_cluster.io import results
 
   tf.get_logger().setLevel("ERROR")  # retracing notices per padded-batch shape
   task = _TASKS[settings["task"]].with_model(settings["model"])
@@ -180,9 +182,9 @@ def run(settings: dict) -> dict:
     load_start = time.perf_counter()
     data = load_task_data(settings, task, _present())
     load_seconds = time.perf_counter() - load_start
-    config = experiment.TrainingConfig(**{
+    config = loop.TrainingConfig(**{
         field.name: settings[field.name]
-        for field in dataclasses.fields(experiment.TrainingConfig)})
+        for field in dataclasses.fields(loop.TrainingConfig)})
     try:
       driver = algo.make_driver(task, data, config, **settings["algo_options"])
     except ValueError as e:
@@ -192,14 +194,14 @@ def run(settings: dict) -> dict:
       shutil.rmtree(out_dir, ignore_errors=True)
     raise
 
-  from tff_cluster.task import DataOptions, task_arg
+  from tff_cluster.spec.task import DataOptions, task_arg
   # The task's declared settings as the data was built with them (defaults
   # filled in), next to `task_args`, what was given.
   task_args_applied = {d.name: task_arg(DataOptions(extra=settings["task_args"]), d)
                        for d in task.task_args}
   runner_columns = list(getattr(driver, "extra_columns", ()))
   writer = results.ResultsWriter(
-      out_dir, [*experiment.BASE_COLUMNS, *runner_columns],
+      out_dir, [*loop.BASE_COLUMNS, *runner_columns],
       overwrite=settings["overwrite"], resume_rows=None if resume is None else resume["rows"],
       groups_format=settings["groups_format"] or "wide")
   n_train = data.num_train_samples()
@@ -229,14 +231,14 @@ def run(settings: dict) -> dict:
         + (f"; resuming after round {resume['round']}" if resume else ""), file=sys.stderr)
   owner = contextlib.nullcontext()
   if config.runner == "tff":
-    from tff_cluster import runtime
+    from tff_cluster.runners.tff import runtime
     owner = runtime.tff_runtime()
   elif config.runner == "ray":  # the actors (and a Ray started here) end with the run
     from tff_cluster.runners import ray_runner
     owner = ray_runner.session()
   try:
     with owner:
-      summary = experiment.run_training(
+      summary = loop.run_training(
           task, data, config, driver, writer, progress=settings["progress"],
           checkpoint_dir=out_dir, checkpoint_every=settings["checkpoint_every"],
           resume=resume, models_dir=os.path.join(out_dir, "models"))
@@ -248,7 +250,7 @@ def run(settings: dict) -> dict:
 def _resume_hint(out_dir: str) -> str:
   """'--resume continues from round R (OUT/checkpoints); ' when a checkpoint
   was saved, else ''."""
-  from tff_cluster import checkpoint
+  from tff_cluster.io import checkpoint
   saved = checkpoint.rounds(out_dir) if out_dir else []
   return (f"--resume continues after round {saved[-1]} ({checkpoint.directory(out_dir)}); "
           if saved else "")
@@ -349,14 +351,14 @@ def _main(argv) -> int:
       _interrupted(settings, e.code)
     raise
   except Exception as e:  # noqa: BLE001 - only Diverged and WorkerLost are expected
-    from tff_cluster.experiment import Diverged, WorkerLost
+    from tff_cluster.host.loop import Diverged, WorkerLost
     signum = interrupts.received()
     if signum is not None:  # a signal's exception, transformed by the code it hit
       _interrupted(settings, 130 if signum == signal.SIGINT else 128 + signum)
     if isinstance(e, WorkerLost):
       _fail(f"{e}; {_resume_hint(settings['output_dir'])}summary.json says \"reason\": "
             "\"worker_lost\"", code=4)
-    from tff_cluster.checkpoint import CheckpointError, WriteFailed
+    from tff_cluster.io.checkpoint import CheckpointError, WriteFailed
     if isinstance(e, WriteFailed):  # a full disk, a failing drive: nothing half-written left
       _fail(f"{e}; {_resume_hint(settings['output_dir'])}nothing half-written is left", code=5)
     if isinstance(e, CheckpointError):  # a checkpoint that does not fit this run

@@ -23,7 +23,7 @@ SHARED = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data")
 if REPO_ROOT not in sys.path:  # the library and the CLI's tasks, for every table script
   sys.path.insert(0, REPO_ROOT)
 
-from tff_cluster import checkpoint  # noqa: E402  (TF-free)
+from tff_cluster.io import checkpoint  # noqa: E402  (TF-free)
 from tff_cluster.io import rundir  # noqa: E402  (TF-free)
 
 

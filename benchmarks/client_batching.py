@@ -113,9 +113,12 @@ def measure_one(spec: Dict[str, Any]) -> Dict[str, Any]:
   """One configuration in this process (the subprocess's work)."""
   import numpy as np
   import tensorflow as tf
-  import tasks
-  from tff_cluster import experiment, local_training, registry
-  from tff_cluster.task import DataOptions
+  from tff_cluster import tasks
+  from tff_cluster import registry
+  from tff_cluster.host import loop
+  from tff_cluster.learning import functional
+  from tff_cluster.learning import schedule
+  from tff_cluster.spec.task import DataOptions
   sys.path.insert(0, os.path.join(REPO_ROOT, "benchmarks"))
   import runner_speed
 
@@ -133,8 +136,8 @@ def measure_one(spec: Dict[str, Any]) -> Dict[str, Any]:
     sampled = [np.arange(n) for _ in range(rounds)]
   else:
     rng = np.random.default_rng(np.random.SeedSequence([setting["seed"], 7]))
-    sampled = [experiment.sample_clients(rng, n, setting["per_round"]) for _ in range(rounds)]
-  config = experiment.TrainingConfig(
+    sampled = [loop.sample_clients(rng, n, setting["per_round"]) for _ in range(rounds)]
+  config = loop.TrainingConfig(
       rounds=rounds, clients_per_round=min(setting["per_round"], n), local_epochs=EPOCHS,
       batch_size=BATCH, client_lr=setting["lr"], seed=setting["seed"], runner="local",
       jit="on", client_batching=spec["mode"], client_chunk=spec["chunk"] or 4)
@@ -150,7 +153,7 @@ def measure_one(spec: Dict[str, Any]) -> Dict[str, Any]:
   peak = _status_mib("VmHWM")
   timed = sampled[spec["warmup"]:]
   sizes = data.num_train_samples()
-  work = local_training.LocalWork(BATCH, epochs=EPOCHS)
+  work = schedule.LocalWork(BATCH, epochs=EPOCHS)
   steps = [sum(work.num_steps(int(sizes[k])) for k in s) for s in timed]
   longest = [max(work.num_steps(int(sizes[k])) for k in s) for s in timed]
   examples = [EPOCHS * float(sizes[list(s)].sum()) for s in timed]
@@ -225,7 +228,7 @@ def step_cost(steps: int = 300) -> List[Dict[str, Any]]:
   the same number of steps (the best case: no masked step), batch 10."""
   import numpy as np
   import tensorflow as tf
-  from tff_cluster import local_training, models
+  from tff_cluster import models
   sys.path.insert(0, os.path.join(REPO_ROOT, "benchmarks"))
   import runner_speed
   matmul = runner_speed.matmul_gflops(2048)
@@ -235,8 +238,8 @@ def step_cost(steps: int = 300) -> List[Dict[str, Any]]:
     model = (models.mclr(shape[0], classes) if hidden is None
              else models.mlp(shape[0], hidden, classes))
     macs = runner_speed.model_macs(model)
-    forward = local_training.stateless_forward(model)
-    weights = local_training.get_weights(model)
+    forward = functional.stateless_forward(model)
+    weights = models.get_weights(model)
     n = 4000
     x = tf.constant(rng.normal(size=(n,) + shape).astype(np.float32))
     y = tf.constant(rng.integers(0, classes, n).astype(np.int32))
@@ -246,10 +249,10 @@ def step_cost(steps: int = 300) -> List[Dict[str, Any]]:
       counts = tf.fill([width], steps)
 
       def client(c):
-        trainer = local_training.FunctionalTrainer(
+        trainer = functional.FunctionalTrainer(
             forward, len(weights), len(weights), models.SPARSE_CE_LOGITS, x, y,
             bound=tf.constant(steps))
-        data = local_training.PaddedBatches(tf.gather(idx, c), tf.gather(sizes, c),
+        data = schedule.PaddedBatches(tf.gather(idx, c), tf.gather(sizes, c),
                                             tf.gather(counts, c))
         return trainer.train(weights, data, 0.01).delta
 

@@ -301,7 +301,7 @@ def project(jobs, args):
 
 
 def default_rounds(row) -> int:
-  import tasks
+  from tff_cluster import tasks
   name = row["flags"][0].split("=", 1)[1]
   return int(tasks.get_task(name).defaults["rounds"])
 

@@ -62,9 +62,9 @@ def _load(args):
   """(tasks module, task, data) of args.task, with args.model's model."""
   sys.path.insert(0, REPO_ROOT)
   import dataclasses
-  import tasks
+  from tff_cluster import tasks
   from tff_cluster import models
-  from tff_cluster.task import DataOptions
+  from tff_cluster.spec.task import DataOptions
 
   task = tasks.get_task(args.task)
   if args.model == "cnn_dropout":
@@ -143,10 +143,12 @@ def export(args) -> None:
   if args.kind == "eval":
     return export_eval(args)
   task, data = _load(args)
-  from tff_cluster import driver as driver_lib, experiment, registry
+  from tff_cluster import registry
+  from tff_cluster.host import driver as driver_lib
+  from tff_cluster.host import loop
   from tff_cluster.runners import local_runner
 
-  config = experiment.TrainingConfig(
+  config = loop.TrainingConfig(
       rounds=1, clients_per_round=args.clients, local_epochs=args.epochs,
       batch_size=args.batch_size, client_lr=_lr(args), seed=args.seed, runner="local",
       jit="on", client_batching=args.client_batching, client_chunk=args.chunk)
@@ -276,24 +278,25 @@ def export_grouped(args) -> None:
   """The prototype's round on the same clients, batches and seeds as
   `export` (kind 'round') of the same arguments."""
   import tensorflow as tf
-  from tff_cluster import driver as driver_lib, local_training
+  from tff_cluster.host import driver as driver_lib
+  from tff_cluster.learning import schedule
   if args.model != "cnn_dropout":
     raise SystemExit("error: --kind=grouped is written for --model=cnn_dropout")
   task, data = _load(args)
   tf.keras.utils.set_random_seed(args.seed)
   model = task.model_fn()
-  start = local_training.get_weights(model)
+  start = models.get_weights(model)
   rng = np.random.default_rng(np.random.SeedSequence([args.seed, 7]))
   sampled = driver_lib.sample_clients(rng, len(data.client_ids), args.clients)
   xs = [data.train[c][0] for c in data.client_ids]
   ys = [data.train[c][1] for c in data.client_ids]
   sizes = np.array([len(v) for v in ys], np.int64)
   offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-  work = local_training.LocalWork(batch_size=args.batch_size, epochs=args.epochs)
+  work = schedule.LocalWork(batch_size=args.batch_size, epochs=args.epochs)
   total_steps = max(work.num_steps(int(n)) for n in sizes)
-  batches = local_training.stacked_padded_batches(
+  batches = schedule.stacked_padded_batches(
       sizes[sampled], offsets[sampled], work,
-      [local_training.client_seed(args.seed, 1, int(k)) for k in sampled], total_steps)
+      [schedule.client_seed(args.seed, 1, int(k)) for k in sampled], total_steps)
   x, y = np.concatenate(xs), np.concatenate(ys)
   dropout = not args.no_dropout
 

@@ -87,7 +87,7 @@ def child(args) -> int:
     print(json.dumps({"error": code}))
     return code
   peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-  from tff_cluster import checkpoint
+  from tff_cluster.io import checkpoint
   from tff_cluster.io import rundir
   config = rundir.read_config(out_dir)
   rows = rundir.read_metrics(out_dir, first=rundir.METRICS_JSONL)[1]

@@ -83,9 +83,10 @@ def measure(args, runner: str, workers=None):
   """Per-round seconds (and per-shard seconds for ray) over the timed rounds."""
   import numpy as np
   from runner_speed import CLIENTS_PER_ROUND, SEED, TASK_SETTINGS
-  import tasks
-  from tff_cluster import experiment, registry
-  from tff_cluster.task import DataOptions
+  from tff_cluster import tasks
+  from tff_cluster import registry
+  from tff_cluster.host import loop
+  from tff_cluster.spec.task import DataOptions
   setting = TASK_SETTINGS[args.task]
   options = dict(seed=SEED)
   if setting["num_clients"]:
@@ -95,7 +96,7 @@ def measure(args, runner: str, workers=None):
   task = tasks.get_task(args.task)
   data = task.load_data(DataOptions(**options))
   rounds = args.warmup + args.rounds_timed
-  config = experiment.TrainingConfig(
+  config = loop.TrainingConfig(
       rounds=rounds, clients_per_round=CLIENTS_PER_ROUND, local_epochs=10,
       batch_size=10, client_lr=setting["lr"], seed=SEED, runner=runner,
       ray_workers=workers, ray_address=args.ray_address if runner == "ray" else None)
@@ -104,7 +105,7 @@ def measure(args, runner: str, workers=None):
   rng = np.random.default_rng(np.random.SeedSequence([SEED, 7]))
   seconds, shard_max, shard_sum = [], [], []
   for r in range(1, rounds + 1):
-    sampled = experiment.sample_clients(rng, data.num_clients, CLIENTS_PER_ROUND)
+    sampled = loop.sample_clients(rng, data.num_clients, CLIENTS_PER_ROUND)
     t0 = time.perf_counter()
     driver.run_round(r, sampled)
     elapsed = time.perf_counter() - t0

@@ -27,10 +27,10 @@ start (`--library=worktree`) or from a git commit (`--library=COMMIT`), so
 edits made while it runs cannot affect it.
 
 Every configuration sees the same clients: round r samples
-`experiment.sample_clients(rng, N, 20)` with
+`loop.sample_clients(rng, N, 20)` with
 `rng = np.random.default_rng(np.random.SeedSequence([0, 7]))`, as the
 training loop does, and the clients' shuffles are seeded by
-`local_training.client_seed(0, r, k)`.
+`schedule.client_seed(0, r, k)`.
 
 Settings (`--tasks`):
   synthetic  Synthetic(1,1), 100 clients, MCLR 60->10; 20 clients/round,
@@ -58,7 +58,7 @@ Baselines (`--baselines`):
   tff_learning  TFF's own `tff.learning.algorithms.build_weighted_fed_avg`
                 (Keras model via `tff.learning.models.from_keras_model`, client
                 SGD `build_sgdm(lr)`, server `build_sgdm(1.0)`, same client
-                datasets `local_training.client_dataset`, same initial weights)
+                datasets `schedule.client_dataset`, same initial weights)
                 on synthetic and femnist, inside `runtime.tff_runtime()`.
 
 FLOPs
@@ -98,7 +98,7 @@ It prints a markdown table of the medians and a ratio table, and writes every
 measurement to `--output` (default benchmarks/results/runner_speed.csv);
 progress goes to stderr. A full run takes about 20 minutes on 2 CPU cores
 (more if it has to wait for other processes). Every TFF worker this script
-starts is stopped (`tff_cluster.runtime`); leftovers are reported.
+starts is stopped (`tff_cluster.runners.tff.runtime`); leftovers are reported.
 """
 
 from __future__ import annotations
@@ -223,7 +223,7 @@ def _tff_stack() -> bool:
 
 def _stop_tff_workers():
   if _tff_stack():
-    from tff_cluster import runtime
+    from tff_cluster.runners.tff import runtime
     runtime.stop()
 
 
@@ -346,9 +346,9 @@ class CpuMeter:
 def schedule(num_clients: int, num_rounds: int):
   """The sampled clients of rounds 1..num_rounds (the training loop's sampling)."""
   import numpy as np
-  from tff_cluster import experiment
+  from tff_cluster.host import loop
   rng = np.random.default_rng(np.random.SeedSequence([SEED, 7]))
-  return [experiment.sample_clients(rng, num_clients, CLIENTS_PER_ROUND)
+  return [loop.sample_clients(rng, num_clients, CLIENTS_PER_ROUND)
           for _ in range(num_rounds)]
 
 
@@ -444,8 +444,8 @@ def data_options(name: str, args) -> dict:
 
 
 def load_task(name: str, args):
-  import tasks
-  from tff_cluster.task import DataOptions
+  from tff_cluster import tasks
+  from tff_cluster.spec.task import DataOptions
   setting = TASK_SETTINGS[name]
   options = data_options(name, args)
   task = tasks.get_task(setting.get("task", name)).with_model(setting.get("model_name"))
@@ -453,9 +453,9 @@ def load_task(name: str, args):
 
 
 def make_config(name: str, args, runner: str, jit: str, rounds: int):
-  from tff_cluster import experiment
+  from tff_cluster.host import loop
   setting = TASK_SETTINGS[name]
-  return experiment.TrainingConfig(
+  return loop.TrainingConfig(
       rounds=rounds, clients_per_round=CLIENTS_PER_ROUND,
       local_epochs=getattr(args, setting["epochs"]), batch_size=BATCH_SIZE,
       client_lr=setting["lr"], seed=SEED, runner=runner, jit=jit)
@@ -466,7 +466,7 @@ def measure_driver(task_name, task, data, args, algorithm, runner, jit, sampled_
   from tff_cluster import registry
   config = make_config(task_name, args, runner, jit, len(sampled_rounds))
   if runner == "tff":
-    from tff_cluster import runtime
+    from tff_cluster.runners.tff import runtime
   ctx = runtime.tff_runtime() if runner == "tff" else contextlib.nullcontext()
   with ctx:
     try:
@@ -500,11 +500,13 @@ def measure_tff_learning(task, data, args, task_name, sampled_rounds):
   import numpy as np
   import tensorflow as tf
   import tensorflow_federated as tff
-  from tff_cluster import experiment, local_training, runtime
+  from tff_cluster.host import loop
+  from tff_cluster.learning import schedule
+  from tff_cluster.runners.tff import runtime
   setting = TASK_SETTINGS[task_name]
   epochs = getattr(args, setting["epochs"])
   lr = setting["lr"]
-  element_spec = local_training.client_dataset(
+  element_spec = schedule.client_dataset(
       *data.train[data.client_ids[0]], BATCH_SIZE, 1, 0).element_spec
 
   def model_fn():
@@ -513,7 +515,7 @@ def measure_tff_learning(task, data, args, task_name, sampled_rounds):
         loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         input_spec=element_spec)
 
-  w0 = experiment.initial_weights(task, SEED)
+  w0 = loop.initial_weights(task, SEED)
   num_trainable = len(task.model_fn().trainable_variables)
   with runtime.tff_runtime():
     t0 = time.perf_counter()
@@ -533,8 +535,8 @@ def measure_tff_learning(task, data, args, task_name, sampled_rounds):
       datasets = []
       for k in sampled:
         x, y = data.train[data.client_ids[k]]
-        datasets.append(local_training.client_dataset(
-            x, y, BATCH_SIZE, epochs, local_training.client_seed(SEED, r, int(k))))
+        datasets.append(schedule.client_dataset(
+            x, y, BATCH_SIZE, epochs, schedule.client_seed(SEED, r, int(k))))
       output = process.next(holder["state"], datasets)
       holder["state"] = output.state
       return {"train_loss": float(output.metrics["client_work"]["train"]["loss"])}

@@ -4,7 +4,7 @@ FedAvg on `femnist_fedprox` (MLP 784-512-26, 415,258 parameters; LEAF FEMNIST
 from --data_dir), 20 clients per round, 1 local epoch, batch 10, lr 0.003,
 seed 0; the median of rounds 2..R. "1 worker (own)" is the runtime's own
 worker (no mergeable context); the others are `--tff_workers` started here by
-`tff_cluster.workers.local_workers`. All workers share this machine's cores:
+`tff_cluster.runners.tff.workers.local_workers`. All workers share this machine's cores:
 on 2 cores this shows what splitting a round costs, not what more hosts gain.
 
 The workers listen on every interface: the script re-executes itself in a
@@ -42,12 +42,14 @@ def parse_args(argv=None):
 
 def measure(args, addresses):
   import numpy as np
-  import tasks
-  from tff_cluster import experiment, registry, runtime
-  from tff_cluster.task import DataOptions
+  from tff_cluster import tasks
+  from tff_cluster import registry
+  from tff_cluster.host import loop
+  from tff_cluster.runners.tff import runtime
+  from tff_cluster.spec.task import DataOptions
   task = tasks.get_task("femnist_fedprox")
   data = task.load_data(DataOptions(seed=0, data_dir=os.path.abspath(args.data_dir)))
-  config = experiment.TrainingConfig(
+  config = loop.TrainingConfig(
       rounds=args.rounds, clients_per_round=20, local_epochs=1, batch_size=10,
       client_lr=0.003, seed=0, runner="tff",
       tff_workers=None if addresses is None else ",".join(addresses))
@@ -57,7 +59,7 @@ def measure(args, addresses):
   seconds = []
   import time
   for r in range(1, args.rounds + 1):
-    sampled = experiment.sample_clients(rng, data.num_clients, 20)
+    sampled = loop.sample_clients(rng, data.num_clients, 20)
     t0 = time.perf_counter()
     driver.run_round(r, sampled)
     seconds.append(time.perf_counter() - t0)
@@ -79,7 +81,7 @@ def main(argv=None):
     return subprocess.call(["unshare", "-n", "sh", "-c", f"ip link set lo up && {inner}"],
                            env=dict(os.environ, **{ISOLATED_ENV: "1"}))
   import numpy as np
-  from tff_cluster import workers
+  from tff_cluster.runners.tff import workers
   counts = [int(w) for w in args.workers.split(",")]
   rows = []
   reference, ref_weights = measure(args, None)

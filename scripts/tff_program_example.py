@@ -2,7 +2,7 @@
 
 A TFF research pipeline in the shape `tff.program` gives it: the round
 computation runs under `tff.program.NativeFederatedContext` (on the worker
-`tff_cluster.runtime` owns, through an asynchronous context), the server
+`tff_cluster.runners.tff.runtime` owns, through an asynchronous context), the server
 state is saved and restored by a `tff.program.FileProgramStateManager`, and
 each round's metrics go to release managers (`LoggingReleaseManager`, and a
 `CSVFileReleaseManager` writing `metrics.csv`). The computations are
@@ -43,15 +43,18 @@ def parse_args(argv=None):
 async def train(args) -> dict:
   import tensorflow_federated as tff
 
-  import tasks
-  from tff_cluster import api, local_training, runtime
+  from tff_cluster import tasks
+  from tff_cluster import api
+  from tff_cluster.learning import schedule
+  from tff_cluster import models
+  from tff_cluster.runners.tff import runtime
   from tff_cluster.core.definition import round_params
-  from tff_cluster.task import DataOptions
+  from tff_cluster.spec.task import DataOptions
 
   task = tasks.get_task("synthetic")
   data = task.load_data(DataOptions(seed=args.seed))
   first = data.client_ids[0]
-  element_spec = local_training.client_dataset(*data.train[first], 10, 1, 0).element_spec
+  element_spec = schedule.client_dataset(*data.train[first], 10, 1, 0).element_spec
   definition, computations = api.computations("fedavg", task.model_fn, task.loss, element_spec)
   round_comp = computations["train"]  # a RoundComputation; .computation is TFF's own
 
@@ -63,7 +66,7 @@ async def train(args) -> dict:
 
   import tensorflow as tf
   tf.keras.utils.set_random_seed(args.seed)
-  initial = definition.initial_state(local_training.get_weights(task.model_fn()))
+  initial = definition.initial_state(models.get_weights(task.model_fn()))
   state, start = await state_manager.load_latest(initial)
   if state is None:
     state, start = initial, 0
@@ -73,9 +76,9 @@ async def train(args) -> dict:
   with tff.framework.get_context_stack().install(context):
     for round_num in range(start + 1, args.rounds + 1):
       clients = np.sort(rng.choice(data.num_clients, args.clients_per_round, replace=False))
-      datasets = [local_training.client_dataset(
+      datasets = [schedule.client_dataset(
           *data.train[data.client_ids[k]], 10, 1,
-          local_training.client_seed(args.seed, round_num, int(k))) for k in clients]
+          schedule.client_seed(args.seed, round_num, int(k))) for k in clients]
       positions = [np.int32(i) for i in range(len(clients))]
       new_state, summed, collected = round_comp.computation(
           state, round_params(args.lr), datasets, positions)

@@ -79,7 +79,7 @@ def tff_worker():
   if TFF_PROBLEM is not None:
     yield None
     return
-  from tff_cluster import runtime
+  from tff_cluster.runners.tff import runtime
   active = runtime.start()
   yield active
   runtime.stop()

@@ -5,10 +5,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import tasks
+from tff_cluster import tasks
 from tests.test_runners import ALL_CLIENTS, PARITY_CASES
-from tff_cluster import api, experiment, models, registry
-from tff_cluster.task import DataOptions
+from tff_cluster import api, models, registry
+from tff_cluster.host import loop
+from tff_cluster.spec.task import DataOptions
 
 SCE = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
@@ -61,7 +62,7 @@ def test_every_algorithm_runs_through_the_process(algo, data):
 
 def test_process_equals_the_training_loop(data):
   """FedAvg with every client each round: the same losses and weights as
-  `experiment.run_training` with the same settings."""
+  `loop.run_training` with the same settings."""
   p = api.build("fedavg", model_fn, "sparse_ce_logits", client_lr=0.05, local_epochs=2,
                 batch_size=10, seed=7)
   state = p.initialize(data)
@@ -72,7 +73,7 @@ def test_process_equals_the_training_loop(data):
     losses.append(out.metrics["train_loss"])
   task = tasks.get_task("synthetic_clusters")
   task = type(task)(**{**task.__dict__, "model_fn": model_fn})
-  config = experiment.TrainingConfig(rounds=3, clients_per_round=data.num_clients,
+  config = loop.TrainingConfig(rounds=3, clients_per_round=data.num_clients,
                                      local_epochs=2, batch_size=10, client_lr=0.05, seed=7,
                                      runner="local")
   driver = registry.get_algorithm("fedavg").make_driver(task, data, config)
@@ -91,7 +92,7 @@ def test_process_equals_the_training_loop(data):
     def plot(self, title):
       pass
 
-  experiment.run_training(task, data, config, driver, Rows(), progress=False)
+  loop.run_training(task, data, config, driver, Rows(), progress=False)
   np.testing.assert_allclose(losses, [r["train_loss"] for r in rows], rtol=1e-6)
   ours = p.get_model_weights(state)[0]
   for a, b in zip(ours.trainable, driver.model_weights()):
@@ -184,7 +185,7 @@ def test_loss_kinds():
 
 @pytest.mark.tff
 def test_tff_runner_process_equals_the_local_one(data):
-  from tff_cluster import runtime
+  from tff_cluster.runners.tff import runtime
   out = {}
   with runtime.tff_runtime():
     for runner in ("tff", "local"):
@@ -203,9 +204,11 @@ def test_tff_runner_process_equals_the_local_one(data):
 @pytest.mark.tff
 def test_build_fedavg_takes_a_keras_loss_and_seeds_its_initial_weights():
   """The TFF LearningProcess: a Keras loss object, no initial weights (seeded)."""
-  from tff_cluster import local_training, runtime
+  from tff_cluster.learning import schedule
+  from tff_cluster import models
+  from tff_cluster.runners.tff import runtime
   from tff_cluster.algorithms import fedavg
-  spec = local_training.client_dataset(np.zeros((4, 60), np.float32),
+  spec = schedule.client_dataset(np.zeros((4, 60), np.float32),
                                        np.zeros(4, np.int64), 2, 1, 0).element_spec
   with runtime.tff_runtime():
     a = fedavg.build_fedavg(model_fn, SCE, spec, client_lr=0.1, seed=3)

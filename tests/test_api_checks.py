@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from tff_cluster import api, models
-from tff_cluster import hparams as hp
+from tff_cluster.spec import hparams as hp
 from tff_cluster.data.federated import FederatedData
 
 SCE = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)

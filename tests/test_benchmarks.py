@@ -16,7 +16,7 @@ import cflmgd_table2  # noqa: E402
 import _sweep  # noqa: E402
 import pfedmo_table2  # noqa: E402
 import wecfl_table2  # noqa: E402
-from tff_cluster import checkpoint  # noqa: E402
+from tff_cluster.io import checkpoint  # noqa: E402
 
 
 @pytest.fixture
@@ -445,12 +445,15 @@ def test_gpu_hlo_round_grouped_cnn_prototype_equals_the_sequential_round():
   femnist = SHARED_DATA / "femnist_leaf"
   if not femnist.is_dir():
     pytest.skip(f"needs the LEAF FEMNIST sample at {femnist}")
-  from tff_cluster import driver as driver_lib, experiment, local_training, registry
+  from tff_cluster import registry
+  from tff_cluster.host import driver as driver_lib
+  from tff_cluster.host import loop
+  from tff_cluster.learning import schedule
   args = argparse.Namespace(
       task="femnist", model="cnn_dropout", no_dropout=True, data_dir=str(femnist), seed=0,
       lr=0.1)
   task, data = gpu_hlo_round._load(args)
-  config = experiment.TrainingConfig(rounds=1, clients_per_round=2, local_epochs=1,
+  config = loop.TrainingConfig(rounds=1, clients_per_round=2, local_epochs=1,
                                      batch_size=20, client_lr=0.1, seed=0, runner="local",
                                      jit="off", client_batching="sequential")
   driver = registry.get_algorithm("fedavg").make_driver(task, data, config)
@@ -460,11 +463,11 @@ def test_gpu_hlo_round_grouped_cnn_prototype_equals_the_sequential_round():
   out = driver.train_clients("train", driver.state, sampled, 1)
   sizes = data.num_train_samples()
   offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-  work = local_training.LocalWork(batch_size=20, epochs=1)
+  work = schedule.LocalWork(batch_size=20, epochs=1)
   steps = max(work.num_steps(int(n)) for n in sizes)
-  batches = local_training.stacked_padded_batches(
+  batches = schedule.stacked_padded_batches(
       sizes[sampled], offsets[sampled], work,
-      [local_training.client_seed(0, 1, int(k)) for k in sampled], steps)
+      [schedule.client_seed(0, 1, int(k)) for k in sampled], steps)
   x = np.concatenate([data.train[c][0] for c in data.client_ids])
   y = np.concatenate([data.train[c][1] for c in data.client_ids])
   update, weight, loss_sum, _, n = tf.function(gpu_hlo_round.grouped_round, autograph=False)(

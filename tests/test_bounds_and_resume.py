@@ -22,8 +22,9 @@ import pytest
 import run_experiment
 from tests.helpers import (SMALL_ARGS, assert_one_line_error, main_in_process,
                            read_metrics_csv)
-from tff_cluster import hparams as hp
-from tff_cluster import results, settings as settings_module
+from tff_cluster.spec import hparams as hp
+from tff_cluster.io import results
+from tff_cluster import cli as settings_module
 
 
 

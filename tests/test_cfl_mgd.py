@@ -5,10 +5,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import tasks
-from tff_cluster import experiment, registry
+from tff_cluster import tasks
+from tff_cluster import registry
+from tff_cluster.host import loop
 from tff_cluster.algorithms import cfl_mgd
-from tff_cluster.task import DataOptions
+from tff_cluster.spec.task import DataOptions
 
 
 class FakeTrainer:
@@ -116,7 +117,7 @@ def _softmax_linear_task():
 def _one_point_task(name, model_fn, loss, label):
   """A task of one client holding the single example (x = 1, `label`)."""
   from tff_cluster.data.federated import FederatedData
-  from tff_cluster.task import TaskSpec
+  from tff_cluster.spec.task import TaskSpec
 
   def load(options):
     del options
@@ -130,7 +131,7 @@ def _one_point_task(name, model_fn, loss, label):
 def _two_option_two_steps(task, runner, lr, beta, momenta):
   """One CFL-MGD option-II round (P = 1, its one client, 2 local steps of batch
   1) started from the server buffer `momenta`; returns the state in numpy."""
-  config = experiment.TrainingConfig(rounds=1, clients_per_round=1, local_steps=2,
+  config = loop.TrainingConfig(rounds=1, clients_per_round=1, local_steps=2,
                                      local_epochs=None, batch_size=1, client_lr=lr, seed=0,
                                      runner=runner)
   driver = registry.get_algorithm("cfl_mgd").make_driver(
@@ -211,7 +212,7 @@ def _steps_config(**kw):
   base = dict(rounds=3, clients_per_round=6, local_steps=4, local_epochs=None, batch_size=10,
               client_lr=0.05, seed=4, runner="local")
   base.update(kw)
-  return experiment.TrainingConfig(**base)
+  return loop.TrainingConfig(**base)
 
 
 def _rounds(driver, rounds, data):

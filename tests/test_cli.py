@@ -13,14 +13,16 @@ import pytest
 import tensorflow as tf
 
 import run_experiment
-import tasks
+from tff_cluster import tasks
 from tests.conftest import REPO_ROOT
 from tests.helpers import (SMALL_ARGS, assert_workers_gone, main_in_process,
                            read_metrics_csv, run_watching_workers)
-from tff_cluster import experiment, local_training, registry
-from tff_cluster.evaluation import Evaluator
-from tff_cluster.results import ResultsWriter
-from tff_cluster.task import DataOptions
+from tff_cluster import registry
+from tff_cluster.host import loop
+from tff_cluster import models
+from tff_cluster.learning.evaluation import Evaluator
+from tff_cluster.io.results import ResultsWriter
+from tff_cluster.spec.task import DataOptions
 
 SCRIPT = str(REPO_ROOT / "run_experiment.py")
 TIMING = ("round_seconds", "eval_seconds")
@@ -302,7 +304,7 @@ def _brute_force_accuracy(model, data, weights_per_client):
   correct = total = 0
   for k, cid in enumerate(data.client_ids):
     x, y = data.test[cid]
-    local_training.set_weights(model, weights_per_client[k])
+    models.set_weights(model, weights_per_client[k])
     logits = model.predict(x, batch_size=len(x), verbose=0)
     correct += int(np.sum(np.argmax(logits, axis=1) == y))
     total += len(y)
@@ -312,13 +314,13 @@ def _brute_force_accuracy(model, data, weights_per_client):
 def test_recorded_accuracy_matches_brute_force_predict(tmp_path):
   task = tasks.registry()["synthetic"]
   data = task.load_data(DataOptions(seed=2, num_clients=20))
-  config = experiment.TrainingConfig(rounds=2, clients_per_round=5, local_epochs=1,
+  config = loop.TrainingConfig(rounds=2, clients_per_round=5, local_epochs=1,
                                      batch_size=10, client_lr=0.05, seed=2)
   runner = registry.get_algorithm("fedavg").make_driver(task, data, config)
-  writer = ResultsWriter(str(tmp_path / "out"), experiment.BASE_COLUMNS,
+  writer = ResultsWriter(str(tmp_path / "out"), loop.BASE_COLUMNS,
                          tensorboard=False)
   try:
-    experiment.run_training(task, data, config, runner, writer, progress=False)
+    loop.run_training(task, data, config, runner, writer, progress=False)
   finally:
     writer.close()
   rows = read_metrics_csv(tmp_path / "out" / "metrics.csv")
@@ -336,7 +338,7 @@ def test_evaluator_gives_each_client_its_model():
   model = task.model_fn()
   rng = np.random.default_rng(0)
   candidates = [[rng.normal(size=w.shape).astype(np.float32)
-                 for w in local_training.get_weights(model)] for _ in range(3)]
+                 for w in models.get_weights(model)] for _ in range(3)]
   assignment = np.array([k % 3 for k in range(data.num_clients)])
   result = Evaluator(task.model_fn, task.loss, data, batch_size=7).evaluate(
       candidates, assignment)

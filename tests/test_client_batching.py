@@ -11,7 +11,11 @@ import tensorflow as tf
 from tests import test_runners
 from tests.conftest import shared_data
 from tests.helpers import assert_one_line_error, main_in_process
-from tff_cluster import experiment, local_training, models
+from tff_cluster import models
+from tff_cluster.host import loop
+from tff_cluster.learning import functional
+from tff_cluster.learning import schedule
+from tff_cluster.learning import trainers
 from tff_cluster.algorithms import fedavg
 from tff_cluster.learning import optimizers
 from tff_cluster.runners import local_runner
@@ -85,7 +89,7 @@ def _mlp_case():
   y = rng.integers(0, 3, 23).astype(np.int32)
   model = models.mlp(5, 4, 3)
   start = [rng.normal(size=w.shape).astype(np.float32) * 0.5
-           for w in local_training.get_weights(model)]
+           for w in models.get_weights(model)]
   return x, y, model, start
 
 
@@ -120,24 +124,24 @@ def test_functional_trainer_equals_the_padded_trainer(settings):
   extra = dict(optimizer=optimizer,
                opt_state=None if velocity is None else ((),) * (len(transforms) - 1) + (velocity,))
   xs, ys = tf.constant(x), tf.constant(y)
-  padded = local_training.PaddedTrainer(model, models.SPARSE_CE_LOGITS, xs, ys)
-  forward = local_training.stateless_forward(model)
-  functional = local_training.FunctionalTrainer(
+  padded = trainers.PaddedTrainer(model, models.SPARSE_CE_LOGITS, xs, ys)
+  forward = functional.stateless_forward(model)
+  functional = functional.FunctionalTrainer(
       forward, len(start), len(start), models.SPARSE_CE_LOGITS, xs, ys)
-  work = local_training.LocalWork(4, epochs=2)
+  work = schedule.LocalWork(4, epochs=2)
   # Two clients: rows 0..14 and 15..22 (fewer steps), padded to the same P.
-  batches = local_training.stacked_padded_batches([15, 8], [0, 15], work, [7, 8], 8)
-  one = [local_training.PaddedBatches(*[tf.constant(t[c]) for t in batches]) for c in (0, 1)]
+  batches = schedule.stacked_padded_batches([15, 8], [0, 15], work, [7, 8], 8)
+  one = [schedule.PaddedBatches(*[tf.constant(t[c]) for t in batches]) for c in (0, 1)]
   expected = [tf.function(lambda d=d: padded.train(start, d, 0.1, **extra))() for d in one]
   got = tf.function(lambda: functional.train(start, one[1], 0.1, **extra))()
   for a, b in zip(expected[1].delta, got.delta):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
   def both(c):
-    trainer = local_training.FunctionalTrainer(
+    trainer = functional.FunctionalTrainer(
         forward, len(start), len(start), models.SPARSE_CE_LOGITS, xs, ys,
         bound=tf.constant(8))
-    data = local_training.PaddedBatches(*[tf.gather(tf.constant(t), c) for t in batches])
+    data = schedule.PaddedBatches(*[tf.gather(tf.constant(t), c) for t in batches])
     out = trainer.train(start, data, 0.1, **extra)
     loss, count = trainer.loss(start, data, 2)
     grads, _ = trainer.gradient(start, data, 0)
@@ -165,14 +169,14 @@ def test_functional_trainer_equals_the_padded_trainer(settings):
 
 
 def test_models_without_a_stateless_forward_are_refused():
-  with pytest.raises(local_training.UnsupportedModel, match="Conv2D"):
-    local_training.stateless_forward(models.lenet5())
+  with pytest.raises(functional.UnsupportedModel, match="Conv2D"):
+    functional.stateless_forward(models.lenet5())
   # A Dense model whose layers are not one chain (a skip connection).
   inputs = tf.keras.Input(shape=(4,))
   h = tf.keras.layers.Dense(4)(inputs)
   skip = tf.keras.Model(inputs, tf.keras.layers.Dense(2)(tf.keras.layers.Add()([h, inputs])))
-  with pytest.raises(local_training.UnsupportedModel, match="Add"):
-    local_training.stateless_forward(skip)
+  with pytest.raises(functional.UnsupportedModel, match="Add"):
+    functional.stateless_forward(skip)
   assert local_runner.resolve_client_batching("auto", "layer 'c' (Conv2D)", "/CPU:0") == \
       "sequential"
   with pytest.raises(ValueError, match=r"parallel for this model: layer 'c' \(Conv2D\) is "
@@ -183,7 +187,7 @@ def test_models_without_a_stateless_forward_are_refused():
 def test_the_choice_is_recorded(cluster_data):
   task, data = cluster_data
   for batching, expected in (("auto", "sequential"), ("parallel", "parallel")):
-    config = experiment.TrainingConfig(rounds=1, clients_per_round=2, local_epochs=1,
+    config = loop.TrainingConfig(rounds=1, clients_per_round=2, local_epochs=1,
                                        batch_size=10, client_lr=0.01,
                                        client_batching=batching)
     info = fedavg.make_driver(task, data, config).describe()

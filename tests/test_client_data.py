@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import tasks
+from tff_cluster import tasks
 from tff_cluster.data import client_data
 from tff_cluster.data.client_data import from_client_data, to_client_data
 from tff_cluster.data.federated import DataError, FederatedData
-from tff_cluster.task import DataOptions
+from tff_cluster.spec.task import DataOptions
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +53,7 @@ def test_serializable_dataset_fn_runs_inside_tf_function_and_tff(data):
   assert int(count(tf.constant(c))) == len(data.train[c][1])
   import tensorflow_federated as tff
 
-  from tff_cluster import runtime
+  from tff_cluster.runners.tff import runtime
   runtime.install()
 
   @tff.tensorflow.computation(tff.TensorType(np.str_))

@@ -6,12 +6,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import tasks
+from tff_cluster import tasks
 from tests.conftest import shared_data
-from tff_cluster import evaluation, experiment, local_training, models, registry
+from tff_cluster import models, registry
+from tff_cluster.learning import evaluation
+from tff_cluster.host import loop
+from tff_cluster.learning import schedule
 from tff_cluster.algorithms import cfl, wecfl
 from tff_cluster.algorithms import ifca
-from tff_cluster.task import DataOptions
+from tff_cluster.spec.task import DataOptions
 
 
 def _specs(*shapes):
@@ -71,9 +74,9 @@ def test_match_labels_renames_new_centres_to_the_nearest_old_cluster():
 
 def test_last_dense_indices_point_at_the_last_dense_layer():
   model = models.fmnist_cnn_torch_bn()
-  kernel, bias = local_training.last_dense_indices(model)
+  kernel, bias = models.last_dense_indices(model)
   weights = model.get_weights()
-  ordered = [v.numpy() for v in local_training.model_variables(model)]
+  ordered = [v.numpy() for v in models.model_variables(model)]
   assert ordered[kernel].shape == (1568, 10) and ordered[bias].shape == (10,)
   assert len(ordered) == len(weights)
   bn = [layer for layer in model.layers if isinstance(layer, tf.keras.layers.BatchNormalization)]
@@ -95,12 +98,12 @@ def _config(**kw):
   base = dict(rounds=3, clients_per_round=12, local_epochs=1, batch_size=10,
               client_lr=0.02, seed=4, runner="local")
   base.update(kw)
-  return experiment.TrainingConfig(**base)
+  return loop.TrainingConfig(**base)
 
 
 def _run(task, data, algo, config, **options):
   driver = registry.get_algorithm(algo).make_driver(task, data, config, **options)
-  experiment.run_training(task, data, config, driver, None, progress=False)
+  loop.run_training(task, data, config, driver, None, progress=False)
   return driver
 
 
@@ -148,7 +151,7 @@ def test_wecfl_features_by_hand(small):
   """last_layer: the last Dense kernel; fc: every Dense layer's kernel then
   bias, in layer order (the paper's "fully-connected layers"); all: every
   trainable weight. Weights filled with their index show which are taken."""
-  from tff_cluster.task import TaskSpec
+  from tff_cluster.spec.task import TaskSpec
   _, data = small
   mlp = TaskSpec(name="mlp", description="", load_data=None,
                  model_fn=lambda: models.mlp(60, 3, 10), loss=models.SPARSE_CE_LOGITS,
@@ -166,7 +169,7 @@ def test_wecfl_features_by_hand(small):
   # last layer's kernel plus its bias, and all adds the convolutions and BN.
   cnn = TaskSpec(name="cnn", description="", load_data=None, model_fn=models.fmnist_cnn,
                  loss=models.SPARSE_CE_LOGITS, defaults={})
-  spec = local_training.weights_type_spec(models.fmnist_cnn())
+  spec = models.weights_type_spec(models.fmnist_cnn())
   weights = [np.full(s.shape, float(i)) for i, s in enumerate(spec)]
   kernel, bias = 8, 9  # conv, BN scale/offset x 2, then the Dense kernel and bias
   assert [tuple(spec[i].shape) for i in (kernel, bias)] == [(1568, 10), (10,)]
@@ -194,7 +197,7 @@ def test_wecfl_ari_on_fmnist_clusterwise_dir_k10_seed0():
   """The paper: K = 10 matches the true partition after 1 round (ARI >= 0.95 by round 5)."""
   task = tasks.get_task("fmnist_clusterwise_dir")
   data = task.load_data(DataOptions(seed=0, data_dir=str(shared_data("fashion_mnist"))))
-  config = experiment.TrainingConfig(rounds=2, clients_per_round=200, local_steps=10,
+  config = loop.TrainingConfig(rounds=2, clients_per_round=200, local_steps=10,
                                      local_epochs=None, batch_size=32, client_lr=0.001,
                                      client_momentum=0.9, client_state="persist", seed=0,
                                      runner="local")
@@ -338,7 +341,7 @@ def test_ifca_fedavg_warm_shares_all_but_the_last_layer_and_forces_equal_groups(
                             ifca_warm_rounds=2, ifca_forced_rounds=1)
   driver.setup()
   m = driver._models()
-  kernel, bias = local_training.last_dense_indices(task.model_fn())
+  kernel, bias = models.last_dense_indices(task.model_fn())
   for layer in range(len(m[0])):
     same = all(np.array_equal(m[0][layer], m[j][layer]) for j in range(3))
     if layer == bias:  # each cluster's own draw: Keras' zeros, so equal, not warm
@@ -356,10 +359,11 @@ def test_aggregate_on_tff_takes_each_clients_key_and_equals_the_local_runner():
   client's key reaches `client_work` alone; the cluster means are the hand
   mean and equal the local runner's."""
   from tests.test_fedgroup import _data, _mclr, _spec
-  from tff_cluster.runners import local_runner, tff_runner
+  from tff_cluster.runners import local_runner
+  from tff_cluster.runners.tff import runner as tff_runner
   data = _data(4)
   model = _mclr()
-  spec = [tf.TensorSpec(v.shape, v.dtype) for v in local_training.model_variables(model)]
+  spec = [tf.TensorSpec(v.shape, v.dtype) for v in models.model_variables(model)]
   d = wecfl.ClusterModelsDefinition(spec, len(model.trainable_weights), 3, mu=0.0)
   rng = np.random.default_rng(4)
   state = d.initial_state([[rng.normal(size=s.shape).astype(np.float32) for s in spec]
@@ -369,7 +373,7 @@ def test_aggregate_on_tff_takes_each_clients_key_and_equals_the_local_runner():
   client_states = [collections.OrderedDict(model=m, weight=np.float32(a))
                    for m, a in zip(kept, weights)]
   comp = tff_runner.build_round(d, "aggregate", _mclr, models.SPARSE_CE_LOGITS, _spec(data))
-  datasets = [local_training.client_dataset(*data.train[data.client_ids[k]], 10, 1, 0)
+  datasets = [schedule.client_dataset(*data.train[data.client_ids[k]], 10, 1, 0)
               for k in range(4)]
   new, _, results, _ = comp(state, {"lr": np.float32(0.1)}, datasets,
                             [np.array([k], np.int32) for k in keys], client_states)
@@ -382,7 +386,7 @@ def test_aggregate_on_tff_takes_each_clients_key_and_equals_the_local_runner():
       np.testing.assert_allclose(np.asarray(new["models"][layer][j]), want, rtol=1e-5,
                                  atol=1e-6)
   runner = local_runner.LocalRunner(d, _mclr, models.SPARSE_CE_LOGITS, data, seed=0)
-  local = runner.run("aggregate", state, [0, 1, 2, 3], 1, local_training.LocalWork(10, epochs=1),
+  local = runner.run("aggregate", state, [0, 1, 2, 3], 1, schedule.LocalWork(10, epochs=1),
                      0.1, keys, client_states)
   for a, b in zip(tf.nest.flatten(runner.numpy_state(local.state)), tf.nest.flatten(new)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -526,7 +526,7 @@ def test_synthetic_samples_per_client_makes_each_client_alone():
   catalogue's counts are the arrays', and the draw depends on the seed."""
   from tff_cluster import tasks
   from tff_cluster.data.federated import LazyFederatedData
-  from tff_cluster.task import DataOptions
+  from tff_cluster.spec.task import DataOptions
   for name in ("synthetic", "synthetic_iid", "synthetic_clusters"):
     data = tasks.get_task(name).load_data(DataOptions(
         seed=3, num_clients=9, extra={"samples_per_client": 21}))
@@ -561,7 +561,7 @@ def test_a_file_backed_task_under_ray_is_a_catalogue_read_again_per_shard():
   import run_experiment
   from tff_cluster import tasks
   from tff_cluster.data.federated import LazyFederatedData, materialize
-  from tff_cluster.settings import load_task_data
+  from tff_cluster.cli import load_task_data
   mnist = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"
   if not mnist.exists():
     pytest.skip(f"needs {mnist}")

@@ -204,7 +204,7 @@ def test_shell_blocks(block, tmp_path, capsys, monkeypatch):
     where = f"{_rel(block.page)}:{block.line}: {' '.join(words)}"
     if block.run and words[:3] == ["python", "-m", "tff_cluster.plot"]:
       # The runs the block made, drawn into the temporary directory.
-      from tff_cluster import plot
+      from tff_cluster.io import plot
       argv = [run_dirs.get(a, a) for a in words[3:]]
       if "--out" in argv:
         argv[argv.index("--out") + 1] = str(tmp_path / argv[argv.index("--out") + 1])

@@ -29,13 +29,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import tasks
+from tff_cluster import tasks
 from tests.conftest import SHARED_DATA
 from tests.helpers import assert_one_line_error, main_in_process
 from tff_cluster.data import download, emnist, leaf, sent140
 from tff_cluster.data.federated import DataError
-from tff_cluster.hparams import HParamError
-from tff_cluster.task import DataOptions
+from tff_cluster.spec.hparams import HParamError
+from tff_cluster.spec.task import DataOptions
 
 FEMNIST_LEAF = SHARED_DATA / "femnist_leaf"
 SENT140_PARTIAL = SHARED_DATA / "sent140_partial"

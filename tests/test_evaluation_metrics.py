@@ -9,12 +9,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import tasks
-from tff_cluster import evaluation, experiment, local_training, models, registry
+from tff_cluster import tasks
+from tff_cluster import models, registry
+from tff_cluster.learning import evaluation
+from tff_cluster.host import loop
+
 from tff_cluster.data.federated import FederatedData
-from tff_cluster.evaluation import CHOOSE_BY_TEST_LOSS, Evaluator
-from tff_cluster.results import ResultsWriter, summarize
-from tff_cluster.task import DataOptions
+from tff_cluster.learning.evaluation import CHOOSE_BY_TEST_LOSS, Evaluator
+from tff_cluster.io.results import ResultsWriter, summarize
+from tff_cluster.spec.task import DataOptions
 
 NUM_CLASSES = 4
 
@@ -150,13 +153,13 @@ def test_two_round_run_writes_both_columns(tmp_path):
   from sklearn.metrics import f1_score
   task = tasks.get_task("synthetic")
   data = task.load_data(DataOptions(seed=3, num_clients=6))
-  config = experiment.TrainingConfig(rounds=2, clients_per_round=3, batch_size=10,
+  config = loop.TrainingConfig(rounds=2, clients_per_round=3, batch_size=10,
                                      client_lr=0.02, seed=1, runner="local",
                                      local_epochs=1)
   driver = registry.get_algorithm("fedavg").make_driver(task, data, config)
-  writer = ResultsWriter(str(tmp_path), [*experiment.BASE_COLUMNS, *driver.extra_columns],
+  writer = ResultsWriter(str(tmp_path), [*loop.BASE_COLUMNS, *driver.extra_columns],
                          tensorboard=False)
-  summary = experiment.run_training(task, data, config, driver, writer, progress=False)
+  summary = loop.run_training(task, data, config, driver, writer, progress=False)
   writer.close()
   with open(tmp_path / "metrics.csv") as f:
     rows = list(csv.DictReader(f))
@@ -169,7 +172,7 @@ def test_two_round_run_writes_both_columns(tmp_path):
   # The last row against sklearn and numpy, from the final model.
   weights, _ = driver.eval_models()
   model = task.model_fn()
-  local_training.set_weights(model, weights[0])
+  models.set_weights(model, weights[0])
   n_train = data.num_train_samples().astype(np.float64)
   w = n_train / n_train.sum()
   f1, acc = [], []

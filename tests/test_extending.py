@@ -22,9 +22,10 @@ import pytest
 from tests import test_runners
 from tests.conftest import REPO_ROOT
 from tests.test_runners import SOLVER_CASES, cluster_data  # noqa: F401  (a fixture)
-from tff_cluster import experiment, registry
+from tff_cluster import registry
+from tff_cluster.host import loop
 from tff_cluster.algorithms import fedavg
-from tff_cluster.hparams import HParam
+from tff_cluster.spec.hparams import HParam
 
 PAGE = REPO_ROOT / "docs" / "extending.md"
 PACKAGE, MODULE = "mylab", "mylab.fedavg_clip"
@@ -100,7 +101,7 @@ def test_a_round_is_the_pages_rule(example, cluster_data, tmp_path):  # noqa: F8
   same batches): clip to C, weighted mean, server step eta_s."""
   task, data = cluster_data
   server_lr, clip = PARITY_CASE["server_lr"], PARITY_CASE["clip_norm"]
-  config = experiment.TrainingConfig(rounds=2, clients_per_round=8, local_epochs=2,
+  config = loop.TrainingConfig(rounds=2, clients_per_round=8, local_epochs=2,
                                      batch_size=10, client_lr=0.02, seed=1, runner="local")
   drv = registry.get_algorithm(NAME).make_driver(task, data, config, server_lr=server_lr,
                                                  clip_norm=clip)
@@ -115,7 +116,7 @@ def test_a_round_is_the_pages_rule(example, cluster_data, tmp_path):  # noqa: F8
     return row
 
   drv.run_round = recording
-  experiment.run_training(task, data, config, drv, progress=False)
+  loop.run_training(task, data, config, drv, progress=False)
   assert [r[0] for r in rounds] == [1, 2]
   round_num, sampled, before, after, row = rounds[1]
   np.testing.assert_array_equal(before[0], rounds[0][3][0])  # round 1's model carried on

@@ -10,7 +10,8 @@ tff = pytest.importorskip("tensorflow_federated", reason="needs the TFF stack")
 
 import tensorflow as tf  # noqa: E402
 
-from tff_cluster import local_training, models  # noqa: E402
+from tff_cluster import models
+#__SPLIT_IMPORT__  # noqa: E402
 from tff_cluster.algorithms.fedavg import build_fedavg  # noqa: E402
 from tff_cluster.data.synthetic import NUM_CLASSES, NUM_FEATURES, generate_synthetic  # noqa: E402
 
@@ -33,20 +34,20 @@ def setup():
   assert len(set(sizes.tolist())) == len(sizes)  # unequal client sizes
   rng = np.random.default_rng(1)
   init = [rng.normal(scale=0.1, size=w.shape).astype(np.float32)
-          for w in local_training.get_weights(_model())]
+          for w in models.get_weights(_model())]
   element_spec = _dataset(data, 0, 0).element_spec
   return data, init, element_spec
 
 
 def _dataset(data, k, seed, epochs=EPOCHS):
   x, y = data.train[data.client_ids[k]]
-  return local_training.client_dataset(x, y, BATCH, epochs, seed)
+  return schedule.client_dataset(x, y, BATCH, epochs, seed)
 
 
 def _round_datasets(data, round_num, clients):
   # Fresh datasets each call: a shuffled dataset replays the same batches
   # only when rebuilt from its seed.
-  return [_dataset(data, k, local_training.client_seed(0, round_num, k)) for k in clients]
+  return [_dataset(data, k, schedule.client_seed(0, round_num, k)) for k in clients]
 
 
 def _flat(model_weights):
@@ -56,7 +57,7 @@ def _flat(model_weights):
 
 def _in_process_round(data, weights, round_num, clients, mu):
   """Each client's local SGD run here (no TFF), as (deltas, examples, loss_sums)."""
-  local_sgd = local_training.build_local_sgd(_model(), models.SPARSE_CE_LOGITS)
+  local_sgd = trainers.build_local_sgd(_model(), models.SPARSE_CE_LOGITS)
   deltas, examples, losses = [], [], []
   for k, ds in zip(clients, _round_datasets(data, round_num, clients)):
     out = local_sgd(weights, ds, LR, mu)

@@ -6,12 +6,16 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import tasks
-from tff_cluster import api, clustering, experiment, local_training, models
+from tff_cluster import tasks
+from tff_cluster import api, clustering, models
+from tff_cluster.host import loop
+from tff_cluster.learning import schedule
+from tff_cluster.learning import trainers
+from tff_cluster import models
 from tff_cluster.algorithms import fedgroup
 from tff_cluster.core.definition import round_params
 from tff_cluster.data.synthetic import generate_synthetic
-from tff_cluster.task import DataOptions, TaskSpec
+from tff_cluster.spec.task import DataOptions, TaskSpec
 
 LR = 0.05
 
@@ -25,11 +29,11 @@ def _data(num_clients=6, seed=0):
 
 
 def _spec(data):
-  return local_training.client_dataset(*data.train[data.client_ids[0]], 10, 1, 0).element_spec
+  return schedule.client_dataset(*data.train[data.client_ids[0]], 10, 1, 0).element_spec
 
 
 def _datasets(data, clients, seed=0, epochs=1):
-  return [local_training.client_dataset(*data.train[data.client_ids[k]], 10, epochs,
+  return [schedule.client_dataset(*data.train[data.client_ids[k]], 10, epochs,
                                         seed + k) for k in clients]
 
 
@@ -46,13 +50,13 @@ def build_local_sgd_cache(model):
   # One tf.function per test session keeps the in-process reference fast.
   if "fn" not in _LOCAL_SGD:
     _LOCAL_SGD["model"] = model
-    _LOCAL_SGD["fn"] = local_training.build_local_sgd(model, models.SPARSE_CE_LOGITS)
+    _LOCAL_SGD["fn"] = trainers.build_local_sgd(model, models.SPARSE_CE_LOGITS)
   return _LOCAL_SGD["fn"]
 
 
 def _random_state(m, seed=0):
   rng = np.random.default_rng(seed)
-  w0 = [v.numpy() for v in local_training.model_variables(_mclr())]
+  w0 = [v.numpy() for v in models.model_variables(_mclr())]
   group_models = [np.stack([w + rng.normal(0, 0.1, w.shape).astype(np.float32)
                             for _ in range(m)]) for w in w0]
   group_updates = [rng.normal(0, 0.1, g.shape).astype(np.float32) for g in group_models]
@@ -161,7 +165,7 @@ def test_round_is_groupwise_fedavg():
 def _driver_case(runner, rule, seed=0, **options):
   """A 12-client FedGroup driver after its cold start (3 of 12 pre-trained)."""
   data = _data(12, seed=seed)
-  config = experiment.TrainingConfig(rounds=10, clients_per_round=2, local_epochs=1,
+  config = loop.TrainingConfig(rounds=10, clients_per_round=2, local_epochs=1,
                                      batch_size=10, client_lr=LR, seed=0, runner=runner)
   options = {"num_groups": 3, "pretrain_scale": 1.0, "newcomer_rule": rule,
              "pretrain_iters": 7, **options}
@@ -196,7 +200,7 @@ def test_newcomer_trains_from_its_chosen_group_and_lands_there(rule, runner):
   # setting (7 steps), its shuffle seeded apart from the round's training.
   start = state["aux_model"] if rule == "paper" else driver.w0
   x, y = data.train[data.client_ids[cold]]
-  pre = local_training.work_dataset(x, y, driver.pretrain_work, local_training.client_seed(
+  pre = schedule.work_dataset(x, y, driver.pretrain_work, schedule.client_seed(
       0, fedgroup.NEWCOMER_SHUFFLE_BASE + round_num, cold))
   pre_delta, _ = _local(list(start), pre)
   # Point the target group's direction along the pre-training update and the
@@ -219,8 +223,8 @@ def test_newcomer_trains_from_its_chosen_group_and_lands_there(rule, runner):
   new = driver.runner.numpy_state(driver.state)["group_models"]
   # Its round's update was computed from w_target and is the target's only one.
   group_start = [layer[target] for layer in state["group_models"]]
-  train = local_training.work_dataset(x, y, config.local_work,
-                                      local_training.client_seed(0, round_num, cold))
+  train = schedule.work_dataset(x, y, config.local_work,
+                                      schedule.client_seed(0, round_num, cold))
   delta, _ = _local(group_start, train)
   for l, layer in enumerate(new):
     np.testing.assert_allclose(layer[target], group_start[l] + delta[l], atol=1e-5)
@@ -292,7 +296,7 @@ def test_inter_group_rules_on_a_hand_computed_three_group_example():
 
 
 def test_assigned_accuracy_leaves_out_clients_never_assigned():
-  from tff_cluster.evaluation import EvalResult
+  from tff_cluster.learning.evaluation import EvalResult
   result = EvalResult(accuracy=(1 + 3 + 2) / (4 + 4 + 2), loss=0.0,
                       per_client_correct=np.array([1.0, 3.0, 2.0]),
                       per_client_count=np.array([4.0, 4.0, 2.0]),
@@ -306,7 +310,7 @@ def test_assigned_accuracy_column_and_summary_in_a_run():
   data, config, driver = _driver_case("local", "paper")
   driver = fedgroup.make_driver(_cluster_task(), data, config, num_groups=3,
                                 pretrain_scale=1.0, pretrain_iters=7)
-  summary = experiment.run_training(_cluster_task(), data, config, driver, progress=False)
+  summary = loop.run_training(_cluster_task(), data, config, driver, progress=False)
   assert "max_test_accuracy_assigned" in summary
   assert 0.0 <= summary["max_test_accuracy_assigned"] <= 1.0
 
@@ -341,11 +345,11 @@ def _cluster_task(num_clusters=4):
 def test_end_to_end_recovers_true_clusters(measure):
   data = tasks.get_task("synthetic_clusters").load_data(
       DataOptions(seed=1, num_clients=40, extra={"num_clusters": 4}))
-  config = experiment.TrainingConfig(rounds=3, clients_per_round=10, local_epochs=2,
+  config = loop.TrainingConfig(rounds=3, clients_per_round=10, local_epochs=2,
                                      batch_size=10, client_lr=0.01, seed=0)
   runner = fedgroup.make_driver(_cluster_task(), data, config, num_groups=4,
                                 measure=measure, pretrain_scale=20)
-  summary = experiment.run_training(_cluster_task(), data, config, runner, progress=False)
+  summary = loop.run_training(_cluster_task(), data, config, runner, progress=False)
   assert summary["cold_start_clients"] == 40
   assert summary["ari"] >= 0.9, summary["ari"]
   assert summary["purity"] >= 0.9
@@ -353,7 +357,7 @@ def test_end_to_end_recovers_true_clusters(measure):
 
 def test_rcc_rac_and_newcomers():
   data = _data(30, seed=2)
-  config = experiment.TrainingConfig(rounds=10, clients_per_round=6, local_epochs=1,
+  config = loop.TrainingConfig(rounds=10, clients_per_round=6, local_epochs=1,
                                      batch_size=10, client_lr=0.01, seed=0)
   task = _cluster_task()
   # RCC: exactly m pre-trained clients, each one group's centre.

@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import tasks
-from tasks import femnist_fedprox as task_module
+from tff_cluster import tasks
+from tff_cluster.tasks import femnist_fedprox as task_module
 from tests.helpers import write_emnist_sqlite
 from tff_cluster.data import fedprox_nist as nist
 from tff_cluster.data.federated import DataError
-from tff_cluster.hparams import HParamError
-from tff_cluster.task import DataOptions
+from tff_cluster.spec.hparams import HParamError
+from tff_cluster.spec.task import DataOptions
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 FEMNIST_DIR = SHARED / "femnist_leaf"

@@ -9,10 +9,13 @@ import dataclasses
 import numpy as np
 import pytest
 
-from tff_cluster import checkpoint, driver as driver_module, experiment, models, registry
+from tff_cluster import models, registry
+from tff_cluster.io import checkpoint
+from tff_cluster.host import driver as driver_module
+from tff_cluster.host import loop
 from tff_cluster.algorithms import cfl, fedgroup, ifca, wecfl
 from tff_cluster.data.synthetic import generate_synthetic
-from tff_cluster.evaluation import Evaluator
+from tff_cluster.learning.evaluation import Evaluator
 from tff_cluster.host import round as host_round
 from tff_cluster.host.model_spec import ModelSpec
 from tff_cluster.host.state import HostState, stored_as
@@ -30,7 +33,7 @@ SPEC = ModelSpec(_model, models.SPARSE_CE_LOGITS, "synthetic")
 def _config(**kw):
   values = dict(rounds=3, clients_per_round=3, local_epochs=1, batch_size=10, client_lr=0.05)
   values.update(kw)
-  return experiment.TrainingConfig(**values)
+  return loop.TrainingConfig(**values)
 
 
 def _driver(algo, model, data, config, **values):
@@ -262,13 +265,13 @@ def test_a_checked_round_raises_diverged(fake, match):
 
 
 def test_the_eval_metric_names_are_the_rows_and_the_apis():
-  assert set(host_round.EVAL_METRICS) <= set(experiment.BASE_COLUMNS)
+  assert set(host_round.EVAL_METRICS) <= set(loop.BASE_COLUMNS)
   assert list(host_round.eval_metrics(_FakeResult())) == list(host_round.EVAL_METRICS)
 
 
 def test_run_status_of_each_way_a_run_ends():
-  assert experiment.run_status(driver_module.Diverged(3))["reason"] == "diverged"
-  assert experiment.run_status(KeyboardInterrupt())["reason"] == "interrupted"
-  assert experiment.run_status(SystemExit(143))["reason"] == "interrupted"
-  assert experiment.run_status(ValueError("x")) == {
+  assert loop.run_status(driver_module.Diverged(3))["reason"] == "diverged"
+  assert loop.run_status(KeyboardInterrupt())["reason"] == "interrupted"
+  assert loop.run_status(SystemExit(143))["reason"] == "interrupted"
+  assert loop.run_status(ValueError("x")) == {
       "completed": False, "reason": "error", "error": "ValueError: x"}

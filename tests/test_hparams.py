@@ -7,8 +7,9 @@ import math
 import pytest
 
 import run_experiment
-from tff_cluster import registry, settings
-from tff_cluster import hparams as hp
+from tff_cluster import registry
+from tff_cluster import cli
+from tff_cluster.spec import hparams as hp
 
 
 @pytest.mark.parametrize("decl,value,ok", [
@@ -59,7 +60,7 @@ def test_shared_names_are_declared_once():
 def test_cli_flags_are_exactly_the_declarations():
   """run_experiment.py hand-writes no algorithm or training flag."""
   defined = {f.name for f in run_experiment.FLAGS.get_flags_for_module(run_experiment)}
-  declared = ({d.name for d in (*hp.TRAINING, *settings.RUNNER_HPARAMS)}
+  declared = ({d.name for d in (*hp.TRAINING, *cli.RUNNER_HPARAMS)}
               | set(registry.all_hparams()))
   assert defined == declared | set(run_experiment._GENERAL)
 

@@ -5,10 +5,12 @@ import pytest
 import tensorflow as tf
 
 from tests.test_fedgroup import LR, _data, _datasets, _local, _mclr, _spec
-from tff_cluster import api, local_training, models
+from tff_cluster import api, models
+from tff_cluster.learning import schedule
+from tff_cluster import models
 from tff_cluster.algorithms import ifca
 from tff_cluster.core.definition import round_params
-from tff_cluster.evaluation import CHOOSE_BY_TEST_LOSS, Evaluator
+from tff_cluster.learning.evaluation import CHOOSE_BY_TEST_LOSS, Evaluator
 
 
 def test_argmin_takes_the_lowest_loss_and_the_lowest_index_on_ties():
@@ -19,7 +21,7 @@ def test_argmin_takes_the_lowest_loss_and_the_lowest_index_on_ties():
 
 def _mean_loss(weights, dataset):
   model = _mclr()
-  local_training.set_weights(model, weights)
+  models.set_weights(model, weights)
   total, count = 0.0, 0
   for batch in dataset:
     per = models.per_example_loss(models.SPARSE_CE_LOGITS, batch["y"],
@@ -36,7 +38,7 @@ def test_a_round_averages_each_cluster_over_the_clients_that_chose_it(aggregatio
   definition, comps = api.computations("ifca", _mclr, models.SPARSE_CE_LOGITS, _spec(data),
                                        dict(num_groups=3, ifca_agg=aggregation))
   rng = np.random.default_rng(0)
-  w0 = local_training.get_weights(_mclr())
+  w0 = models.get_weights(_mclr())
   starts = [[w + rng.normal(0, s, w.shape).astype(np.float32) for w in w0]
             for s in (3.0, 0.0, 1.5)]
   state = definition.initial_state(starts)
@@ -74,10 +76,10 @@ def test_one_full_batch_is_the_loss_on_every_pass_of_the_schedule():
   data = _data(3)
   biggest = max(len(data.train[c][1]) for c in data.client_ids)
   rng = np.random.default_rng(1)
-  w0 = local_training.get_weights(_mclr())
+  w0 = models.get_weights(_mclr())
   starts = [[w + rng.normal(0, s, w.shape).astype(np.float32) for w in w0] for s in (2.0, 0.5)]
   clients = [0, 1, 2]
-  datasets = [local_training.client_dataset(*data.train[data.client_ids[k]], biggest, 3, k)
+  datasets = [schedule.client_dataset(*data.train[data.client_ids[k]], biggest, 3, k)
               for k in clients]
   spec = datasets[0].element_spec
   losses = {}
@@ -97,7 +99,7 @@ def test_the_test_loss_choice_takes_each_clients_lowest_test_loss_model():
   data = _data(5)
   evaluator = Evaluator(_mclr, models.SPARSE_CE_LOGITS, data)
   rng = np.random.default_rng(1)
-  w0 = local_training.get_weights(_mclr())
+  w0 = models.get_weights(_mclr())
   candidates = [[w + rng.normal(0, 2.0, w.shape).astype(np.float32) for w in w0]
                 for _ in range(3)]
   every = [evaluator.evaluate(candidates, np.full(data.num_clients, j)) for j in range(3)]
@@ -111,12 +113,12 @@ def test_the_test_loss_choice_takes_each_clients_lowest_test_loss_model():
 
 
 def test_good_init_redraws_until_every_cluster_gets_its_share(monkeypatch):
-  import tasks
-  from tff_cluster import experiment
-  from tff_cluster.task import DataOptions
+  from tff_cluster import tasks
+  from tff_cluster.host import loop
+  from tff_cluster.spec.task import DataOptions
   task = tasks.get_task("synthetic_clusters")
   data = task.load_data(DataOptions(seed=0, num_clients=20, extra={"num_clusters": 2}))
-  config = experiment.TrainingConfig(rounds=1, clients_per_round=10, local_epochs=1,
+  config = loop.TrainingConfig(rounds=1, clients_per_round=10, local_epochs=1,
                                      batch_size=10, client_lr=0.01, seed=0, runner="local")
   driver = ifca.make_driver(task, data, config, num_groups=2, ifca_init="good_init")
   driver.setup()
@@ -142,7 +144,7 @@ def _two_class_task():
   on class 0 and is tested on class 1, client 1 the other way round; client 2
   is test-only (class 1). Model 0 predicts class 0, model 1 class 1."""
   from tff_cluster.data.federated import FederatedData
-  from tff_cluster.task import TaskSpec
+  from tff_cluster.spec.task import TaskSpec
   rng = np.random.default_rng(0)
   x = lambda n: rng.normal(size=(n, 4)).astype(np.float32)  # noqa: E731
   ids = ["c0", "c1", "c2"]
@@ -167,10 +169,10 @@ def test_a_training_client_is_scored_with_its_assignment_not_its_test_labels(ifc
   training; once sampled: its latest choice), whatever its test labels would
   prefer; `test_loss` lets its test labels choose. Test-only clients choose by
   test loss under both. ARI counts the assigned choices only."""
-  from tff_cluster import experiment
-  from tff_cluster.evaluation import Evaluator
+  from tff_cluster.host import loop
+  from tff_cluster.learning.evaluation import Evaluator
   task, data, favour = _two_class_task()
-  config = experiment.TrainingConfig(rounds=2, clients_per_round=1, local_epochs=1,
+  config = loop.TrainingConfig(rounds=2, clients_per_round=1, local_epochs=1,
                                      batch_size=6, client_lr=1e-6, seed=0, runner="local")
   driver = ifca.make_driver(task, data, config, num_groups=2, ifca_eval=ifca_eval)
   driver.setup()
@@ -211,7 +213,7 @@ def test_round_outputs_are_server_placed_and_read_back_in_client_order():
   comp = comps["train"]
   assert all(t.placement is tff.SERVER for t in comp.computation.type_signature.result)
   rng = np.random.default_rng(1)
-  starts = [[w + rng.normal(0, s, w.shape).astype(np.float32) for w in local_training.get_weights(_mclr())]
+  starts = [[w + rng.normal(0, s, w.shape).astype(np.float32) for w in models.get_weights(_mclr())]
             for s in (2.0, 0.0, 1.0)]
   state = definition.initial_state(starts)
   clients = [4, 0, 3, 1, 2]
@@ -244,13 +246,13 @@ def test_forced_rounds_train_the_clusters_of_the_keys_on_tff_as_locally(algo):
   definition, comps = api.computations(algo, _mclr, models.SPARSE_CE_LOGITS, _spec(data),
                                        options, **extra)
   rng = np.random.default_rng(6)
-  w0 = local_training.get_weights(_mclr())
+  w0 = models.get_weights(_mclr())
   state = definition.initial_state([[w + rng.normal(0, s, w.shape).astype(np.float32)
                                      for w in w0] for s in (1.0, 0.5, 2.0)])
   keys, clients = [2, 0, 2, 0], [0, 1, 2, 3]
-  work = local_training.LocalWork(10, epochs=1)
-  datasets = [local_training.work_dataset(*data.train[data.client_ids[k]], work,
-                                          local_training.client_seed(0, 1, k)) for k in clients]
+  work = schedule.LocalWork(10, epochs=1)
+  datasets = [schedule.work_dataset(*data.train[data.client_ids[k]], work,
+                                          schedule.client_seed(0, 1, k)) for k in clients]
   rest = [[np.array([k], np.int32) for k in keys]]
   client_states = None
   if definition.client_state_spec("forced") is not None:

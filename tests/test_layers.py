@@ -24,26 +24,26 @@ PACKAGE = "tff_cluster"
 # module below it (`tff_cluster.data` covers `tff_cluster.data.leaf`); the
 # package's own `__init__` stands for itself only.
 LAYERS: List[Tuple[str, ...]] = [
-    ("tff_cluster", "tff_cluster.stack", "tff_cluster.hparams", "tff_cluster.options",
-     "tff_cluster.clustering", "tff_cluster.worker",
-     "tff_cluster.plot", "tff_cluster.data", "tff_cluster.interrupts"),
-    ("tff_cluster.runtime", "tff_cluster.tff_types", "tff_cluster.task",
-     "tff_cluster.models", "tff_cluster.checkpoint"),
-    ("tff_cluster.local_training", "tff_cluster.evaluation", "tff_cluster.results"),
+    ("tff_cluster", "tff_cluster.stack", "tff_cluster.interrupts", "tff_cluster.clustering",
+     "tff_cluster.data"),
+    ("tff_cluster.spec", "tff_cluster.models"),
+    ("tff_cluster.learning", "tff_cluster.io"),
     ("tff_cluster.core",),
-    ("tff_cluster.runners", "tff_cluster.workers"),
-    ("tff_cluster.driver",),
+    ("tff_cluster.runners",),
+    ("tff_cluster.host",),
     ("tff_cluster.algorithms",),
-    ("tff_cluster.experiment",),
     ("tff_cluster.registry", "tff_cluster.tasks"),
-    ("tff_cluster.api", "tff_cluster.settings", "tff_cluster.evaluate"),
+    ("tff_cluster.api", "tff_cluster.cli", "tff_cluster.evaluate",
+     # the public paths kept for users' scripts and `python -m` commands
+     "tff_cluster.hparams", "tff_cluster.options", "tff_cluster.task", "tff_cluster.plot",
+     "tff_cluster.worker"),
 ]
 
 # Optional backends a function may import lazily (they import TFF, which may
 # be absent): always downward like any other import. `importlib.import_module`
 # by name (the registries) is allowed too, downward.
-LAZY_ALLOWED = {"tff_cluster.runners.tff_runner", "tff_cluster.runtime", "tff_cluster.tff_types",
-                "tff_cluster.workers"}
+LAZY_ALLOWED = {"tff_cluster.runners.tff.runner", "tff_cluster.runners.tff.runtime", "tff_cluster.runners.tff.types",
+                "tff_cluster.runners.tff.workers"}
 
 
 def module_files(root: pathlib.Path = ROOT) -> Dict[str, pathlib.Path]:
@@ -201,6 +201,141 @@ def problems(root: pathlib.Path = ROOT) -> List[str]:
   return out
 
 
+# Outside the package, each of these is one unit of the unit graph.
+OUTSIDE_UNITS = {"run_experiment.py": "run_experiment.py", "benchmarks": "benchmarks/",
+                 "scripts": "scripts/", "tasks": "tasks/ (alias)"}
+
+
+def unit_of_module(module: str, root: pathlib.Path = ROOT) -> str:
+  """A folder of the package is one unit; each root module is one."""
+  parts = module.split(".")
+  if len(parts) == 1:
+    return "tff_cluster/__init__.py"
+  if (root / PACKAGE / parts[1]).is_dir():
+    return f"tff_cluster/{parts[1]}/"
+  return f"tff_cluster/{parts[1]}.py"
+
+
+def _outside_files(root: pathlib.Path) -> Dict[str, List[pathlib.Path]]:
+  out = {"run_experiment.py": [root / "run_experiment.py"]}
+  for folder in ("benchmarks", "scripts", "tasks"):
+    out[OUTSIDE_UNITS[folder]] = sorted((root / folder).rglob("*.py"))
+  return {u: [f for f in files if f.exists()] for u, files in out.items()}
+
+
+def _imported_names(tree: ast.AST) -> List[str]:
+  """Every absolute module name a file imports (any depth, `import_module`
+  with a literal or an f-string's literal prefix)."""
+  names = []
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      names += [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+      names += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+    elif (isinstance(node, ast.Call) and node.args
+          and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module"):
+      arg = node.args[0]
+      if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        names.append(arg.value)
+      elif isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.Constant):
+        names.append(arg.values[0].value.rstrip("."))
+  return names
+
+
+def unit_edges(root: pathlib.Path = ROOT) -> Dict[str, Set[str]]:
+  """{unit: units it imports}, from every import of the package's modules
+  (top-level, function-level, lazy) and of the files outside it (tests
+  excluded)."""
+  modules = module_files(root)
+  edges: Dict[str, Set[str]] = collections.defaultdict(set)
+  for src, targets in import_edges(modules).items():
+    for dst in targets:
+      edges[unit_of_module(src, root)].add(unit_of_module(dst, root))
+  files = {unit_of_module(m, root): [] for m in modules}
+  for m, path in modules.items():
+    files[unit_of_module(m, root)].append(path)
+  for unit, paths in _outside_files(root).items():
+    files[unit] = paths
+  for unit, paths in files.items():
+    for path in paths:
+      for name in _imported_names(ast.parse(path.read_text(), str(path))):
+        top = name.split(".")[0]
+        if top == PACKAGE and unit.startswith(("run_experiment", "benchmarks", "scripts", "tasks/")):
+          dst = _resolve(name, modules)
+          if dst:
+            edges[unit].add(unit_of_module(dst, root))
+        elif top in OUTSIDE_UNITS and top != "run_experiment.py":
+          edges[unit].add(OUTSIDE_UNITS[top])
+        elif top == "run_experiment":
+          edges[unit].add("run_experiment.py")
+  return {u: {d for d in ds if d != u} for u, ds in edges.items()}
+
+
+def unit_cycles(root: pathlib.Path = ROOT) -> List[List[str]]:
+  """Units that import each other, directly or through others."""
+  edges = unit_edges(root)
+  return cycles({u: dict.fromkeys(ds, "top") for u, ds in edges.items()})
+
+
+def test_no_two_units_import_each_other():
+  found = unit_cycles()
+  assert not found, "units importing each other: " + "; ".join(", ".join(c) for c in found)
+
+
+def test_the_unit_check_sees_folders_importing_each_other(tmp_path):
+  # `runners/x.py` imports `host/y.py` at function level, and `host/z.py`
+  # imports `runners/w.py`: no module cycle, but the two folders import each
+  # other.
+  pkg = tmp_path / PACKAGE
+  for folder in ("runners", "host"):
+    (pkg / folder).mkdir(parents=True)
+    (pkg / folder / "__init__.py").write_text("")
+  (pkg / "__init__.py").write_text("")
+  (pkg / "runners" / "x.py").write_text("def f():\n  from tff_cluster.host import y\n")
+  (pkg / "runners" / "w.py").write_text("")
+  (pkg / "host" / "y.py").write_text("")
+  (pkg / "host" / "z.py").write_text("from tff_cluster.runners import w\n")
+  (tmp_path / "benchmarks").mkdir()
+  (tmp_path / "benchmarks" / "b.py").write_text("import run_experiment\n")
+  (tmp_path / "run_experiment.py").write_text("from benchmarks import b\n")
+  found = unit_cycles(tmp_path)
+  assert ["tff_cluster/host/", "tff_cluster/runners/"] in found, found
+  assert ["benchmarks/", "run_experiment.py"] in found, found
+
+
+MAX_FUNCTION_LINES = 100
+
+
+def long_functions(root: pathlib.Path = ROOT, limit: int = MAX_FUNCTION_LINES) -> List[str]:
+  """`module:function (lines)` for every function or method of the package
+  longer than `limit` lines (decorators and docstring included)."""
+  out = []
+  for name, path in module_files(root).items():
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+        lines = node.end_lineno - first + 1
+        if lines > limit:
+          out.append(f"{name}:{node.name} ({lines} lines)")
+  return sorted(out)
+
+
+def test_no_library_function_over_100_lines():
+  found = long_functions()
+  assert not found, "split these: " + ", ".join(found)
+
+
+def test_the_length_check_counts_a_long_method(tmp_path):
+  pkg = tmp_path / PACKAGE
+  pkg.mkdir()
+  (pkg / "__init__.py").write_text("")
+  body = "".join(f"    x{i} = {i}\n" for i in range(99))
+  (pkg / "m.py").write_text("class C:\n  def short(self):\n    pass\n\n"
+                            "  def long(self):\n" + body + "    return 0\n")
+  assert long_functions(tmp_path) == ["tff_cluster.m:long (101 lines)"]
+  assert long_functions(tmp_path, limit=101) == []
+
+
 def test_no_cycle_no_upward_import_no_lazy_import_of_our_modules():
   found = problems()
   assert not found, "\n".join(found)
@@ -244,3 +379,5 @@ if __name__ == "__main__":
     print(f"L{layer_of(src)} {src} -> " + ", ".join(
         f"{d}{'' if w == 'top' else ' (lazy)'}" for d, w in sorted(targets.items())))
   print("\n".join(problems()) or "no problems")
+  print("unit cycles:", unit_cycles() or "none")
+  print("functions over 100 lines:", long_functions() or "none")

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tff_cluster import local_training, models
+from tff_cluster import models
+from tff_cluster.learning import schedule
+from tff_cluster.learning import trainers
 
 
 # ---------------------------------------------------------------------------
@@ -20,7 +22,7 @@ def _epochs(n: int, batch_size: int, epochs: int, seed: int):
   x = np.arange(n, dtype=np.float32).reshape(n, 1) * 10.0
   y = np.arange(n, dtype=np.int32)
   batches = []
-  for batch in local_training.client_dataset(x, y, batch_size, epochs, seed):
+  for batch in schedule.client_dataset(x, y, batch_size, epochs, seed):
     # x and y must stay paired through the shuffle.
     np.testing.assert_array_equal(batch["x"].numpy()[:, 0], batch["y"].numpy() * 10.0)
     batches.append(batch["y"].numpy())
@@ -94,7 +96,7 @@ def mclr_case():
   w0 = rng.normal(scale=0.5, size=(3, 4))
   b0 = rng.normal(scale=0.5, size=4)
   model = models.mclr(3, 4)
-  return x, y, w0, b0, model, local_training.build_local_sgd(
+  return x, y, w0, b0, model, trainers.build_local_sgd(
       model, models.SPARSE_CE_LOGITS)
 
 
@@ -123,7 +125,7 @@ def test_two_steps_match_hand_derived_gradients(mclr_case, mu):
   assert float(out["num_examples"]) == num == 5
   np.testing.assert_allclose(float(out["loss_sum"]), loss_sum, rtol=1e-6)
   # The model is left at w_final (the delta is taken from it).
-  kernel, bias = local_training.get_weights(model)
+  kernel, bias = models.get_weights(model)
   np.testing.assert_allclose(kernel, w_final, atol=1e-6)
   np.testing.assert_allclose(bias, b_final, atol=1e-6)
 
@@ -159,7 +161,7 @@ def test_client_dataset_order_ignores_global_seed():
   y = np.arange(20, dtype=np.int32)
 
   def order():
-    ds = local_training.client_dataset(x, y, batch_size=6, epochs=2, seed=17)
+    ds = schedule.client_dataset(x, y, batch_size=6, epochs=2, seed=17)
     return np.concatenate([b["y"].numpy() for b in ds])
 
   tf.random.set_seed(1)

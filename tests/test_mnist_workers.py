@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-import tasks
-from tasks import fmnist, mnist_workers
+from tff_cluster import tasks
+from tff_cluster.tasks import fmnist, mnist_workers
 from tests.conftest import SHARED_DATA
 from tff_cluster.data.federated import DataError
-from tff_cluster.task import DataOptions
+from tff_cluster.spec.task import DataOptions
 
 MNIST = SHARED_DATA / "mnist"
 

@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tff_cluster import api, local_training, models
+from tff_cluster import api, models
+from tff_cluster.learning import functional
+from tff_cluster import models
 from tff_cluster.data.federated import FederatedData
 
 keras = tf.keras
@@ -149,10 +151,10 @@ def test_a_chain_of_layers_is_a_function_of_its_weights(shape):
   """The forward pass that trains clients side by side equals the model's own
   call, read from any of the layer-graph shapes (a Sequential without Input
   once built for its input shape)."""
-  model = local_training.build_model(SHAPES[shape][0](), (FEATURES,))
-  forward = local_training.stateless_forward(model)
+  model = models.build_model(SHAPES[shape][0](), (FEATURES,))
+  forward = functional.stateless_forward(model)
   x = np.random.default_rng(1).normal(size=(5, FEATURES)).astype(np.float32)
-  weights = [tf.convert_to_tensor(v) for v in local_training.model_variables(model)]
+  weights = [tf.convert_to_tensor(v) for v in models.model_variables(model)]
   np.testing.assert_allclose(forward(weights, x).numpy(), model(x).numpy(), rtol=1e-6,
                              atol=1e-6)
   assert forward.activations == FEATURES + 16 + CLASSES

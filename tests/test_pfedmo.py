@@ -9,14 +9,17 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import tasks
-from tff_cluster import experiment, local_training, models, registry
+from tff_cluster import tasks
+from tff_cluster import models, registry
+from tff_cluster.host import loop
+from tff_cluster.learning import schedule
+from tff_cluster.learning import trainers
 from tff_cluster.algorithms.pfedmo import (PFedMoDefinition, personalise,
                                            running_max_scores, soft_cross_entropy)
 from tff_cluster.data import federated
 from tff_cluster.data.federated import FederatedData
 from tff_cluster.learning import optimizers
-from tff_cluster.task import DataOptions
+from tff_cluster.spec.task import DataOptions
 
 
 def test_score_of_a_two_class_batch_by_hand():
@@ -128,14 +131,14 @@ def test_nag_local_steps_equal_keras_nesterov_sgd():
   x = rng.normal(size=(40, 6)).astype(np.float32)
   y = rng.integers(0, 3, 40).astype(np.int32)
   model = models.mclr(6, 3)
-  start = local_training.get_weights(model)
-  trainer = local_training.DatasetTrainer(model, models.SPARSE_CE_LOGITS)
-  data = local_training.client_dataset(x, y, 8, 1, seed=3)
+  start = models.get_weights(model)
+  trainer = trainers.DatasetTrainer(model, models.SPARSE_CE_LOGITS)
+  data = schedule.client_dataset(x, y, 8, 1, seed=3)
   out = trainer.train(start, data, 0.3, optimizers.nesterov(0.7), (start,))
   ours = [s + d.numpy() for s, d in zip(start, out.delta)]
 
   reference = models.mclr(6, 3)
-  local_training.set_weights(reference, start)
+  models.set_weights(reference, start)
   opt = tf.keras.optimizers.SGD(0.3, momentum=0.7, nesterov=True)
   for batch in data:
     with tf.GradientTape() as tape:
@@ -143,7 +146,7 @@ def test_nag_local_steps_equal_keras_nesterov_sgd():
           models.SPARSE_CE_LOGITS, batch["y"], reference(batch["x"], training=True)))
     opt.apply_gradients(zip(tape.gradient(loss, reference.trainable_variables),
                             reference.trainable_variables))
-  for a, b in zip(ours, local_training.get_weights(reference)):
+  for a, b in zip(ours, models.get_weights(reference)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
   velocities = [v.numpy() for v in opt.momentums]  # tf_keras and Keras 3 alike
   for y_ours, w, v in zip(out.velocity, ours, velocities):
@@ -180,7 +183,7 @@ def test_two_nag_steps_on_a_quadratic_by_hand():
   opt = optimizers.chain(optimizers.nesterov(gamma))
   state = (velocity,)
   for _ in range(2):
-    _, _, state = local_training.sgd_step(model, models.SPARSE_CE_LOGITS, (xs, ys, None),
+    _, _, state = trainers.sgd_step(model, models.SPARSE_CE_LOGITS, (xs, ys, None),
                                           eta, opt, state)
   velocity = state[0]
   # Closed form for the bias b = (b0, b1) of softmax cross-entropy with label 1.
@@ -203,11 +206,11 @@ def workers():
 
 
 def _run(task, data, algo, rounds=3, runner="local", **options):
-  config = experiment.TrainingConfig(rounds=rounds, clients_per_round=data.num_clients,
+  config = loop.TrainingConfig(rounds=rounds, clients_per_round=data.num_clients,
                                      local_epochs=None, local_steps=6, batch_size=10,
                                      client_lr=0.05, seed=2, runner=runner)
   driver = registry.get_algorithm(algo).make_driver(task, data, config, **options)
-  experiment.run_training(task, data, config, driver, progress=False)
+  loop.run_training(task, data, config, driver, progress=False)
   return driver, driver.runner.numpy_state(driver.state)
 
 
@@ -276,7 +279,7 @@ def test_representation_model_sees_only_the_public_set(workers):
 
 def test_pfedmo_refuses_partial_participation_and_client_momentum(workers):
   task, data = workers
-  config = experiment.TrainingConfig(rounds=1, clients_per_round=2, local_epochs=1,
+  config = loop.TrainingConfig(rounds=1, clients_per_round=2, local_epochs=1,
                                      batch_size=10, client_lr=0.05)
   with pytest.raises(ValueError, match="clients_per_round=2 for pfedmo"):
     registry.get_algorithm("pfedmo").make_driver(task, data, config)
@@ -363,7 +366,7 @@ def test_two_workers_over_four_aggregations_equal_the_papers_equations(rule):
   the library's x_{i+}, y_{i+}, scores, running maxima and x_+ after each of
   four aggregations equal `_numpy_pfedmo`'s (scores 0 at k = 1, then above
   0.1), and the personalisation gap ||x_+ - x_bar|| is the trace's."""
-  from tff_cluster.task import TaskSpec
+  from tff_cluster.spec.task import TaskSpec
   rng = np.random.default_rng(1)
   labelling = rng.normal(size=(3, 3))  # one task; the workers' inputs are shifted
 
@@ -379,7 +382,7 @@ def test_two_workers_over_four_aggregations_equal_the_papers_equations(rule):
   task = TaskSpec(name="tiny", description="", load_data=None,
                   model_fn=lambda: models.mclr(3, 3), loss=models.SPARSE_CE_LOGITS,
                   defaults={})
-  config = experiment.TrainingConfig(rounds=4, clients_per_round=2, local_epochs=None,
+  config = loop.TrainingConfig(rounds=4, clients_per_round=2, local_epochs=None,
                                      local_steps=3, batch_size=20, client_lr=0.3, seed=0,
                                      runner="local")
   driver = registry.get_algorithm("pfedmo").make_driver(
@@ -419,7 +422,7 @@ def test_a_federation_read_on_demand_is_read_once(workers):
     return data
 
   lazy = federated.reloading(data, load)
-  config = experiment.TrainingConfig(rounds=1, clients_per_round=data.num_clients,
+  config = loop.TrainingConfig(rounds=1, clients_per_round=data.num_clients,
                                      local_epochs=1, batch_size=10, client_lr=0.05,
                                      runner="local")
   registry.get_algorithm("pfedmo").make_driver(task, lazy, config)
@@ -431,12 +434,13 @@ def test_a_train_round_on_tff_takes_each_workers_key_and_equals_the_local_runner
   """The train mode's key is the worker index: on the TFF runner it selects
   the worker's (x, y, a_i) row and places its score in the worker's row of
   `score_loss`; the round equals the local runner's."""
-  from tff_cluster.runners import local_runner, tff_runner
+  from tff_cluster.runners import local_runner
+  from tff_cluster.runners.tff import runner as tff_runner
   from tff_cluster.data.synthetic import generate_synthetic
   data = generate_synthetic(num_clients=3, seed=0)
   model_fn = lambda: models.mclr(60, 10)  # noqa: E731
   model = model_fn()
-  spec = [tf.TensorSpec(v.shape, v.dtype) for v in local_training.model_variables(model)]
+  spec = [tf.TensorSpec(v.shape, v.dtype) for v in models.model_variables(model)]
   score_x = data.test[data.client_ids[0]][0][:4]
   d = PFedMoDefinition(spec, 2, 3, [0.2, 0.3, 0.5], score_x, nag_momentum=0.5,
                        pi=0.4, representation=True, model_rule="eq12")
@@ -444,12 +448,12 @@ def test_a_train_round_on_tff_takes_each_workers_key_and_equals_the_local_runner
   state = d.initial_state([rng.normal(0, 0.1, s.shape).astype(np.float32) for s in spec])
   state["rep_x"] = [w + 0.1 for w in state["rep_x"]]
   clients, keys = [2, 0, 1], [2, 0, 1]
-  work = local_training.LocalWork(10, epochs=1)
-  element_spec = local_training.client_dataset(*data.train[data.client_ids[0]], 10, 1,
+  work = schedule.LocalWork(10, epochs=1)
+  element_spec = schedule.client_dataset(*data.train[data.client_ids[0]], 10, 1,
                                                0).element_spec
   comp = tff_runner.build_round(d, "train", model_fn, models.SPARSE_CE_LOGITS, element_spec)
-  datasets = [local_training.work_dataset(*data.train[data.client_ids[k]], work,
-                                          local_training.client_seed(0, 1, k)) for k in clients]
+  datasets = [schedule.work_dataset(*data.train[data.client_ids[k]], work,
+                                          schedule.client_seed(0, 1, k)) for k in clients]
   new, summed, results = comp(state, {"lr": np.float32(0.05)}, datasets,
                               [np.array([k], np.int32) for k in keys])
   scores = np.asarray(summed["score_loss"])

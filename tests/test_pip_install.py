@@ -116,7 +116,7 @@ def test_cli_runs_three_rounds_on_the_default_runner(installed, tmp_path):
 API_RUN = """
     import json, numpy as np, tensorflow as tf, tff_cluster
     from tff_cluster import api, models, tasks
-    from tff_cluster.task import DataOptions
+    from tff_cluster.spec.task import DataOptions
     data = tasks.get_task("synthetic_clusters").load_data(DataOptions(seed=0, num_clients=12))
     def model_fn():
       inputs = tf.keras.Input(shape=(60,))

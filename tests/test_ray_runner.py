@@ -23,7 +23,7 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="needs the ray extra (today's stack)")
 
-import tasks  # noqa: E402
+from tff_cluster import tasks  # noqa: E402
 from tests.conftest import REPO_ROOT  # noqa: E402
 from tests.helpers import (_is_descendant, metrics_rows_written,  # noqa: E402
                            rerun_in_loopback_namespace)
@@ -31,7 +31,7 @@ from tests.test_runners import (PARITY_CASES, RTOL, ATOL, SOLVER_CASES,  # noqa:
                                 _run, assert_same_run)
 from tff_cluster import interrupts  # noqa: E402
 from tff_cluster.runners import ray_runner  # noqa: E402
-from tff_cluster.task import DataOptions  # noqa: E402
+from tff_cluster.spec.task import DataOptions  # noqa: E402
 
 ISOLATED_ENV = "TFF_CLUSTER_RAY_ISOLATED"
 SCRIPT = str(REPO_ROOT / "run_experiment.py")
@@ -112,16 +112,17 @@ def test_actors_train_their_clients_side_by_side(algo, ray_instance, uneven_data
 def _train(task, data, runner, rounds, tmp_path, name, workers=None, resume=None,
            checkpoint_dir=None):
   """FedAvg with persisted client momentum for `rounds` rounds: (rows, driver)."""
-  from tff_cluster import experiment, registry
-  from tff_cluster.results import ResultsWriter
-  config = experiment.TrainingConfig(
+  from tff_cluster import registry
+  from tff_cluster.host import loop
+  from tff_cluster.io.results import ResultsWriter
+  config = loop.TrainingConfig(
       rounds=rounds, clients_per_round=8, batch_size=10, client_lr=0.02, seed=1,
       runner=runner, ray_workers=workers, **SOLVER_CASES[SOLVER])
   driver = registry.get_algorithm("fedavg").make_driver(task, data, config)
   os.makedirs(tmp_path / name, exist_ok=True)
-  writer = ResultsWriter(str(tmp_path / name), [*experiment.BASE_COLUMNS], tensorboard=False,
+  writer = ResultsWriter(str(tmp_path / name), [*loop.BASE_COLUMNS], tensorboard=False,
                          resume_rows=None if resume is None else resume["rows"])
-  experiment.run_training(task, data, config, driver, writer, progress=False,
+  loop.run_training(task, data, config, driver, writer, progress=False,
                           checkpoint_dir=checkpoint_dir, checkpoint_every=1, resume=resume)
   writer.close()
   return writer.rows, driver
@@ -167,7 +168,7 @@ def test_a_file_backed_task_is_read_by_the_actors(ray_instance, tmp_path):
   rows and buffers equal the local runner's on the whole data."""
   import run_experiment
   from tff_cluster.data.federated import LazyFederatedData
-  from tff_cluster.settings import load_task_data
+  from tff_cluster.cli import load_task_data
   from tests.conftest import SHARED_DATA
   femnist = SHARED_DATA / "femnist_leaf"
   if not femnist.exists():
@@ -195,7 +196,7 @@ def test_a_checkpoint_resumes_on_another_sharding(ray_instance, tmp_path):
   """Rounds 1-2 on 2 actors, checkpointed (per-client states written by
   client), rounds 3-4 resumed on 1 actor, and on the local runner: both
   equal 4 uninterrupted local rounds, momentum buffers included."""
-  from tff_cluster import checkpoint
+  from tff_cluster.io import checkpoint
   task = tasks.get_task("synthetic")
   lazy = task.load_data(DataOptions(seed=5, num_clients=19, extra={"samples_per_client": 24}))
   run = tmp_path / "ckpt"

@@ -14,11 +14,14 @@ import numpy as np
 import pytest
 
 import run_experiment
-import tasks
+from tff_cluster import tasks
 from tests.helpers import SMALL_ARGS, main_in_process, read_metrics_csv
-from tff_cluster import checkpoint, experiment, registry, results
-from tff_cluster.results import ResultsWriter
-from tff_cluster.task import DataOptions
+from tff_cluster import registry
+from tff_cluster.io import checkpoint
+from tff_cluster.host import loop
+from tff_cluster.io import results
+from tff_cluster.io.results import ResultsWriter
+from tff_cluster.spec.task import DataOptions
 
 TIMING = ("round_seconds", "eval_seconds")
 # The CLI's one line for a failed write (`run_experiment._main`).
@@ -121,16 +124,16 @@ def small():
 
 
 def _train(task, data, run_dir, rounds=4, resume=None, algo="fedavg"):
-  config = experiment.TrainingConfig(rounds=rounds, clients_per_round=4, local_epochs=1,
+  config = loop.TrainingConfig(rounds=rounds, clients_per_round=4, local_epochs=1,
                                      batch_size=10, client_lr=0.02, seed=4, runner="local",
                                      client_momentum=0.5, client_state="persist",
                                      eval_every=2)
   driver = registry.get_algorithm(algo).make_driver(task, data, config)
-  writer = ResultsWriter(str(run_dir), [*experiment.BASE_COLUMNS, *driver.extra_columns],
+  writer = ResultsWriter(str(run_dir), [*loop.BASE_COLUMNS, *driver.extra_columns],
                          overwrite=True, tensorboard=False,
                          resume_rows=None if resume is None else resume["rows"])
   try:
-    return experiment.run_training(task, data, config, driver, writer, progress=False,
+    return loop.run_training(task, data, config, driver, writer, progress=False,
                                    checkpoint_dir=str(run_dir), checkpoint_every=2,
                                    resume=resume)
   finally:

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import tasks
+from tff_cluster import tasks
 from tests.conftest import REPO_ROOT, shared_data
 from tests.helpers import (SMALL_ARGS, assert_one_line_error, assert_workers_gone,
                            main_in_process,
@@ -25,10 +25,12 @@ from tests.helpers import (SMALL_ARGS, assert_one_line_error, assert_workers_gon
 from tests.test_fedprox_nist import write_leaf
 from tests.test_runners import ALL_CLIENTS, OWN_MOMENTUM, PARITY_CASES
 from tests.test_sent140_csv import CLI_CASES as SENT140_CLI_CASES
-from tff_cluster import checkpoint, experiment, interrupts, registry
-from tff_cluster import hparams as hp
-from tff_cluster.results import ResultsWriter
-from tff_cluster.task import DataOptions
+from tff_cluster import interrupts, registry
+from tff_cluster.io import checkpoint
+from tff_cluster.host import loop
+from tff_cluster.spec import hparams as hp
+from tff_cluster.io.results import ResultsWriter
+from tff_cluster.spec.task import DataOptions
 
 SCRIPT = str(REPO_ROOT / "run_experiment.py")
 TIMING = ("round_seconds", "eval_seconds")
@@ -53,7 +55,7 @@ def small_clusters():
 
 
 def _config(rounds, runner):
-  return experiment.TrainingConfig(rounds=rounds, clients_per_round=6, local_epochs=1,
+  return loop.TrainingConfig(rounds=rounds, clients_per_round=6, local_epochs=1,
                                    batch_size=10, client_lr=0.02, seed=4, runner=runner,
                                    client_momentum=0.5)
 
@@ -66,10 +68,10 @@ def _train(task, data, algo, runner, rounds, run_dir, resume=None):
   if algo in ALL_CLIENTS:
     config = dataclasses.replace(config, clients_per_round=data.num_clients)
   driver = registry.get_algorithm(algo).make_driver(task, data, config, **options)
-  writer = ResultsWriter(str(run_dir), [*experiment.BASE_COLUMNS, *driver.extra_columns],
+  writer = ResultsWriter(str(run_dir), [*loop.BASE_COLUMNS, *driver.extra_columns],
                          overwrite=True, tensorboard=False,
                          resume_rows=None if resume is None else resume["rows"])
-  summary = experiment.run_training(task, data, config, driver, writer, progress=False,
+  summary = loop.run_training(task, data, config, driver, writer, progress=False,
                                     checkpoint_dir=str(run_dir), checkpoint_every=2,
                                     resume=resume)
   writer.close()
@@ -325,7 +327,7 @@ def test_loss_ratio_by_hand():
   the reference is ln(10) whatever clients; 5 ln(10) is ratio 5, refused above 4."""
   from tff_cluster import models
   from tff_cluster.data.federated import FederatedData
-  from tff_cluster.task import TaskSpec
+  from tff_cluster.spec.task import TaskSpec
   rng = np.random.default_rng(0)
   sizes = [3, 5, 0, 4]
   ids = [f"c{i}" for i in range(4)]
@@ -336,15 +338,15 @@ def test_loss_ratio_by_hand():
   task = TaskSpec(name="t", description="", load_data=None, model_fn=lambda: models.mclr(6, 10),
                   loss=models.SPARSE_CE_LOGITS, defaults={})
   zero = [np.zeros((6, 10), np.float32), np.zeros(10, np.float32)]
-  rule = experiment.LossRatio(task, data, zero, limit=4.0)
+  rule = loop.LossRatio(task, data, zero, limit=4.0)
   assert rule.reference([0, 3]) == pytest.approx(np.log(10), rel=1e-6)
   assert rule.check(7, 2.0 * np.log(10), [0, 1, 3]) == pytest.approx(2.0, rel=1e-6)
-  with pytest.raises(experiment.Diverged, match=r"round 7: the training loss 11.51 is 5 times "
+  with pytest.raises(loop.Diverged, match=r"round 7: the training loss 11.51 is 5 times "
                                                 r"the initial model's loss .*2.303.*ratio=4"):
     rule.check(7, 5.0 * np.log(10), [1])
   # A model whose loss differs per client: the reference weights by training samples.
   bias = [np.zeros((6, 10), np.float32), np.eye(10, dtype=np.float32)[0] * 5]
-  per = experiment.LossRatio(task, data, bias, limit=0)
+  per = loop.LossRatio(task, data, bias, limit=0)
   losses = {}
   for k in (0, 1):
     y = train[ids[k]][1]
@@ -376,11 +378,11 @@ def test_saved_models_load_and_eval_only_reproduces_the_run(tmp_path, capsys):
   assert report["best"]["round"] == summary["max_round"]
   # The .npz weights (what --eval_only reads, on any stack) are the .keras ones;
   # without the .keras files the report is the same.
-  from tff_cluster import local_training
+
   final = out / "models" / "final"
   with np.load(final / "model_0.npz", allow_pickle=False) as archive:
     saved = [archive[f"w{i}"] for i in range(len(archive.files))]
-  for a, b in zip(saved, local_training.get_weights(model)):
+  for a, b in zip(saved, models.get_weights(model)):
     np.testing.assert_array_equal(a, b)
   for which in ("final", "best"):
     for path in (out / "models" / which).glob("*.keras"):
@@ -657,12 +659,12 @@ def test_a_signal_whose_exception_is_swallowed_still_stops_the_run_after_that_ro
     return real(round_num, sampled)
 
   driver.run_round = run_round
-  writer = ResultsWriter(str(tmp_path), [*experiment.BASE_COLUMNS, *driver.extra_columns],
+  writer = ResultsWriter(str(tmp_path), [*loop.BASE_COLUMNS, *driver.extra_columns],
                          tensorboard=False)
   expected = KeyboardInterrupt if sig == signal.SIGINT else SystemExit
   try:
     with pytest.raises(expected) as raised:
-      experiment.run_training(task, data, config, driver, writer, progress=False,
+      loop.run_training(task, data, config, driver, writer, progress=False,
                               checkpoint_dir=str(tmp_path), checkpoint_every=2)
   finally:
     interrupts.note(None)
@@ -694,11 +696,11 @@ def test_a_signal_whose_exception_surfaces_transformed_still_closes_as_interrupt
     return real(round_num, sampled)
 
   driver.run_round = run_round
-  writer = ResultsWriter(str(tmp_path), [*experiment.BASE_COLUMNS, *driver.extra_columns],
+  writer = ResultsWriter(str(tmp_path), [*loop.BASE_COLUMNS, *driver.extra_columns],
                          tensorboard=False)
   try:
     with pytest.raises(TypeError):
-      experiment.run_training(task, data, config, driver, writer, progress=False)
+      loop.run_training(task, data, config, driver, writer, progress=False)
   finally:
     interrupts.note(None)
     writer.close()
@@ -707,9 +709,9 @@ def test_a_signal_whose_exception_surfaces_transformed_still_closes_as_interrupt
   assert summary["rounds_completed"] == 1 and calls["n"] == 2
   # Without a signal the same failure is an error.
   driver.run_round = lambda r, s: (_ for _ in ()).throw(TypeError("boom"))
-  other = ResultsWriter(str(tmp_path / "b"), [*experiment.BASE_COLUMNS], tensorboard=False)
+  other = ResultsWriter(str(tmp_path / "b"), [*loop.BASE_COLUMNS], tensorboard=False)
   with pytest.raises(TypeError):
-    experiment.run_training(task, data, config, driver, other, progress=False)
+    loop.run_training(task, data, config, driver, other, progress=False)
   other.close()
   assert json.loads((tmp_path / "b" / "summary.json").read_text())["reason"] == "error"
 
@@ -763,7 +765,7 @@ def test_a_signal_during_the_rounds_records_is_raised_after_them(sig, tmp_path, 
   with a segmentation fault inside `tf.summary.scalar`) is recorded and raised
   once the round is written whole and checkpointed: exit 128 + sig, summary
   interrupted, rounds 1-2 on disk, round 2 in the checkpoint."""
-  from tff_cluster import results
+  from tff_cluster.io import results
   write_round = results.ResultsWriter.write_round
   reached = []
 

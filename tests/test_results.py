@@ -18,9 +18,12 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 from tests.helpers import read_metrics_csv
-from tff_cluster import evaluation, experiment, plot, results
+from tff_cluster.learning import evaluation
+from tff_cluster.host import loop
+from tff_cluster.io import plot
+from tff_cluster.io import results
 from tff_cluster.io import rundir
-from tff_cluster.results import ResultsWriter
+from tff_cluster.io.results import ResultsWriter
 
 COLUMNS = ["round", "train_loss", "test_accuracy", "test_loss", "round_seconds",
            "eval_seconds", "bytes_down", "bytes_up", "mean_update_norm", "group_0_accuracy",
@@ -187,15 +190,15 @@ def test_client_groups_values():
   assignment = np.array([0, -1, 2, -1])
   client_model = np.where(assignment >= 0, assignment, aux)
   np.testing.assert_array_equal(
-      experiment.client_groups(client_model, None, assignment, 4), [0, -1, 2, -1])
+      loop.client_groups(client_model, None, assignment, 4), [0, -1, 2, -1])
   np.testing.assert_array_equal(  # no assignment kept: the indices as given
-      experiment.client_groups(np.array([0, 0, 0, 0]), None, None, 4), [0, 0, 0, 0])
+      loop.client_groups(np.array([0, 0, 0, 0]), None, None, 4), [0, 0, 0, 0])
   chosen = np.array([1, 0, 1, 1])
-  np.testing.assert_array_equal(experiment.client_groups(
-      experiment.CHOOSE_BY_TEST_LOSS, chosen, assignment, 4), chosen)
-  assert experiment.client_groups(experiment.CHOOSE_BY_TEST_LOSS, None, assignment, 4) is None
+  np.testing.assert_array_equal(loop.client_groups(
+      loop.CHOOSE_BY_TEST_LOSS, chosen, assignment, 4), chosen)
+  assert loop.client_groups(loop.CHOOSE_BY_TEST_LOSS, None, assignment, 4) is None
   np.testing.assert_array_equal(
-      experiment.client_groups(evaluation.Ensemble("logits"), None, None, 4), [-1, -1, -1, -1])
+      loop.client_groups(evaluation.Ensemble("logits"), None, None, 4), [-1, -1, -1, -1])
 
 
 def test_groups_csv_keeps_the_checkpointed_rounds_on_resume(tmp_path):
@@ -293,7 +296,7 @@ def test_groups_csv_of_fedgroup_marks_unassigned_clients(fedgroup_run):
 def test_groups_csv_after_resume_equals_the_uninterrupted_run(fedgroup_run, tmp_path):
   import shutil
 
-  from tff_cluster import checkpoint
+  from tff_cluster.io import checkpoint
   run = tmp_path / "run"
   shutil.copytree(fedgroup_run, run)
   whole = (run / "groups.csv").read_bytes()
@@ -623,7 +626,7 @@ def ifca_three_clusters_run(tmp_path_factory):
 
 def _true_clusters(seed, num_clients, **task_args):
   from tff_cluster import tasks
-  from tff_cluster.task import DataOptions
+  from tff_cluster.spec.task import DataOptions
   return tasks.get_task("synthetic_clusters").load_data(DataOptions(
       seed=seed, num_clients=num_clients, extra=task_args)).true_clusters
 

@@ -5,17 +5,19 @@ import json
 import numpy as np
 import pytest
 
-import tasks
-from tasks import fmnist, rotated
+from tff_cluster import tasks
+from tff_cluster.tasks import fmnist, rotated
 from tests.conftest import SHARED_DATA
 from tests.helpers import main_in_process
 from tests.test_tasks import write_cifar
-from tff_cluster import evaluation, experiment, models
+from tff_cluster import models
+from tff_cluster.learning import evaluation
+from tff_cluster.host import loop
 from tff_cluster.data.federated import DataError, FederatedData
 from tff_cluster.data.partition import rotate_images
-from tff_cluster.evaluation import CHOOSE_BY_TEST_LOSS, Evaluator
-from tff_cluster.hparams import HParamError
-from tff_cluster.task import DataOptions
+from tff_cluster.learning.evaluation import CHOOSE_BY_TEST_LOSS, Evaluator
+from tff_cluster.spec.hparams import HParamError
+from tff_cluster.spec.task import DataOptions
 
 MNIST = SHARED_DATA / "mnist"
 FASHION = SHARED_DATA / "fashion_mnist"
@@ -290,22 +292,22 @@ def test_rounds_sample_only_clients_with_training_data():
   rng = np.random.default_rng(0)
   candidates = np.array([0, 1, 5, 7])
   for _ in range(20):
-    picked = experiment.sample_clients(rng, candidates, 3)
+    picked = loop.sample_clients(rng, candidates, 3)
     assert set(picked) <= set(candidates) and len(set(picked)) == 3
   # With every client a candidate, the draw equals the one from range(n).
-  a = experiment.sample_clients(np.random.default_rng(4), 10, 4)
-  b = experiment.sample_clients(np.random.default_rng(4), np.arange(10), 4)
+  a = loop.sample_clients(np.random.default_rng(4), 10, 4)
+  b = loop.sample_clients(np.random.default_rng(4), np.arange(10), 4)
   np.testing.assert_array_equal(a, b)
 
 
 def test_run_training_refuses_more_clients_per_round_than_training_clients():
   data = _two_model_data()
   task = tasks.get_task("synthetic")
-  config = experiment.TrainingConfig(rounds=1, clients_per_round=3, local_epochs=1,
+  config = loop.TrainingConfig(rounds=1, clients_per_round=3, local_epochs=1,
                                      batch_size=2, client_lr=0.1, runner="local")
   with pytest.raises(ValueError, match="clients_per_round=3: 2 clients have training "
                                        "data; valid: 1..2"):
-    experiment.run_training(task, data, config, driver=None, progress=False)
+    loop.run_training(task, data, config, driver=None, progress=False)
 
 
 def test_api_process_never_trains_test_only_clients():
@@ -334,9 +336,9 @@ def _saved_choices_and_losses(run_dir, data):
   mean test loss under each saved final model, [models, clients]."""
   import tensorflow as tf
 
-  from tff_cluster import local_training
+
   info = json.loads((run_dir / "models" / "final" / "clients.json").read_text())
-  weights = [local_training.get_weights(tf.keras.models.load_model(
+  weights = [models.get_weights(tf.keras.models.load_model(
       run_dir / "models" / "final" / f"model_{j}.keras", compile=False))
              for j in range(info["num_models"])]
   ev = Evaluator(tasks.get_task("rotated_mnist").model_fn, models.SPARSE_CE_LOGITS, data)
@@ -353,13 +355,13 @@ def test_test_only_clients_are_evaluated_never_trained(algo, runner, tmp_path, c
                                                       monkeypatch):
   _need(MNIST)
   trained = []
-  original = experiment.Driver.train_clients
+  original = loop.Driver.train_clients
 
   def recording(self, mode, state, clients, *args, **kwargs):
     trained.extend(self.data.client_ids[int(k)] for k in clients)
     return original(self, mode, state, clients, *args, **kwargs)
 
-  monkeypatch.setattr(experiment.Driver, "train_clients", recording)
+  monkeypatch.setattr(loop.Driver, "train_clients", recording)
   out = tmp_path / "run"
   code, _, err = main_in_process(
       [f"--algo={algo}", f"--runner={runner}", f"--data_dir={MNIST}",

@@ -14,7 +14,9 @@ import re
 import numpy as np
 import pytest
 
-from tff_cluster import plot, registry, results
+from tff_cluster import registry
+from tff_cluster.io import plot
+from tff_cluster.io import results
 from tff_cluster.io import rundir
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -79,19 +81,20 @@ def algorithm_columns():
   """{algo: its metrics columns}, from a driver of each registered algorithm
   (its first parity case's options) on a task with true clusters."""
   from tests.test_runners import ALL_CLIENTS, PARITY_CASES
-  from tff_cluster import experiment, tasks
-  from tff_cluster.task import DataOptions
+  from tff_cluster import tasks
+  from tff_cluster.host import loop
+  from tff_cluster.spec.task import DataOptions
   task = tasks.get_task("synthetic_clusters")
   data = task.load_data(DataOptions(seed=2, num_clients=12, extra={"num_clusters": 3}))
   out = {}
   for algo in registry.ALGORITHMS:
     options = dict(PARITY_CASES[algo][0])
-    config = experiment.TrainingConfig(**{
+    config = loop.TrainingConfig(**{
         "rounds": 2, "batch_size": 10, "client_lr": 0.02, "local_epochs": 1,
         "clients_per_round": data.num_clients if algo in ALL_CLIENTS else 4, "seed": 1,
         "runner": "local", **options.pop("_config", {})})
     driver = registry.get_algorithm(algo).make_driver(task, data, config, **options)
-    out[algo] = [*experiment.BASE_COLUMNS, *driver.extra_columns]
+    out[algo] = [*loop.BASE_COLUMNS, *driver.extra_columns]
   return out
 
 

@@ -10,15 +10,18 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import tasks
+from tff_cluster import tasks
 from tests.conftest import REPO_ROOT
-from tff_cluster import experiment, local_training, models, registry
+from tff_cluster import models, registry
+from tff_cluster.host import loop
+from tff_cluster.learning import schedule
+from tff_cluster.learning import trainers
 from tff_cluster.algorithms import fedavg
 from tff_cluster.core.definition import Definition
-from tff_cluster.results import ResultsWriter
+from tff_cluster.io.results import ResultsWriter
 from tff_cluster.learning import optimizers
 from tff_cluster.runners import local_runner
-from tff_cluster.task import DataOptions, TaskSpec
+from tff_cluster.spec.task import DataOptions, TaskSpec
 
 # ---------------------------------------------------------------------------
 # Parity: every registered algorithm, both runners, same seed -> same numbers.
@@ -132,14 +135,14 @@ def solver_for(algo, solver):
 def _run(task, data, algo, options, runner, tmp_path, solver):
   solver = solver_for(algo, solver)
   options = dict(options)
-  config = experiment.TrainingConfig(**{
+  config = loop.TrainingConfig(**{
       "rounds": ROUNDS, "batch_size": 10, "client_lr": 0.02,
       "clients_per_round": data.num_clients if algo in ALL_CLIENTS else 8,
       "seed": 1, "runner": runner, **solver, **options.pop("_config", {})})
   driver = registry.get_algorithm(algo).make_driver(task, data, config, **options)
-  columns = [*experiment.BASE_COLUMNS, *driver.extra_columns]
+  columns = [*loop.BASE_COLUMNS, *driver.extra_columns]
   writer = ResultsWriter(str(tmp_path / runner), columns, tensorboard=False)
-  summary = experiment.run_training(task, data, config, driver, writer, progress=False)
+  summary = loop.run_training(task, data, config, driver, writer, progress=False)
   writer.close()
   weights, client_model = driver.eval_models()
   return writer.rows, summary, weights, client_model
@@ -214,12 +217,12 @@ def test_batchnorm_model_parity_with_partial_batches(tmp_path):
   data = task.load_data(None)
   out = {}
   for runner in ("tff", "local"):
-    config = experiment.TrainingConfig(rounds=2, clients_per_round=3, local_epochs=1,
+    config = loop.TrainingConfig(rounds=2, clients_per_round=3, local_epochs=1,
                                        batch_size=5, client_lr=0.01, seed=0, runner=runner)
     driver = fedavg.make_driver(task, data, config)
     if runner == "local":
       assert driver.describe()["exact_batches"] and driver.describe()["jit"] is False
-    experiment.run_training(task, data, config, driver, progress=False)
+    loop.run_training(task, data, config, driver, progress=False)
     out[runner] = driver.model_weights()
   for a, b in zip(out["tff"], out["local"]):  # moving mean/variance included
     np.testing.assert_allclose(a, b, rtol=RTOL, atol=1e-5)
@@ -230,15 +233,15 @@ def test_fedavg_learning_process_equals_the_tff_runner():
   """`build_fedavg` (LearningProcess) and the tff runner share the client work."""
   data = tasks.get_task("synthetic").load_data(DataOptions(seed=0, num_clients=6))
   model_fn = lambda: models.mclr(60, 10)  # noqa: E731
-  init = local_training.get_weights(model_fn())
-  work = local_training.LocalWork(10, epochs=2)
+  init = models.get_weights(model_fn())
+  work = schedule.LocalWork(10, epochs=2)
   clients = [0, 2, 3]
-  element_spec = local_training.client_dataset(
+  element_spec = schedule.client_dataset(
       *data.train[data.client_ids[0]], 10, 1, 0).element_spec
   process = fedavg.build_fedavg(model_fn, models.SPARSE_CE_LOGITS, element_spec, init,
                                 0.01, mu=0.3)
-  from tff_cluster.runners import tff_runner
-  specs = local_training.weights_type_spec(model_fn())
+  from tff_cluster.runners.tff import runner as tff_runner
+  specs = models.weights_type_spec(model_fn())
   runner = tff_runner.TffRunner(fedavg.FedAvgDefinition(specs, 2, mu=0.3, weighting="processed"), model_fn,
                                 models.SPARSE_CE_LOGITS, data, seed=0)
   state = process.next(process.initialize(), runner.datasets(clients, 1, work)).state
@@ -254,17 +257,17 @@ def test_fedavg_learning_process_equals_the_tff_runner():
 
 
 @pytest.mark.parametrize("n,work", [
-    (25, local_training.LocalWork(10, epochs=3)),
-    (25, local_training.LocalWork(10, steps=7)),
-    (30, local_training.LocalWork(10, steps=2)),
-    (4, local_training.LocalWork(10, epochs=2)),
+    (25, schedule.LocalWork(10, epochs=3)),
+    (25, schedule.LocalWork(10, steps=7)),
+    (30, schedule.LocalWork(10, steps=2)),
+    (4, schedule.LocalWork(10, epochs=2)),
 ])
 def test_padded_batches_are_the_datasets_batches(n, work):
   x = np.arange(n * 3, dtype=np.float32).reshape(n, 3)
   y = np.arange(n, dtype=np.int32)
   offset = 11
-  expected = list(local_training.work_dataset(x, y, work, seed=5).as_numpy_iterator())
-  padded = local_training.padded_batches(n, offset, work, seed=5, total_steps=40)
+  expected = list(schedule.work_dataset(x, y, work, seed=5).as_numpy_iterator())
+  padded = schedule.padded_batches(n, offset, work, seed=5, total_steps=40)
   assert int(padded.num_steps) == len(expected) == work.num_steps(n)
   assert padded.indices.shape == (40, work.batch_size) and len(padded.sizes) == 40
   for i, batch in enumerate(expected):
@@ -275,9 +278,9 @@ def test_padded_batches_are_the_datasets_batches(n, work):
 
 
 def test_local_steps_cycle_through_reshuffled_epochs():
-  n, work = 25, local_training.LocalWork(10, steps=7)
+  n, work = 25, schedule.LocalWork(10, steps=7)
   y = np.arange(n, dtype=np.int32)
-  batches = [b["y"] for b in local_training.work_dataset(
+  batches = [b["y"] for b in schedule.work_dataset(
       np.zeros((n, 1), np.float32), y, work, seed=3).as_numpy_iterator()]
   assert [len(b) for b in batches] == [10, 10, 5, 10, 10, 5, 10]
   first, second = np.concatenate(batches[:3]), np.concatenate(batches[3:6])
@@ -307,17 +310,17 @@ def test_heavy_ball_steps_match_hand_computation(trainer_kind):
   model = models.mclr(d, c)
   w0 = [rng.normal(size=(d, c)).astype(np.float32), rng.normal(size=c).astype(np.float32)]
   v0 = [rng.normal(size=(d, c)).astype(np.float32), rng.normal(size=c).astype(np.float32)]
-  work = local_training.LocalWork(2, steps=3)
+  work = schedule.LocalWork(2, steps=3)
   if trainer_kind == "dataset":
-    trainer = local_training.DatasetTrainer(model, models.SPARSE_CE_LOGITS)
-    data = local_training.work_dataset(x, y, work, seed=1)
+    trainer = trainers.DatasetTrainer(model, models.SPARSE_CE_LOGITS)
+    data = schedule.work_dataset(x, y, work, seed=1)
   else:
-    trainer = local_training.PaddedTrainer(model, models.SPARSE_CE_LOGITS, tf.constant(x),
+    trainer = trainers.PaddedTrainer(model, models.SPARSE_CE_LOGITS, tf.constant(x),
                                            tf.constant(y))
-    data = local_training.PaddedBatches(*[tf.constant(t) for t in
-                                          local_training.padded_batches(n, 0, work, 1)])
+    data = schedule.PaddedBatches(*[tf.constant(t) for t in
+                                          schedule.padded_batches(n, 0, work, 1)])
   out = tf.function(lambda: trainer.train(w0, data, lr, optimizers.heavy_ball(beta), (v0,)))()
-  order = [b["y"] for b in local_training.work_dataset(
+  order = [b["y"] for b in schedule.work_dataset(
       np.zeros((n, 1), np.float32), np.arange(n, dtype=np.int32), work, 1).as_numpy_iterator()]
   w, b = [t.astype(np.float64) for t in w0]
   vw, vb = [t.astype(np.float64) for t in v0]
@@ -337,7 +340,7 @@ def test_client_momentum_buffer_persists_or_resets(cluster_data):
               client_lr=0.02, seed=0, runner="local", client_momentum=0.5)
   runs = {}
   for state in ("persist", "reset"):
-    config = experiment.TrainingConfig(client_state=state, **base)
+    config = loop.TrainingConfig(client_state=state, **base)
     driver = fedavg.make_driver(task, data, config)
     driver.setup()
     driver.run_round(1, np.arange(24))
@@ -353,7 +356,7 @@ def test_client_momentum_buffer_persists_or_resets(cluster_data):
 
 
 def test_learning_rate_decays_per_round():
-  config = experiment.TrainingConfig(rounds=3, clients_per_round=1, local_epochs=1,
+  config = loop.TrainingConfig(rounds=3, clients_per_round=1, local_epochs=1,
                                      batch_size=1, client_lr=0.1, lr_decay=0.5)
   assert [config.lr_at(t) for t in (0, 1, 2, 3)] == [0.1, 0.1, 0.05, 0.025]
 
@@ -361,11 +364,11 @@ def test_learning_rate_decays_per_round():
 @pytest.mark.parametrize("runner", ["tff", "local"])
 def test_runners_reject_out_of_range_keys(runner, cluster_data):
   task, data = cluster_data
-  config = experiment.TrainingConfig(rounds=1, clients_per_round=2, local_epochs=1,
+  config = loop.TrainingConfig(rounds=1, clients_per_round=2, local_epochs=1,
                                      batch_size=10, client_lr=0.01, runner=runner)
   driver = registry.get_algorithm("fedgroup").make_driver(task, data, config,
                                                             num_groups=2)
-  state = driver.definition.initial_state(experiment.initial_weights(task, 0))
+  state = driver.definition.initial_state(loop.initial_weights(task, 0))
   with pytest.raises(ValueError, match=r"invalid client keys \[2\]; valid: 0..1"):
     driver.runner.run("warm", state, [0, 1], 1, config.local_work, 0.01, keys=[0, 2])
 
@@ -383,7 +386,7 @@ def test_gpu_is_chosen_when_tensorflow_sees_one(monkeypatch, cluster_data):
   # On a GPU, XLA pays for every model without batch statistics.
   assert local_runner.resolve_jit("auto", "cnn", False, "/GPU:0") is True
   task, data = cluster_data
-  config = experiment.TrainingConfig(rounds=1, clients_per_round=2, local_epochs=1,
+  config = loop.TrainingConfig(rounds=1, clients_per_round=2, local_epochs=1,
                                      batch_size=10, client_lr=0.01, runner="local")
   info = fedavg.make_driver(task, data, config).describe()
   assert info["device"] == "/GPU:0" and info["jit"] is True
@@ -398,10 +401,10 @@ def test_jit_choice_on_cpu():
   assert local_runner.resolve_jit("off", "dense", False, "/GPU:0") is False
   with pytest.raises(ValueError, match="--jit=on for a model with BatchNorm"):
     local_runner.resolve_jit("on", "cnn", True, "/CPU:0")
-  assert local_training.model_family(models.fmnist_cnn()) == "cnn"
-  assert local_training.has_batch_statistics(models.fmnist_cnn())
-  assert not local_training.has_batch_statistics(models.lenet5())
-  assert local_training.model_family(models.mlp(4, 3, 2)) == "dense"
+  assert models.model_family(models.fmnist_cnn()) == "cnn"
+  assert models.has_batch_statistics(models.fmnist_cnn())
+  assert not models.has_batch_statistics(models.lenet5())
+  assert models.model_family(models.mlp(4, 3, 2)) == "dense"
 
 
 def _python(code: str) -> str:
@@ -414,7 +417,8 @@ def _python(code: str) -> str:
 def test_declarations_import_without_tensorflow():
   out = _python("""
       import sys
-      from tff_cluster import hparams, registry
+      from tff_cluster import registry
+      from tff_cluster.spec import hparams
       registry.all_hparams()
       print(sorted(m for m in ("tensorflow", "tensorflow_federated") if m in sys.modules))
       """)
@@ -440,7 +444,7 @@ def test_definitions_and_local_runner_import_no_tff(tmp_path):
       import sys, warnings
       warnings.simplefilter("ignore")
       import tff_cluster, run_experiment
-      from tff_cluster import experiment, local_training
+      from tff_cluster.host import loop
       from tff_cluster.runners import local_runner
       import tff_cluster.algorithms.fedavg, tff_cluster.algorithms.fedprox
       import tff_cluster.algorithms.fedgroup, tff_cluster.algorithms.fedgrouprox
@@ -467,7 +471,7 @@ def test_stacked_client_states_equal_numpy_stack_with_shared_and_strided_memory(
 
 def test_new_clients_share_one_set_of_initial_state_arrays(cluster_data):
   task, data = cluster_data
-  config = experiment.TrainingConfig(rounds=1, clients_per_round=2, local_epochs=1,
+  config = loop.TrainingConfig(rounds=1, clients_per_round=2, local_epochs=1,
                                      batch_size=10, client_lr=0.02, seed=0, runner="local",
                                      client_momentum=0.5, client_state="persist")
   driver = fedavg.make_driver(task, data, config)

@@ -24,7 +24,7 @@ import tensorflow as tf  # noqa: E402
 from tests.conftest import REPO_ROOT  # noqa: E402
 from tests.helpers import (SMALL_ARGS, assert_workers_gone, metrics_rows_written,  # noqa: E402
                            read_metrics_csv, run_watching_workers, worker_pids)
-from tff_cluster import runtime  # noqa: E402
+from tff_cluster.runners.tff import runtime  # noqa: E402
 
 SCRIPT = str(REPO_ROOT / "run_experiment.py")
 
@@ -138,7 +138,7 @@ def test_the_runtime_signal_handler_runs_the_handler_installed_before():
   it (the CLI's records the signal, so the training loop stops at its next
   check even when the handler's exception is swallowed, as one raised inside a
   garbage-collection callback is): the run cannot go on to its last round."""
-  from tff_cluster import runtime
+  from tff_cluster.runners.tff import runtime
   calls = []
 
   def caller(signum, frame):

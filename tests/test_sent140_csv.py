@@ -13,15 +13,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import tasks
-from tasks import sent140 as sent140_task
+from tff_cluster import tasks
+from tff_cluster.tasks import sent140 as sent140_task
 from tests.conftest import SHARED_DATA
 from tests.helpers import main_in_process
 from tests.helpers import assert_one_line_error
 from tff_cluster.data import leaf
 from tff_cluster.data import sent140
 from tff_cluster.data.federated import DataError
-from tff_cluster.task import DataOptions
+from tff_cluster.spec.task import DataOptions
 
 PARTIAL = SHARED_DATA / "sent140_partial"
 PARTIAL_CSV = PARTIAL / "sent140_train_partial_union.csv"

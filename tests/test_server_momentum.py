@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import tasks
-from tff_cluster import experiment, registry
+from tff_cluster import tasks
+from tff_cluster import registry
+from tff_cluster.host import loop
 from tff_cluster.algorithms.fedavg import FedAvgDefinition
 from tff_cluster.algorithms.server_momentum import SERVER_OPTIMIZERS
-from tff_cluster.task import DataOptions
+from tff_cluster.spec.task import DataOptions
 
 SPEC = [tf.TensorSpec([2], tf.float32)]
 
@@ -106,7 +107,7 @@ def small():
 
 def _final(task, data, algo, config, **options):
   driver = registry.get_algorithm(algo).make_driver(task, data, config, **options)
-  experiment.run_training(task, data, config, driver, None, progress=False)
+  loop.run_training(task, data, config, driver, None, progress=False)
   return [np.asarray(w) for w in driver.runner.numpy_state(driver.state)["model"]]
 
 
@@ -114,7 +115,7 @@ def _config(**kw):
   base = dict(rounds=3, clients_per_round=4, local_epochs=1, batch_size=10, client_lr=0.05,
               seed=2, runner="local")
   base.update(kw)
-  return experiment.TrainingConfig(**base)
+  return loop.TrainingConfig(**base)
 
 
 @pytest.mark.parametrize("algo", ["fedmom", "fedavgm", "slowmo"])
@@ -222,7 +223,7 @@ def test_mime_rounds_equal_the_update_rules_worked_in_numpy(algo, form):
   rules worked out in numpy (`_numpy_mime`); the two forms differ."""
   from tff_cluster import models
   from tff_cluster.data.federated import FederatedData
-  from tff_cluster.task import TaskSpec
+  from tff_cluster.spec.task import TaskSpec
   rng = np.random.default_rng(3)
   labelling = rng.normal(size=(3, 3))
 
@@ -234,7 +235,7 @@ def test_mime_rounds_equal_the_update_rules_worked_in_numpy(algo, form):
   data = FederatedData(["a", "b"], train, {"a": split(3, 0.0), "b": split(3, 0.8)}, 3)
   task = TaskSpec(name="t", description="", load_data=None, model_fn=lambda: models.mclr(3, 3),
                   loss=models.SPARSE_CE_LOGITS, defaults={})
-  config = experiment.TrainingConfig(rounds=2, clients_per_round=2, local_epochs=None,
+  config = loop.TrainingConfig(rounds=2, clients_per_round=2, local_epochs=None,
                                      local_steps=3, batch_size=16, client_lr=0.4, seed=0,
                                      runner="local")
   driver = registry.get_algorithm(algo).make_driver(
@@ -257,13 +258,13 @@ def test_mime_rounds_equal_the_update_rules_worked_in_numpy(algo, form):
 def test_mime_refuses_batchnorm_models():
   from tff_cluster import models
   from tff_cluster.data.federated import FederatedData
-  from tff_cluster.task import TaskSpec
+  from tff_cluster.spec.task import TaskSpec
   rng = np.random.default_rng(0)
   arrays = (rng.normal(size=(4, 784)).astype(np.float32), np.zeros(4, np.int64))
   data = FederatedData(["a"], {"a": arrays}, {"a": arrays}, 10)
   task = TaskSpec(name="bn", description="", load_data=None, model_fn=models.fmnist_cnn,
                   loss=models.SPARSE_CE_LOGITS, defaults={})
-  config = experiment.TrainingConfig(rounds=1, clients_per_round=1, local_epochs=1,
+  config = loop.TrainingConfig(rounds=1, clients_per_round=1, local_epochs=1,
                                      batch_size=4, client_lr=0.1, runner="local")
   with pytest.raises(ValueError, match="BatchNorm"):
     registry.get_algorithm("mime").make_driver(task, data, config)

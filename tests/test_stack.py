@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from tests.helpers import SMALL_ARGS, assert_one_line_error, main_in_process
-from tff_cluster import hparams as hp
-from tff_cluster import local_training, models, stack
+from tff_cluster.spec import hparams as hp
+from tff_cluster import models, stack
+
 
 ROUTES = ("uv sync --extra tff", "requirements-tff.txt", "0.1.0", "local runner")
 
@@ -66,8 +67,8 @@ def test_tff_files_without_tff_are_a_data_error(no_tff, tmp_path):
 
 
 def test_local_is_the_default_runner(tmp_path, capsys):
-  from tff_cluster import experiment
-  assert hp.RUNNER.default == "local" and experiment.TrainingConfig(
+  from tff_cluster.host import loop
+  assert hp.RUNNER.default == "local" and loop.TrainingConfig(
       rounds=1, clients_per_round=1, local_epochs=1, batch_size=1, client_lr=0.1).runner == "local"
   out = tmp_path / "out"
   code, _, err = main_in_process([*SMALL_ARGS, "--rounds=1", f"--output_dir={out}"], capsys)
@@ -83,17 +84,17 @@ def test_model_weights_are_the_float_variables():
   embedding 1 (frozen) + 2 LSTMs x 3 + 2 dense x 2 = 11."""
   import tensorflow as tf
   model = models.sent140_lstm(np.random.default_rng(0).normal(size=(7, 5)), seq_len=4)
-  variables = local_training.model_variables(model)
+  variables = models.model_variables(model)
   assert len(variables) == 11 and len(model.trainable_variables) == 10
   assert all(tf.as_dtype(v.dtype).is_floating for v in variables)
   others = [v for v in model.non_trainable_variables if not tf.as_dtype(v.dtype).is_floating]
   assert len(model.non_trainable_variables) == 1 + len(others)
   weights = [np.full(v.shape, i, np.float32) for i, v in enumerate(variables)]
-  local_training.set_weights(model, weights)
-  for a, b in zip(local_training.get_weights(model), weights):
+  models.set_weights(model, weights)
+  for a, b in zip(models.get_weights(model), weights):
     np.testing.assert_array_equal(a, b)
   # BatchNorm statistics stay weights.
-  assert len(local_training.model_variables(models.fmnist_cnn())) == 14
+  assert len(models.model_variables(models.fmnist_cnn())) == 14
 
 
 def test_a_model_of_the_other_keras_is_named():

@@ -15,15 +15,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import tasks
-from tasks import femnist as femnist_tasks
-from tasks import mnist as mnist_tasks
-from tasks import sent140 as sent140_tasks
+from tff_cluster import tasks
+from tff_cluster.tasks import femnist as femnist_tasks
+from tff_cluster.tasks import mnist as mnist_tasks
+from tff_cluster.tasks import sent140 as sent140_tasks
 from tff_cluster import models
 from tff_cluster.data import leaf, partition, vision
 from tff_cluster.data.federated import DataError
 from tff_cluster.data.partition import rotate_images
-from tff_cluster.task import DataOptions
+from tff_cluster.spec.task import DataOptions
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 FEMNIST_DIR = SHARED / "femnist_leaf"
@@ -286,7 +286,7 @@ def fmnist_pooled():
 @pytest.fixture
 def fmnist_options(fmnist_pooled, monkeypatch):
   # The tasks read the real directory once per module, not once per task.
-  from tasks import fmnist as fmnist_tasks
+  from tff_cluster.tasks import fmnist as fmnist_tasks
   monkeypatch.setattr(fmnist_tasks, "_pooled", lambda options: fmnist_pooled)
   return DataOptions(data_dir=str(FMNIST_DIR))
 
@@ -321,13 +321,13 @@ def test_rotated_fmnist_iid(fmnist_options, fmnist_pooled):
 def fmnist_official():
   if not FMNIST_DIR.exists():
     pytest.skip(f"real data {FMNIST_DIR} absent (../shared/data)")
-  from tasks import fmnist as fmnist_tasks
+  from tff_cluster.tasks import fmnist as fmnist_tasks
   return fmnist_tasks.official_split("fashion_mnist", str(FMNIST_DIR))
 
 
 @pytest.fixture
 def wecfl_options(fmnist_official, monkeypatch):
-  from tasks import fmnist as fmnist_tasks
+  from tff_cluster.tasks import fmnist as fmnist_tasks
   monkeypatch.setattr(fmnist_tasks, "_official", lambda options: fmnist_official)
   return DataOptions(data_dir=str(FMNIST_DIR))
 
@@ -537,7 +537,7 @@ def test_tasks_are_importable_outside_a_checkout(tmp_path):
   code = ("import sys; sys.path = [p for p in sys.path if p not in ('', '.')]; "
           "import tff_cluster, tff_cluster.tasks as t; "
           "assert 'rotated_mnist' in t.task_names(); "
-          "from tff_cluster.task import DataOptions; "
+          "from tff_cluster.spec.task import DataOptions; "
           "d = t.get_task('synthetic').load_data(DataOptions(num_clients=3)); "
           "print(d.num_clients, tff_cluster.__file__)")
   out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
@@ -549,6 +549,7 @@ def test_tasks_are_importable_outside_a_checkout(tmp_path):
 def test_checkout_alias_is_the_package():
   import sys
 
+  import tasks as checkout_tasks
   from tasks import fmnist as alias
   from tff_cluster.tasks import fmnist
-  assert alias is fmnist and tasks is sys.modules["tff_cluster.tasks"]
+  assert alias is fmnist and checkout_tasks is sys.modules["tff_cluster.tasks"]

@@ -21,12 +21,15 @@ import pytest
 pytestmark = pytest.mark.tff
 pytest.importorskip("tensorflow_federated", reason="needs the TFF stack")
 
-import tasks  # noqa: E402
+from tff_cluster import tasks  # noqa: E402
 from tests.conftest import REPO_ROOT  # noqa: E402
 from tests.helpers import rerun_in_loopback_namespace, worker_pids  # noqa: E402
-from tff_cluster import experiment, registry, runtime, workers  # noqa: E402
+from tff_cluster import registry
+from tff_cluster.host import loop
+from tff_cluster.runners.tff import runtime
+from tff_cluster.runners.tff import workers  # noqa: E402
 from tff_cluster.runners.ray_runner import loopback_only  # noqa: E402
-from tff_cluster.task import DataOptions  # noqa: E402
+from tff_cluster.spec.task import DataOptions  # noqa: E402
 
 ISOLATED_ENV = "TFF_CLUSTER_TFF_ISOLATED"
 ISOLATED = loopback_only()
@@ -55,13 +58,13 @@ def _run(algo, options, addresses):
   `addresses`; persisted client momentum (per-client state)."""
   task = tasks.get_task("synthetic_clusters")
   data = task.load_data(DataOptions(seed=2, num_clients=16, extra={"num_clusters": 3}))
-  config = experiment.TrainingConfig(
+  config = loop.TrainingConfig(
       rounds=3, clients_per_round=8, local_epochs=1, batch_size=10, client_lr=0.02, seed=1,
       runner="tff", client_momentum=0.5, client_state="persist",
       tff_workers=None if addresses is None else ",".join(addresses), tff_worker_grace=10)
   driver = registry.get_algorithm(algo).make_driver(task, data, config, **options)
   try:
-    summary = experiment.run_training(task, data, config, driver, None, progress=False)
+    summary = loop.run_training(task, data, config, driver, None, progress=False)
   finally:
     runtime.use_own_worker()
   weights, client_model = driver.eval_models()

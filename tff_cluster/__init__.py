@@ -2,8 +2,8 @@
 
 Importing the package, the algorithm definitions or the `local` runner does
 not import TensorFlow Federated; the `tff` runner (`tff_cluster.runners.
-tff_runner`), the TFF builders and `tff_cluster.runtime` do, and
-install the TFF context owned by `tff_cluster.runtime` when first used.
+tff_runner`), the TFF builders and `tff_cluster.runners.tff.runtime` do, and
+install the TFF context owned by `tff_cluster.runners.tff.runtime` when first used.
 """
 
 __version__ = "0.2.0"

@@ -52,10 +52,12 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 
-from tff_cluster import experiment, local_training, models, registry, stack
-from tff_cluster import hparams as hp
+from tff_cluster import models, registry, stack
+from tff_cluster.host import loop
+from tff_cluster.learning import functional
+from tff_cluster.spec import hparams as hp
 from tff_cluster.data.client_data import from_client_data
-from tff_cluster.evaluation import Evaluator, is_rule
+from tff_cluster.learning.evaluation import Evaluator, is_rule
 from tff_cluster.host import round as host_round
 from tff_cluster.host.model_spec import ModelSpec
 from tff_cluster.models import loss_kind  # noqa: F401  (public)
@@ -111,7 +113,7 @@ def _check_model_fn(model_fn):
   if model.built and not model.weights:
     raise ValueError("model_fn returned a Keras model without weights; valid: a model "
                      "with at least one weight to train")
-  if local_training.has_weights(model) and _no_trainable_problem(model):
+  if models.has_weights(model) and _no_trainable_problem(model):
     raise ValueError(_no_trainable_problem(model))
   return model
 
@@ -148,7 +150,7 @@ def _setting(decl: hp.HParam, value, required: bool = False):
 def _declared_input_shape(model) -> Optional[tuple]:
   """One example's input shape the model declares (None: any size on that
   axis), or None when it declares none (a subclassed model) or several inputs."""
-  spec = local_training.model_input_spec(model)
+  spec = models.model_input_spec(model)
   return None if spec is None else tuple(None if d is None else int(d) for d in spec.shape)
 
 
@@ -230,16 +232,16 @@ def _side_by_side_problem(model) -> Optional[str]:
   """Why `model` cannot train clients side by side (one line, the API's
   words), or None. Without weights yet, only its class and layer types are
   read; built, its chain is also checked against its own call."""
-  problem = local_training.chain_problem(model)
-  if problem is None and local_training.has_weights(model):
+  problem = functional.chain_problem(model)
+  if problem is None and models.has_weights(model):
     try:
-      local_training.stateless_forward(model)
-    except local_training.UnsupportedModel as e:
+      functional.stateless_forward(model)
+    except functional.UnsupportedModel as e:
       problem = str(e)
   if problem is None:
     return None
   return (f"client_batching='parallel' needs a keras.Sequential or functional model whose "
-          f"layers are one chain of {local_training.CHAIN_LAYERS}; {problem}; valid for "
+          f"layers are one chain of {functional.CHAIN_LAYERS}; {problem}; valid for "
           "this model: client_batching='auto' or 'sequential'")
 
 
@@ -335,7 +337,7 @@ class Process:
     self._model_fn = model_fn
     self._model: Optional[ModelSpec] = None  # made by initialize: built for the data
     self._layout = self._num_trainable = None
-    if local_training.has_weights(model):
+    if models.has_weights(model):
       self._set_layout(model)
     self._train_settings = dict(
         client_lr=client_lr, batch_size=batch_size, local_epochs=local_epochs,
@@ -360,7 +362,7 @@ class Process:
   # -- the model -------------------------------------------------------------
 
   def _set_layout(self, model) -> None:
-    self._layout = [v.shape for v in local_training.model_variables(model)]
+    self._layout = [v.shape for v in models.model_variables(model)]
     self._num_trainable = len(model.trainable_variables)
 
   def _check_initial_weights(self) -> None:
@@ -380,7 +382,7 @@ class Process:
     if self._layout is not None:
       return self._model_fn
     shape, dtype = _data_input(data)
-    model_fn = functools.partial(local_training.built_model, self._model_fn, shape, dtype)
+    model_fn = functools.partial(models.built_model, self._model_fn, shape, dtype)
     try:
       model = model_fn()
     except Exception as e:  # noqa: BLE001  (Keras raises many types for a bad shape)
@@ -429,7 +431,7 @@ class Process:
     if problem is not None:
       raise ValueError(problem)
     self._model = ModelSpec(model_fn, self.loss)
-    config = experiment.TrainingConfig(
+    config = loop.TrainingConfig(
         rounds=self._rounds, clients_per_round=data.num_training_clients,
         **self._train_settings)
     driver = self._task_driver(data, config)
@@ -560,7 +562,7 @@ def computations(algo: str, model_fn, loss, element_spec, options=None, **defini
   client_states]) -> (state, summed, per-client results[, client_states])`;
   its `.computation` is the TFF computation itself, every output at SERVER
   (the per-client outputs gathered with their positions; see
-  `tff_cluster.runners.tff_runner`); the state starts as
+  `tff_cluster.runners.tff.runner`); the state starts as
   `definition.initial_state(weights)`. `definition_args` go to the
   definition: the local solver (`momentum=...`) and what an algorithm needs
   besides its options (CFL-MGD: `num_clients=...`). What the host does between
@@ -574,15 +576,15 @@ def computations(algo: str, model_fn, loss, element_spec, options=None, **defini
     raise ValueError(f"{algo}'s definition is made from the data, so computations() cannot "
                      f"build it alone; valid: build({algo!r}, ..., runner='tff')")
   stack.require_tff()
-  from tff_cluster.runners import tff_runner
+  from tff_cluster.runners.tff import runner as tff_runner
   model = _check_model_fn(model_fn)
-  if not local_training.has_weights(model):  # built for the batches' inputs
+  if not models.has_weights(model):  # built for the batches' inputs
     x = element_spec["x"]
-    model_fn = functools.partial(local_training.built_model, model_fn,
+    model_fn = functools.partial(models.built_model, model_fn,
                                  tuple(x.shape)[1:], x.dtype.name)
     model = model_fn()
   definition = module.make_definition(
-      local_training.weights_type_spec(model), len(model.trainable_variables),
+      models.weights_type_spec(model), len(model.trainable_variables),
       spec.options(**dict(options or {})), **definition_args)
   return definition, tff_runner.build_computations(definition, model_fn, models.loss_kind(loss),
                                                    element_spec)

@@ -18,11 +18,13 @@ from typing import Sequence
 
 import numpy as np
 
-from tff_cluster import experiment, results, stack
-from tff_cluster.evaluation import Evaluator
+from tff_cluster import stack
+from tff_cluster.host import loop
+from tff_cluster.io import results
+from tff_cluster.learning.evaluation import Evaluator
 from tff_cluster.data.federated import materialize
 from tff_cluster.io import rundir
-from tff_cluster.settings import TASKS, UsageError, load_task_data, run_dir_settings
+from tff_cluster.cli import TASKS, UsageError, load_task_data, run_dir_settings
 
 
 def evaluate_saved(settings: dict, present: Sequence[str] = ()) -> dict:
@@ -40,9 +42,9 @@ def evaluate_saved(settings: dict, present: Sequence[str] = ()) -> dict:
     directory = rundir.models_dir(run_dir, which)
     try:
       info = rundir.read_clients(directory)
-      weights = [experiment.load_model_weights(task, directory, j)
+      weights = [loop.load_model_weights(task, directory, j)
                  for j in range(info["num_models"])]
-    except experiment.WeightsMismatch as e:
+    except loop.WeightsMismatch as e:
       raise UsageError(f"--eval_only: {e}") from None
     except rundir.RunDirError as e:
       raise UsageError(f"--eval_only: {e}; valid: the directory of a run that "

@@ -289,3 +289,162 @@ def cnn_dropout(input_shape: Tuple[int, ...] = (784,), num_classes: int = 62,
   h = tf.keras.layers.Dropout(rates[1], **_keras3_lstm_seed(4))(h)
   logits = tf.keras.layers.Dense(num_classes, name="logits")(h)
   return tf.keras.Model(inputs, logits, name=name)
+
+
+# -- Keras model introspection ----------------------------------------
+
+def model_variables(model: tf.keras.Model) -> List[tf.Variable]:
+  """Trainable then non-trainable variables: the order of every weight list.
+
+  Non-trainable variables that are not floating point are not weights: Keras 3
+  keeps the random-generator state of its LSTM/dropout layers there (int64
+  `seed_generator_state`); tf_keras has none. BatchNorm statistics are floats.
+  """
+  return list(model.trainable_variables) + [
+      v for v in model.non_trainable_variables if tf.as_dtype(v.dtype).is_floating]
+
+
+def get_weights(model: tf.keras.Model) -> List[np.ndarray]:
+  return [v.numpy() for v in model_variables(model)]
+
+
+def set_weights(model: tf.keras.Model, weights: Sequence) -> None:
+  for var, value in zip(model_variables(model), weights):
+    var.assign(value)
+
+
+def weights_type_spec(model: tf.keras.Model) -> List[tf.TensorSpec]:
+  return [tf.TensorSpec(v.shape, v.dtype) for v in model_variables(model)]
+
+
+def num_parameters(model: tf.keras.Model) -> int:
+  """Number of scalars a client downloads/uploads for one model."""
+  return int(sum(np.prod(v.shape) for v in model_variables(model)))
+
+
+def has_batch_statistics(model: tf.keras.Model) -> bool:
+  """True if a layer's training output depends on the whole batch (BatchNorm).
+
+  Such a model must see each batch at its real size: padded rows would enter
+  the batch statistics.
+  """
+  return any(isinstance(layer, tf.keras.layers.BatchNormalization)
+             for layer in _all_layers(model))
+
+
+def model_family(model: tf.keras.Model) -> str:
+  """'cnn' (any convolution), 'rnn' (any recurrent layer) or 'dense'."""
+  layers = list(_all_layers(model))
+  if any(isinstance(l, tf.keras.layers.RNN) for l in layers):
+    return "rnn"
+  if any(isinstance(l, (tf.keras.layers.Conv1D, tf.keras.layers.Conv2D,
+                        tf.keras.layers.Conv3D)) for l in layers):
+    return "cnn"
+  return "dense"
+
+
+def dense_indices(model: tf.keras.Model, last_only: bool = False) -> List[int]:
+  """Indices, in the model's weight list (trainable first), of the weights of
+  its Dense layers in layer order, each [kernel] or [kernel, bias]; with
+  `last_only`, of the last Dense layer alone."""
+  variables = model_variables(model)
+  dense = [layer for layer in _all_layers(model)
+           if isinstance(layer, tf.keras.layers.Dense)]
+  if not dense:
+    raise ValueError(f"model {model.name!r} has no Dense layer")
+  return [weight_index(variables, weight)
+          for layer in (dense[-1:] if last_only else dense) for weight in layer.weights]
+
+
+def weight_index(variables: Sequence[tf.Variable], weight) -> int:
+  """The position of the Keras weight `weight` in `variables` (by identity)."""
+  for i, var in enumerate(variables):
+    if var is weight:
+      return i
+  raise ValueError(f"weight {weight.name!r} is not among the model's weights")
+
+
+def last_dense_indices(model: tf.keras.Model) -> List[int]:
+  """Indices of the weights of the model's last Dense layer: [kernel] or
+  [kernel, bias]."""
+  return dense_indices(model, last_only=True)
+
+
+def last_dense_kernel_index(model: tf.keras.Model) -> int:
+  """Index of the kernel of the model's last Dense layer (WeCFL's clustering
+  feature in the authors' code)."""
+  return last_dense_indices(model)[0]
+
+
+def _all_layers(model):
+  for layer in model.layers:
+    yield layer
+    if isinstance(layer, tf.keras.Model):
+      yield from _all_layers(layer)
+
+
+# ---------------------------------------------------------------------------
+# Models as users write them: built or not, Sequential, functional or subclassed.
+
+
+def has_weights(model: tf.keras.Model) -> bool:
+  """True when the model's weights exist (a model given its input shape, or
+  called once); False for a `keras.Sequential` without `keras.Input` or a
+  subclassed model that was never called (tf_keras raises on their
+  `.weights`)."""
+  return bool(model.built) and bool(model.weights)
+
+
+def build_model(model: tf.keras.Model, example_shape: Sequence[int], dtype="float32"
+                ) -> tf.keras.Model:
+  """`model` with its weights created for inputs of one example's shape
+  `example_shape` (and `dtype`); a model that has weights is returned as it is.
+
+  A `keras.Sequential` is built for a batch of any size (`build((None, ...))`,
+  which also gives it the input its layers chain from); any other model (a
+  subclassed one) is called once on a batch of zeros.
+  """
+  if has_weights(model):
+    return model
+  shape = tuple(int(d) for d in example_shape)
+  if isinstance(model, tf.keras.Sequential):
+    model.build((None,) + shape)
+  else:
+    model(tf.zeros((1,) + shape, dtype), training=False)
+  return model
+
+
+def built_model(model_fn, example_shape: Sequence[int], dtype: str = "float32"
+                ) -> tf.keras.Model:
+  """`model_fn()` built for inputs of `example_shape` (`build_model`).
+  `functools.partial(built_model, model_fn, shape, dtype)` is a model function
+  whose every model has its weights (and pickles where `model_fn` does)."""
+  return build_model(model_fn(), example_shape, dtype)
+
+
+def is_layer_graph(model: tf.keras.Model) -> bool:
+  """True for a `keras.Sequential` or functional model, whose layers are its
+  forward pass; False for a subclassed model, whose forward pass is its own
+  `call()`."""
+  return isinstance(model, tf.keras.Sequential) or any(
+      klass.__name__ == "Functional" for klass in type(model).__mro__)
+
+
+def model_input_spec(model: tf.keras.Model) -> Optional[tf.TensorSpec]:
+  """One example's input (shape without the batch, dtype) as the model
+  declares it, or None where it declares none (a subclassed model, a
+  Sequential not built yet). Read from `model.inputs`, which every
+  Sequential and functional model has once built under both Keras versions
+  (Keras 3's Sequential has no `model.input`)."""
+  try:
+    inputs = model.inputs
+  except (AttributeError, ValueError):
+    return None
+  if not inputs or len(inputs) != 1:
+    return None
+  tensor = inputs[0]
+  return tf.TensorSpec(tuple(tensor.shape)[1:], tf.as_dtype(tensor.dtype))
+
+
+# ---------------------------------------------------------------------------
+# A client's local schedule.

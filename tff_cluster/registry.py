@@ -8,7 +8,7 @@ algorithm lives in its own module (named by `AlgorithmSpec.module`) with
     client receives, the client work, what is summed and the server update
     (`tff_cluster.core.definition`);
   * a driver (`make_driver(task, data, config, options)`, `options` the
-    algorithm's checked `tff_cluster.options.Options`): the host-side logic
+    algorithm's checked `tff_cluster.spec.options.Options`): the host-side logic
     between rounds (keys, assignments, cold starts, metrics), which hands its
     `Definition` the option values it needs;
   * `make_definition(weights_spec, num_trainable, options, **solver)` where a
@@ -24,9 +24,9 @@ import dataclasses
 import importlib
 from typing import Dict, Tuple
 
-from tff_cluster import hparams as hp
-from tff_cluster.hparams import HParam
-from tff_cluster.options import (  # noqa: F401  (the declarations, by name)
+from tff_cluster.spec import hparams as hp
+from tff_cluster.spec.hparams import HParam
+from tff_cluster.spec.options import (  # noqa: F401  (the declarations, by name)
     FEDAVG_HPARAMS, FEDAVG_PLUS_HPARAMS, FEDGROUPROX_HPARAMS, FEDNAG_HPARAMS, FEDPROX_HPARAMS,
     FEDPROX_PLUS_HPARAMS, AGG_WEIGHTS, CFL_HPARAMS, CFL_MGD_HPARAMS, CLIENT_WEIGHTING, ENSEMBLE_VOTE,
     FEDGROUP_HPARAMS, FESEM_HPARAMS, IFCA_HPARAMS, MIME_HPARAMS, MIME_MOMENTUM,
@@ -45,7 +45,7 @@ class AlgorithmSpec:
       under `tff_cluster.algorithms`; a dotted name is imported as it is (an
       algorithm of your own package, added with `register`).
     hparams: its own hyper-parameters (beyond `hparams.TRAINING`), declared once;
-      shared concepts use the shared declarations of `tff_cluster.hparams`.
+      shared concepts use the shared declarations of `tff_cluster.spec.hparams`.
     all_clients: every client takes part in every round (cross-silo); the
       CLI's --clients_per_round then defaults to all of them.
   """

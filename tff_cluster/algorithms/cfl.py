@@ -43,9 +43,10 @@ from typing import Dict
 
 import numpy as np
 
-from tff_cluster import clustering, driver
+from tff_cluster import clustering
+from tff_cluster.host import driver
 from tff_cluster.algorithms import wecfl
-from tff_cluster.options import CFL_HPARAMS, Options, options_of
+from tff_cluster.spec.options import CFL_HPARAMS, Options, options_of
 
 MIN_SPLIT_SIZE = 3  # |c| > 2
 

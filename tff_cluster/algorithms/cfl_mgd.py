@@ -50,13 +50,13 @@ import collections
 import numpy as np
 import tensorflow as tf
 
-from tff_cluster import driver
+from tff_cluster.host import driver
 from tff_cluster.core import cluster_ops
 from tff_cluster.core.aggregators import ClusterMean
 from tff_cluster.core.definition import ClientOutput, Definition, flat_norm
 from tff_cluster.algorithms.ifca import IFCADriver, assign_output, select_cluster
 from tff_cluster.learning import optimizers
-from tff_cluster.options import CFL_MGD_HPARAMS, Options, options_of
+from tff_cluster.spec.options import CFL_MGD_HPARAMS, Options, options_of
 
 
 

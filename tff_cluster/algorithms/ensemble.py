@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from tff_cluster import driver, evaluation
+from tff_cluster.host import driver
+from tff_cluster.learning import evaluation
 from tff_cluster.algorithms import fedavg
-from tff_cluster.options import FEDAVG_PLUS_HPARAMS, FEDPROX_PLUS_HPARAMS, Options, options_of
+from tff_cluster.spec.options import FEDAVG_PLUS_HPARAMS, FEDPROX_PLUS_HPARAMS, Options, options_of
 
 # Member r > 0 shuffles with round index round + r * SHUFFLE_STRIDE (its own seeds).
 SHUFFLE_STRIDE = 1_000_003

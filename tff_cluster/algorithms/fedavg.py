@@ -23,8 +23,11 @@ from typing import Callable, List, Optional
 import numpy as np
 import tensorflow as tf
 
-from tff_cluster import driver, hparams, local_training, models, stack
-from tff_cluster.options import FEDAVG_HPARAMS, Options, given, options_of
+from tff_cluster import models, stack
+from tff_cluster.host import driver
+from tff_cluster.spec import hparams
+from tff_cluster.learning import trainers
+from tff_cluster.spec.options import FEDAVG_HPARAMS, Options, given, options_of
 from tff_cluster.core.definition import ClientOutput, Definition
 from tff_cluster.learning import optimizers
 
@@ -190,7 +193,8 @@ def build_fedavg(model_fn: Callable[[], tf.keras.Model], loss,
   stack.require_tff()
   import tensorflow_federated as tff  # the definition itself needs no TFF
 
-  from tff_cluster import runtime, tff_types
+  from tff_cluster.runners.tff import runtime
+  from tff_cluster.runners.tff import types as tff_types
 
   loss = models.loss_kind(loss)
   mu = hparams.MU.check(mu)  # one line naming what is valid
@@ -198,11 +202,11 @@ def build_fedavg(model_fn: Callable[[], tf.keras.Model], loss,
     raise ValueError(f"client_lr must be > 0, got {client_lr}")
   if initial_weights is None:
     tf.keras.utils.set_random_seed(seed)
-    initial_weights = local_training.get_weights(model_fn())
+    initial_weights = models.get_weights(model_fn())
   runtime.install()
   model = model_fn()
   num_trainable = len(model.trainable_variables)
-  definition = FedAvgDefinition(local_training.weights_type_spec(model), num_trainable,
+  definition = FedAvgDefinition(models.weights_type_spec(model), num_trainable,
                                 mu=mu, weighting="processed", momentum=client_momentum)
 
   def split(weights):
@@ -217,7 +221,7 @@ def build_fedavg(model_fn: Callable[[], tf.keras.Model], loss,
 
   @tff.tensorflow.computation(model_weights_type, data_type)
   def client_update(weights, dataset):
-    trainer = local_training.DatasetTrainer(model_fn(), loss)
+    trainer = trainers.DatasetTrainer(model_fn(), loss)
 
     @tf.function  # orders local SGD's variable reads and writes in the graph
     def work(start, dataset):

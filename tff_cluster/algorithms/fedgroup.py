@@ -71,12 +71,15 @@ from typing import Dict, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tff_cluster import clustering, driver, local_training
+from tff_cluster import clustering
+from tff_cluster.host import driver
+from tff_cluster.learning import schedule
+from tff_cluster import models
 from tff_cluster.core import cluster_ops
 from tff_cluster.core.aggregators import ClusterMean
 from tff_cluster.core.definition import ClientOutput, Definition, flat_norm
 from tff_cluster.learning import optimizers
-from tff_cluster.options import FEDGROUP_HPARAMS, Options, given, options_of
+from tff_cluster.spec.options import FEDGROUP_HPARAMS, Options, given, options_of
 
 DEFAULT_PRETRAIN_ITERS = 50
 # Newcomer pre-training shuffles are seeded by this + the round number, apart
@@ -315,15 +318,15 @@ def cold_start_state(w0: Sequence[np.ndarray], member_updates: Sequence[Sequence
 
 
 def pretrain_work(batch_size: int, pretrain_iters: Optional[int],
-                  pretrain_epochs: Optional[int]) -> local_training.LocalWork:
+                  pretrain_epochs: Optional[int]) -> schedule.LocalWork:
   """The cold-start pre-training: `pretrain_iters` steps (default 50) or
   `pretrain_epochs` epochs; giving both is an error."""
   if pretrain_iters is not None and pretrain_epochs is not None:
     raise ValueError(f"invalid --pretrain_iters={pretrain_iters} with --pretrain_epochs="
                      f"{pretrain_epochs}; valid: give at most one of them")
   if pretrain_epochs is not None:
-    return local_training.LocalWork(batch_size, epochs=pretrain_epochs)
-  return local_training.LocalWork(batch_size, steps=pretrain_iters or DEFAULT_PRETRAIN_ITERS)
+    return schedule.LocalWork(batch_size, epochs=pretrain_epochs)
+  return schedule.LocalWork(batch_size, steps=pretrain_iters or DEFAULT_PRETRAIN_ITERS)
 
 
 @dataclasses.dataclass

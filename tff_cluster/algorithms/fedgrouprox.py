@@ -8,9 +8,9 @@ must be > 0 (`options.MU_POSITIVE`): mu = 0 is FedGroup.
 
 from __future__ import annotations
 
-from tff_cluster import driver
+from tff_cluster.host import driver
 from tff_cluster.algorithms import fedgroup
-from tff_cluster.options import FEDGROUPROX_HPARAMS, options_of
+from tff_cluster.spec.options import FEDGROUPROX_HPARAMS, options_of
 
 make_definition = fedgroup.make_definition
 

@@ -9,9 +9,9 @@ gives it as a TFF `LearningProcess`.
 
 from __future__ import annotations
 
-from tff_cluster import driver
+from tff_cluster.host import driver
 from tff_cluster.algorithms import fedavg
-from tff_cluster.options import FEDPROX_HPARAMS, options_of
+from tff_cluster.spec.options import FEDPROX_HPARAMS, options_of
 
 make_definition = fedavg.make_definition
 

@@ -10,9 +10,9 @@ The cluster models are (`--fesem_center`):
 
 from __future__ import annotations
 
-from tff_cluster import driver
+from tff_cluster.host import driver
 from tff_cluster.algorithms import wecfl
-from tff_cluster.options import FESEM_HPARAMS, options_of
+from tff_cluster.spec.options import FESEM_HPARAMS, options_of
 
 make_definition = wecfl.make_definition
 

@@ -66,12 +66,13 @@ from typing import Dict, Optional
 import numpy as np
 import tensorflow as tf
 
-from tff_cluster import driver, local_training
+from tff_cluster.host import driver
+from tff_cluster import models
 from tff_cluster.core import cluster_ops
 from tff_cluster.core.aggregators import ClusterMean
 from tff_cluster.core.definition import ClientOutput, Definition, flat_norm
 from tff_cluster.algorithms.fedavg import client_weight, with_weight_spec
-from tff_cluster.options import IFCA_HPARAMS, Options, options_of
+from tff_cluster.spec.options import IFCA_HPARAMS, Options, options_of
 
 # Shuffle seeds of the fedavg_warm pre-training rounds (apart from the run's rounds).
 WARM_SHUFFLE_BASE = 2_000_000
@@ -286,7 +287,7 @@ class IFCADriver(driver.Driver):
       out = self.train_clients("forced", single, clients, 1, keys=np.zeros(len(clients)),
                                persist=False, shuffle_round=WARM_SHUFFLE_BASE + i)
       single = self.runner.numpy_state(out.state)
-    keep = set(local_training.last_dense_indices(self.model.model_fn()))  # kernel, bias
+    keep = set(models.last_dense_indices(self.model.model_fn()))  # kernel, bias
     models = [np.asarray(w) for w in self.runner.numpy_state(state)["models"]]
     warm = [np.asarray(w)[0] for w in single["models"]]
     self.host.summary["warm_rounds"] = self.warm_rounds

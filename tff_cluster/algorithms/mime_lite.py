@@ -47,11 +47,12 @@ import collections
 import numpy as np
 import tensorflow as tf
 
-from tff_cluster import driver, local_training
+from tff_cluster.host import driver
+from tff_cluster import models
 from tff_cluster.core.definition import ClientOutput, Definition
 from tff_cluster.algorithms.fedavg import FedAvgDriver
 from tff_cluster.learning import optimizers
-from tff_cluster.options import MIME_HPARAMS, Options, options_of
+from tff_cluster.spec.options import MIME_HPARAMS, Options, options_of
 
 
 
@@ -188,7 +189,7 @@ class MimeDriver(MimeLiteDriver):
   definition_class = MimeDefinition
 
   def __init__(self, task, data, config: driver.TrainingConfig, options: Options):
-    if local_training.has_batch_statistics(task.model_fn()):
+    if models.has_batch_statistics(task.model_fn()):
       raise ValueError("--algo=mime takes a gradient at the round's start x on every local "
                        "batch, which would move BatchNorm statistics twice; valid: a model "
                        "without BatchNorm (or --algo=mime_lite)")

@@ -83,13 +83,13 @@ import collections
 import numpy as np
 import tensorflow as tf
 
-from tff_cluster import driver
+from tff_cluster.host import driver
 from tff_cluster.runners.factory import make_runner
 from tff_cluster.core.aggregators import ClusterSum
 from tff_cluster.core.definition import ClientOutput, Definition
 from tff_cluster.data.federated import FederatedData, materialize
 from tff_cluster.learning import optimizers
-from tff_cluster.options import FEDNAG_HPARAMS, PFEDMO_HPARAMS, Options, options_of
+from tff_cluster.spec.options import FEDNAG_HPARAMS, PFEDMO_HPARAMS, Options, options_of
 
 RUNNER_SEED_TAG = 91  # the representation model's data order: its own seed stream
 

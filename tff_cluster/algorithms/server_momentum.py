@@ -28,11 +28,11 @@ paper, which compares with these methods, gives none of their settings.
 
 from __future__ import annotations
 
-from tff_cluster import driver
+from tff_cluster.host import driver
 from tff_cluster.algorithms import fedavg
 from tff_cluster.algorithms.fedavg import FedAvgDriver
 from tff_cluster.learning import optimizers
-from tff_cluster.options import SERVER_MOMENTUM_HPARAMS, Options, options_of
+from tff_cluster.spec.options import SERVER_MOMENTUM_HPARAMS, Options, options_of
 
 # Each algorithm's server optimizer, from (eta_s, beta). The server state's
 # `buffer` is the optimizer's state: FedAvgM's m, FedMom's v, SlowMo's u.

@@ -57,12 +57,14 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tff_cluster import clustering, driver, local_training
+from tff_cluster import clustering
+from tff_cluster.host import driver
+from tff_cluster import models
 from tff_cluster.core import cluster_ops
 from tff_cluster.core.aggregators import ClusterMean
 from tff_cluster.core.definition import ClientOutput, Definition, flat_norm
 from tff_cluster.learning import optimizers
-from tff_cluster.options import WECFL_HPARAMS, Options, options_of
+from tff_cluster.spec.options import WECFL_HPARAMS, Options, options_of
 
 
 
@@ -286,9 +288,9 @@ class WeCFLDriver(ClusterModelsDriver):
     self.center_weights = center_weights
     super().__init__(task, data, config, num_groups=options.num_groups, mu=options.wecfl_mu)
     if self.features == "last_layer":
-      self._feature_indices = [local_training.last_dense_kernel_index(task.model_fn())]
+      self._feature_indices = [models.last_dense_kernel_index(task.model_fn())]
     elif self.features == "fc":
-      self._feature_indices = local_training.dense_indices(task.model_fn())
+      self._feature_indices = models.dense_indices(task.model_fn())
     self.host.summary.update(wecfl_features=self.features, wecfl_kmeans=self.kmeans,
                          kmeans_weights=kmeans_weights, center_weights=center_weights)
     self._inertia = float("nan")

@@ -19,7 +19,7 @@ is None and no `key` is passed (a definition whose modes have no keys need
 not take the argument). `params` holds the round's values (`lr`, the
 decayed client learning rate).
 `trainer.train(start, data, lr, optimizer, opt_state)` is the runner's local
-training (`local_training.DatasetTrainer` under TFF, `PaddedTrainer` or
+training (`trainers.DatasetTrainer` under TFF, `PaddedTrainer` or
 `FunctionalTrainer` in-process): the definition never sees how batches are
 held. The optimizer is a value of `learning.optimizers` (a chain of
 gradient transforms ending in a step) that the definition owns
@@ -42,7 +42,7 @@ A definition may have several `modes` (e.g. FedGroup's group cold start
 each mode is compiled separately by the runners, and the host picks one per
 call. The runners:
 
-* `tff_cluster.runners.tff_runner` composes these functions into one TFF
+* `tff_cluster.runners.tff.runner` composes these functions into one TFF
   computation per mode (`federated_broadcast`, `federated_select`,
   `federated_map`, `federated_sum`);
 * `tff_cluster.runners.local_runner` runs them in-process, the client work
@@ -57,7 +57,7 @@ from typing import Any, List, NamedTuple, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
-from tff_cluster import local_training
+from tff_cluster.learning import trainers
 from tff_cluster.learning import optimizers
 
 
@@ -171,7 +171,7 @@ class Definition:
   # -- helpers for subclasses ----------------------------------------------
 
   def local_update(self, trainer, start, data, lr, client_state,
-                   optimizer=None) -> Tuple[local_training.TrainResult, Any]:
+                   optimizer=None) -> Tuple[trainers.TrainResult, Any]:
     """Local steps from `start` with `optimizer` (default
     `client_optimizer`); threads the client's persisted optimizer state (the
     client state's `velocity`, the state as one flat list).

@@ -1,5 +1,5 @@
 """One round and its evaluation: what the CLI's training loop
-(`tff_cluster.experiment.run_training`) and `tff_cluster.api.Process.next`
+(`tff_cluster.host.loop.run_training`) and `tff_cluster.api.Process.next`
 both run.
 
 A round trains the driver on the sampled clients (`Driver.run_round`), takes
@@ -18,8 +18,8 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from tff_cluster.driver import Diverged, Driver, LossRatio, _all_finite
-from tff_cluster.evaluation import EvalResult, Evaluator
+from tff_cluster.host.driver import Diverged, Driver, LossRatio, _all_finite
+from tff_cluster.learning.evaluation import EvalResult, Evaluator
 
 # The test metrics of every evaluation, in the order rows hold them.
 EVAL_METRICS = ("test_accuracy", "test_loss", "test_accuracy_clientavg", "test_macro_f1")

@@ -1,8 +1,8 @@
 """The run directory: the files a run writes in `--output_dir`, and their readers.
 
 The names of a run directory's files and folders are here (docs/outputs.md
-says what each holds; `tff_cluster.checkpoint` names the files inside
-checkpoints/), and every reader of a run directory (`tff_cluster.plot`,
+says what each holds; `tff_cluster.io.checkpoint` names the files inside
+checkpoints/), and every reader of a run directory (`tff_cluster.io.plot`,
 `tff_cluster.evaluate`, `--resume` / `--eval_only`, the benchmark scripts)
 reads through the functions here:
 
@@ -14,7 +14,7 @@ reads through the functions here:
 `RUN_FILES`, `RUN_DIRS` and `RUN_ENTRIES` say which entries belong to a run:
 `foreign_entries` lists what else a directory holds (what `--overwrite`
 refuses to remove). `HYPERPARAMETERS` (from the declarations of
-`tff_cluster.hparams`) and `DATA_SETTINGS` name the config.json keys that
+`tff_cluster.spec.hparams`) and `DATA_SETTINGS` name the config.json keys that
 hold a run's settings. Nothing here imports TensorFlow.
 """
 
@@ -29,8 +29,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from tff_cluster import checkpoint
-from tff_cluster import hparams as hp
+from tff_cluster.io import checkpoint
+from tff_cluster.spec import hparams as hp
 
 CONFIG = "config.json"
 METRICS_CSV = "metrics.csv"

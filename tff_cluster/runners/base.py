@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections.abc
 from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
-from tff_cluster import evaluation
+from tff_cluster.learning import evaluation
 
 
 class RoundOutput(NamedTuple):

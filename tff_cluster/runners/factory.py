@@ -5,7 +5,7 @@ and Ray only when a `ray` runner is made."""
 from __future__ import annotations
 
 from tff_cluster import stack
-from tff_cluster.hparams import RUNNERS
+from tff_cluster.spec.hparams import RUNNERS
 from tff_cluster.runners import local_runner, ray_runner
 
 
@@ -19,7 +19,7 @@ def make_runner(name: str, definition, model_fn, loss: str, data, seed: int,
   cluster."""
   if name == "tff":  # an optional backend: imported only when asked for
     stack.require_tff()
-    from tff_cluster.runners import tff_runner
+    from tff_cluster.runners.tff import runner as tff_runner
     return tff_runner.TffRunner(definition, model_fn, loss, data, seed, modes=modes,
                                 workers=tff_workers, worker_grace=tff_worker_grace,
                                 subround_timeout=tff_subround_timeout)

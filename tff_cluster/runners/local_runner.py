@@ -2,7 +2,7 @@
 
 No TFF. The clients' training arrays are placed on the device once
 (concatenated, with each client's offset). Each round, the sampled clients'
-batches become index batches into them (`local_training.stacked_padded_batches`:
+batches become index batches into them (`schedule.stacked_padded_batches`:
 the same batches, in the same order, as the `tff` runner's datasets), every
 client padded to the largest step count of any client so that the shapes
 never change. The round's whole client loop is then one compiled call: a
@@ -33,7 +33,10 @@ import sys
 import numpy as np
 import tensorflow as tf
 
-from tff_cluster import local_training
+from tff_cluster.learning import functional
+from tff_cluster.learning import schedule
+from tff_cluster.learning import trainers
+from tff_cluster import models
 from tff_cluster.core import aggregators
 from tff_cluster.core.definition import round_params
 from tff_cluster.runners.base import RoundOutput, Runner, check_keys, to_numpy
@@ -206,8 +209,8 @@ class LocalRunner(ServerSide):
     self.device = device or choose_device()
     with tf.device(self.device):
       self._model = model_fn()
-    self.model_family = local_training.model_family(self._model)
-    self.exact_batches = local_training.has_batch_statistics(self._model)
+    self.model_family = models.model_family(self._model)
+    self.exact_batches = models.has_batch_statistics(self._model)
     self.jit = resolve_jit(jit, self.model_family, self.exact_batches, self.device)
     self._forward, forward_error = None, None
     if self.exact_batches:
@@ -215,11 +218,11 @@ class LocalRunner(ServerSide):
     else:
       try:
         with tf.device(self.device):
-          self._forward = local_training.stateless_forward(self._model)
-      except local_training.UnsupportedModel as e:
+          self._forward = functional.stateless_forward(self._model)
+      except functional.UnsupportedModel as e:
         forward_error = str(e)
     self.client_batching = resolve_client_batching(client_batching, forward_error, self.device)
-    self._num_params = local_training.num_parameters(self._model)
+    self._num_params = models.num_parameters(self._model)
     # Floats of one example's activations (the input and every layer's
     # output), for a chunk's memory: only side by side, whose chain of layers
     # gives them (a subclassed model has no layer outputs to read).
@@ -239,9 +242,9 @@ class LocalRunner(ServerSide):
       self._y = tf.constant(np.concatenate(ys))
     self._server: Dict[str, Any] = {}
     self._rounds: Dict[str, Any] = {}
-    self._steps_cache: Dict[local_training.LocalWork, int] = {}
+    self._steps_cache: Dict[schedule.LocalWork, int] = {}
 
-  def _max_steps(self, work: local_training.LocalWork) -> int:
+  def _max_steps(self, work: schedule.LocalWork) -> int:
     """The largest step count of any client: every client's index batches are
     padded to it, so each mode compiles once."""
     if work not in self._steps_cache:
@@ -268,17 +271,17 @@ class LocalRunner(ServerSide):
 
     def one(c, database, keys, received, client_states, indices, sizes, num_steps, x, y):
       if functional:
-        trainer = local_training.FunctionalTrainer(
+        trainer = functional.FunctionalTrainer(
             self._forward, len(d.weights_spec), d.num_trainable, loss, x, y, bound=bound)
       else:
-        trainer = local_training.PaddedTrainer(model, loss, x, y,
+        trainer = trainers.PaddedTrainer(model, loss, x, y,
                                                exact_batches=self.exact_batches)
       key = tf.gather(keys, c) if keyed else None
       selected = None if database is None else tf.nest.map_structure(
           lambda t: tf.gather(t, key), database)
       client_state = None if client_states is None else tf.nest.map_structure(
           lambda t: tf.gather(t, c), client_states)
-      data = local_training.PaddedBatches(
+      data = schedule.PaddedBatches(
           tf.gather(indices, c), tf.gather(sizes, c), tf.gather(num_steps, c))
       out = d.client_work(trainer, selected, received, client_state, data, mode,
                           **({"key": key} if keyed else {}))
@@ -413,7 +416,7 @@ class LocalRunner(ServerSide):
     return round_fn
 
   def run(self, mode: str, state, clients: Sequence[int], round_num: int,
-          work: local_training.LocalWork, lr: float,
+          work: schedule.LocalWork, lr: float,
           keys: Optional[Sequence[int]] = None,
           client_states: Optional[List[Any]] = None) -> RoundOutput:
     """One call of `mode` for `clients` (indices into the data's clients)."""
@@ -425,7 +428,7 @@ class LocalRunner(ServerSide):
     return RoundOutput(new_server_state, total, per_client, new_states)
 
   def train_clients(self, mode: str, state, clients: Sequence[int], round_num: int,
-                    work: local_training.LocalWork, lr: float,
+                    work: schedule.LocalWork, lr: float,
                     keys: Optional[Sequence[int]] = None,
                     client_states: Optional[List[Any]] = None, pad_to: int = 0):
     """The client half of `run`: (the clients' sum, one result per client,
@@ -447,9 +450,9 @@ class LocalRunner(ServerSide):
         keys = list(keys) + [keys[-1]] * (size - count)
       if client_states is not None:
         client_states = list(client_states) + [client_states[-1]] * (size - count)
-    batches = local_training.stacked_padded_batches(
+    batches = schedule.stacked_padded_batches(
         self._sizes[clients], self._offsets[clients], work,
-        [local_training.client_seed(self._seed, round_num, int(self._client_index[k]))
+        [schedule.client_seed(self._seed, round_num, int(self._client_index[k]))
          for k in clients],
         self._max_steps(work))
     if d.num_keys(mode):

@@ -47,7 +47,9 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tff_cluster import evaluation, interrupts, local_training, stack
+from tff_cluster import interrupts, stack
+from tff_cluster.learning import evaluation
+from tff_cluster.learning import schedule
 from tff_cluster.data.federated import FederatedData, LazyFederatedData
 from tff_cluster.runners import local_runner
 from tff_cluster.runners.base import (ClientStateStore, RoundOutput, WorkerLost, check_keys,
@@ -520,7 +522,7 @@ class RayRunner(local_runner.ServerSide):
     return self._get([actor.memory.remote() for actor in self._actors])
 
   def run(self, mode: str, state, clients: Sequence[int], round_num: int,
-          work: local_training.LocalWork, lr: float,
+          work: schedule.LocalWork, lr: float,
           keys: Optional[Sequence[int]] = None,
           client_states: Optional[List[Any]] = None,
           state_keys: Optional[Sequence[int]] = None) -> RoundOutput:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 from typing import Dict
 
-from tff_cluster.task import TaskSpec
+from tff_cluster.spec.task import TaskSpec
 
 _MODULES = ("synthetic", "femnist", "femnist_fedprox", "sent140", "mnist", "fmnist",
             "cifar10", "mnist_clusterwise", "mnist_workers", "rotated")

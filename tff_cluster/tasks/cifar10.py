@@ -16,8 +16,8 @@ from tff_cluster import models
 from tff_cluster.data import partition as part
 from tff_cluster.data import vision
 from tff_cluster.data.federated import FederatedData
-from tff_cluster.hparams import HParam
-from tff_cluster.task import DataOptions, TaskSpec, task_arg
+from tff_cluster.spec.hparams import HParam
+from tff_cluster.spec.task import DataOptions, TaskSpec, task_arg
 
 CONCENTRATION = HParam("concentration", float, 0.5, "Dirichlet alpha", low=0,
                        low_open=True)

@@ -44,8 +44,8 @@ from tff_cluster import models
 from tff_cluster.data import emnist, leaf
 from tff_cluster.data.federated import DataError, FederatedData
 from tff_cluster.data.partition import ROTATIONS, rotate_images
-from tff_cluster.hparams import HParam
-from tff_cluster.task import DataOptions, TaskSpec, task_arg
+from tff_cluster.spec.hparams import HParam
+from tff_cluster.spec.task import DataOptions, TaskSpec, task_arg
 
 DEFAULTS = dict(rounds=200, clients_per_round=20, local_epochs=20, batch_size=10,
                 client_lr=0.003, mu=1.0, num_clients=None)  # None: all writers

@@ -44,8 +44,8 @@ import numpy as np
 from tff_cluster import models
 from tff_cluster.data import emnist, fedprox_nist, leaf
 from tff_cluster.data.federated import DataError, FederatedData
-from tff_cluster.hparams import HParam
-from tff_cluster.task import DataOptions, TaskSpec, task_arg
+from tff_cluster.spec.hparams import HParam
+from tff_cluster.spec.task import DataOptions, TaskSpec, task_arg
 
 REUSE_PREFIX = HParam(
     "reuse_prefix", bool, True,

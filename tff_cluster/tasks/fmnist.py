@@ -69,8 +69,8 @@ from tff_cluster import models
 from tff_cluster.data import partition as part
 from tff_cluster.data import vision
 from tff_cluster.data.federated import DataError, FederatedData
-from tff_cluster.hparams import HParam
-from tff_cluster.task import DataOptions, TaskSpec, task_arg
+from tff_cluster.spec.hparams import HParam
+from tff_cluster.spec.task import DataOptions, TaskSpec, task_arg
 
 DEFAULTS = dict(rounds=200, clients_per_round=20, local_epochs=10, batch_size=10,
                 client_lr=0.01, mu=0.01, num_clients=200)

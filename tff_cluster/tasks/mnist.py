@@ -33,8 +33,8 @@ from tff_cluster import models
 from tff_cluster.data import leaf, vision
 from tff_cluster.data.federated import DataError, FederatedData
 from tff_cluster.data.partition import build_federated_data, fedprox_mnist
-from tff_cluster.hparams import HParam
-from tff_cluster.task import DataOptions, TaskSpec, task_arg
+from tff_cluster.spec.hparams import HParam
+from tff_cluster.spec.task import DataOptions, TaskSpec, task_arg
 
 CLASSES_PER_CLIENT = HParam("classes_per_client", int, 2, "digits per client", low=1,
                             high=10)

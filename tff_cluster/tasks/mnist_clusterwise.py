@@ -11,7 +11,7 @@ with PyTorch's defaults, as the fmnist_* tasks.
 from __future__ import annotations
 
 from tff_cluster.tasks import fmnist
-from tff_cluster.task import DataOptions
+from tff_cluster.spec.task import DataOptions
 
 
 def _official(options: DataOptions):

@@ -41,8 +41,8 @@ import numpy as np
 from tff_cluster.tasks import fmnist
 from tff_cluster import models
 from tff_cluster.data.federated import DataError, FederatedData
-from tff_cluster.hparams import HParam
-from tff_cluster.task import DataOptions, TaskSpec, task_arg
+from tff_cluster.spec.hparams import HParam
+from tff_cluster.spec.task import DataOptions, TaskSpec, task_arg
 
 SPLITS = ("iid", "label", "quantity", "dirichlet")
 QUANTITY_SIZES = (5000, 12500, 17500, 25000)

@@ -51,8 +51,8 @@ from tff_cluster import models
 from tff_cluster.data import vision
 from tff_cluster.data.federated import DataError, FederatedData
 from tff_cluster.data.partition import rotate_images
-from tff_cluster.hparams import HParam
-from tff_cluster.task import DataOptions, TaskSpec, task_arg
+from tff_cluster.spec.hparams import HParam
+from tff_cluster.spec.task import DataOptions, TaskSpec, task_arg
 
 SOURCE = ("CFL-MGD (its Table 2 setting) and IFCA (Ghosh et al.): rotated clusters; "
           "defaults from IFCA's configuration for the same setting")

@@ -50,8 +50,8 @@ from tff_cluster import models
 from tff_cluster.data import download, leaf
 from tff_cluster.data import sent140 as sent140_data
 from tff_cluster.data.federated import DataError, FederatedData
-from tff_cluster.hparams import HParam, HParamError
-from tff_cluster.task import DataOptions, TaskSpec, task_arg
+from tff_cluster.spec.hparams import HParam, HParamError
+from tff_cluster.spec.task import DataOptions, TaskSpec, task_arg
 
 DEFAULTS = dict(rounds=800, clients_per_round=20, local_epochs=20, batch_size=10,
                 client_lr=0.3, mu=0.01, num_clients=None)  # None: all users

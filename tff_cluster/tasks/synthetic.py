@@ -13,8 +13,8 @@ hold 75,349 samples, ours 35,621 at seed 0).
 from tff_cluster import models
 from tff_cluster.data.synthetic import (NUM_CLASSES, NUM_FEATURES, generate_synthetic,
                                         synthetic_per_client)
-from tff_cluster.hparams import HParam
-from tff_cluster.task import DataOptions, TaskSpec, task_arg
+from tff_cluster.spec.hparams import HParam
+from tff_cluster.spec.task import DataOptions, TaskSpec, task_arg
 
 NUM_CLUSTERS = HParam("num_clusters", int, 5, "true clusters", low=1)
 SAMPLES_PER_CLIENT = HParam(

@@ -14,7 +14,7 @@ starts the worker itself, from the main thread, with
 
 Use it as a context manager::
 
-    with tff_cluster.runtime.tff_runtime():
+    with tff_cluster.runners.tff.runtime.tff_runtime():
         process.next(state, data)
 
 or call `start()` once (notebooks); `stop()` or interpreter exit ends the worker.
@@ -227,7 +227,7 @@ def install() -> TffRuntime:
 
 def use_own_worker() -> TffRuntime:
   """Makes the process-wide runtime TFF's default context again (after
-  `tff_cluster.workers.connect` made other workers the default)."""
+  `tff_cluster.runners.tff.workers.connect` made other workers the default)."""
   global _INSTALLED
   _ACTIVE.install()
   _INSTALLED = True

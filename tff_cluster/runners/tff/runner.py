@@ -27,7 +27,7 @@ and returns the rows whatever order its workers finish in, and
 returns a `RoundComputation`, whose call passes positions 0..n-1 and gives
 the results back per client, in order.
 
-on TFF's C++ runtime (`tff_cluster.runtime` owns the worker and installs its
+on TFF's C++ runtime (`tff_cluster.runners.tff.runtime` owns the worker and installs its
 context when the first runner or computation is made). `build_computations`
 gives every mode's computation of a definition: what TFF research pipelines
 use (`tff_cluster.api.computations` builds the definition from an algorithm's
@@ -48,13 +48,48 @@ stack.require_tff()  # one line naming the install routes, not a ModuleNotFoundE
 
 import tensorflow_federated as tff  # noqa: E402
 
-from tff_cluster import hparams, local_training, models, runtime, tff_types
+from tff_cluster import models
+from tff_cluster.spec import hparams
+from tff_cluster.learning import schedule
+from tff_cluster.learning import trainers
+from tff_cluster.runners.tff import runtime
+from tff_cluster.runners.tff import types as tff_types
 from tff_cluster.core.definition import round_params
 from tff_cluster.runners.base import RoundOutput, Runner, check_keys, to_numpy
 
 PARAMS_SPEC = collections.OrderedDict(lr=tf.TensorSpec([], tf.float32))
 KEY_TYPE = tff.TensorType(np.int32, [1])
 POSITION_TYPE = tff.TensorType(np.int32)  # a client's position in the call's client list
+
+
+def _federated_round(body, state_type, params_type, data_type, key_type, client_state_type):
+  """`body(state, params, data, positions, keys, client_states)` as a federated
+  computation whose parameters are the ones this mode has: the keys
+  (`key_type`) and the client states (`client_state_type`) only when not None."""
+  at_server = lambda t: tff.FederatedType(t, tff.SERVER)  # noqa: E731
+  at_clients = lambda t: tff.FederatedType(t, tff.CLIENTS)  # noqa: E731
+  types = [at_server(state_type), at_server(params_type), at_clients(data_type),
+           at_clients(POSITION_TYPE)]
+  keyed, stateful = key_type is not None, client_state_type is not None
+  if keyed:
+    types.append(at_clients(key_type))
+  if stateful:
+    types.append(at_clients(client_state_type))
+
+  if keyed and stateful:
+    def round_fn(state, params, data, positions, keys, client_states):
+      return body(state, params, data, positions, keys, client_states)
+  elif keyed:
+    def round_fn(state, params, data, positions, keys):
+      return body(state, params, data, positions, keys, None)
+  elif stateful:
+    def round_fn(state, params, data, positions, client_states):
+      return body(state, params, data, positions, None, client_states)
+  else:
+    def round_fn(state, params, data, positions):
+      return body(state, params, data, positions, None, None)
+
+  return tff.federated_computation(*types)(round_fn)
 
 
 def build_round(definition, mode: str, model_fn, loss: str, element_spec):
@@ -136,29 +171,9 @@ def build_round(definition, mode: str, model_fn, loss: str, element_spec):
     new_state = tff.federated_map(server_fn, (state, summed))
     return new_state, summed, collected
 
-  at_server = lambda t: tff.FederatedType(t, tff.SERVER)  # noqa: E731
-  at_clients = lambda t: tff.FederatedType(t, tff.CLIENTS)  # noqa: E731
-  types = [at_server(state_type), at_server(params_type), at_clients(data_type),
-           at_clients(POSITION_TYPE)]
-  if keyed:
-    types.append(at_clients(KEY_TYPE))
-  if stateful:
-    types.append(at_clients(arg_types[-1]))
-
-  if keyed and stateful:
-    def round_fn(state, params, data, positions, keys, client_states):
-      return body(state, params, data, positions, keys, client_states)
-  elif keyed:
-    def round_fn(state, params, data, positions, keys):
-      return body(state, params, data, positions, keys, None)
-  elif stateful:
-    def round_fn(state, params, data, positions, client_states):
-      return body(state, params, data, positions, None, client_states)
-  else:
-    def round_fn(state, params, data, positions):
-      return body(state, params, data, positions, None, None)
-
-  computation = tff.federated_computation(*types)(round_fn)
+  computation = _federated_round(body, state_type, params_type, data_type,
+                                 KEY_TYPE if keyed else None,
+                                 arg_types[-1] if stateful else None)
   return RoundComputation(computation, specs["per_client"], stateful)
 
 
@@ -183,7 +198,7 @@ def client_computation(d, mode: str, model_fn, loss: str, arg_types, selecting: 
   def client_body(args):
     args = {name: tff.types.type_to_py_container(args[i], t)
             for i, (name, t) in enumerate(zip(names, arg_types))}
-    trainer = local_training.DatasetTrainer(model_fn(), loss)
+    trainer = trainers.DatasetTrainer(model_fn(), loss)
 
     # A tf.function inside the computation's graph: its automatic control
     # dependencies order the variable assignments and reads of local SGD.
@@ -315,7 +330,7 @@ class TffRunner(Runner):
   Args: as `local_runner.LocalRunner` (no jit: TFF's worker does not compile
   with XLA, and the clients' datasets are `tf.data` pipelines), and
     workers: "HOST:PORT,..." of TFF workers to split each call's clients over
-      (`tff_cluster.workers`; default: the process's own worker);
+      (`tff_cluster.runners.tff.workers`; default: the process's own worker);
     worker_grace: seconds a worker may stay unreachable (default 60);
     subround_timeout: seconds a worker may take for its share of a call.
   """
@@ -329,7 +344,7 @@ class TffRunner(Runner):
     self.model_fn, self.loss, self.data = model_fn, loss, data
     self._seed = seed
     first = data.client_ids[0]
-    self._element_spec = local_training.client_dataset(
+    self._element_spec = schedule.client_dataset(
         *data.train[first], 1, 1, 0).element_spec
     # Built now, not on first use: tracing a Keras model inside a TFF
     # computation invalidates Keras models made earlier outside it (such as
@@ -337,13 +352,13 @@ class TffRunner(Runner):
     self._computations: Dict[str, Any] = {
         mode: build_round(definition, mode, model_fn, loss, self._element_spec)
         for mode in (definition.modes if modes is None else modes)}
-    # Other workers: each round's clients split over them (tff_cluster.workers).
+    # Other workers: each round's clients split over them (tff_cluster.runners.tff.workers).
     self.workers: Optional[List[str]] = None
     self._context = None  # the workers' context, entered around each call
     if not workers:
       runtime.use_own_worker()  # not the workers an earlier runner connected to
     else:
-      from tff_cluster import workers as tff_workers
+      from tff_cluster.runners.tff import workers as tff_workers
       self.workers = hparams.parse_host_ports(workers, "tff_workers")
       try:
         self._context = tff_workers.connect(
@@ -369,17 +384,17 @@ class TffRunner(Runner):
     return to_numpy(state)
 
   def datasets(self, clients: Sequence[int], round_num: int,
-               work: local_training.LocalWork) -> List[tf.data.Dataset]:
+               work: schedule.LocalWork) -> List[tf.data.Dataset]:
     """The clients' seeded datasets (the batches `padded_batches` also gives)."""
     out = []
     for k in clients:
       x, y = self.data.train[self.data.client_ids[k]]
-      out.append(local_training.work_dataset(
-          x, y, work, local_training.client_seed(self._seed, round_num, int(k))))
+      out.append(schedule.work_dataset(
+          x, y, work, schedule.client_seed(self._seed, round_num, int(k))))
     return out
 
   def run(self, mode: str, state, clients: Sequence[int], round_num: int,
-          work: local_training.LocalWork, lr: float,
+          work: schedule.LocalWork, lr: float,
           keys: Optional[Sequence[int]] = None,
           client_states: Optional[List[Any]] = None) -> RoundOutput:
     d = self.definition

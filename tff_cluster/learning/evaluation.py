@@ -32,7 +32,8 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tff_cluster import local_training, models
+from tff_cluster import models
+
 from tff_cluster.data.federated import FederatedData
 
 
@@ -254,7 +255,7 @@ class Evaluator:
       members = members[self._counts[members] > 0]
       if len(members) == 0:
         continue
-      local_training.set_weights(self._model, weights[index])
+      models.set_weights(self._model, weights[index])
       y = np.concatenate([self._y[k] for k in members])
       c, l, p = self._stats(np.concatenate([self._x[k] for k in members]), y)
       bounds = np.cumsum(self._counts[members])[:-1]
@@ -282,7 +283,7 @@ class Evaluator:
     bounds = np.cumsum(self._counts[members])[:-1]
     mean_loss = []
     for w in weights:
-      local_training.set_weights(self._model, w)
+      models.set_weights(self._model, w)
       _, losses, _ = self._stats(x, y)
       mean_loss.append([s.mean() for s in np.split(losses, bounds)])
     out[members] = np.argmin(np.asarray(mean_loss), axis=0)
@@ -299,7 +300,7 @@ class Evaluator:
       y = np.concatenate([self._y[k] for k in members]).reshape(-1).astype(np.int64)
       outputs = []
       for w in weights:
-        local_training.set_weights(self._model, w)
+        models.set_weights(self._model, w)
         outputs.append(np.concatenate(
             [self._outputs(x[i:i + self._batch_size]).numpy()
              for i in range(0, len(x), self._batch_size)]))

@@ -18,7 +18,7 @@ readers: `tff_cluster.io.rundir`).
   groups.png      clustered algorithms: each client's group per round (from
                   groups.csv), the final ARI and purity in the title where the
                   task has true clusters
-  checkpoints/    the run state for --resume (`tff_cluster.checkpoint`)
+  checkpoints/    the run state for --resume (`tff_cluster.io.checkpoint`)
   models/         final/ and best/ models: `model_<j>.npz` (the weights, read on
                   any stack), `model_<j>.keras` (Keras' own format, readable
                   by the Keras that wrote it only) and `clients.json`
@@ -49,8 +49,10 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-from tff_cluster import checkpoint, plot, stack
-from tff_cluster.checkpoint import WriteFailed, atomic_write_bytes, write_failed
+from tff_cluster import stack
+from tff_cluster.io import checkpoint
+from tff_cluster.io import plot
+from tff_cluster.io.checkpoint import WriteFailed, atomic_write_bytes, write_failed
 from tff_cluster.io import rundir
 from tff_cluster.io.rundir import foreign_entries
 
@@ -561,7 +563,7 @@ class ResultsWriter:
   def plot(self, title: Optional[str] = None) -> Optional[str]:
     """accuracy.png: test accuracy, each group's accuracy (when the rows have
     `group_<j>_accuracy`) and train loss against rounds, drawn by
-    `tff_cluster.plot`; titled from the config (algorithm, task, seed, key
+    `tff_cluster.io.plot`; titled from the config (algorithm, task, seed, key
     settings), else `title`. Then, for a clustered algorithm, groups.png
     (`plot_groups`). A failure to draw is a warning, never an error.
     Returns accuracy.png's path (None: not drawn)."""
@@ -572,7 +574,7 @@ class ResultsWriter:
   def plot_groups(self) -> Optional[str]:
     """groups.png, for an algorithm that groups its clients (its rows have
     `group_<j>_size`): clients x rounds from groups.csv, coloured by group
-    (`tff_cluster.plot.groups_figure`), titled with the run and, where the
+    (`tff_cluster.io.plot.groups_figure`), titled with the run and, where the
     task has true clusters (an `ari` column), the final ARI and purity (the
     last evaluated round's, as in summary.json). Returns its path, or None
     when not drawn. A failure to draw is a warning, never an error."""

@@ -18,11 +18,12 @@ import sys
 import warnings
 from typing import Any, Dict, Sequence
 
-from tff_cluster import hparams as hp
-from tff_cluster import registry, results, stack, tasks
+from tff_cluster.spec import hparams as hp
+from tff_cluster import registry, stack, tasks
+from tff_cluster.io import results
 from tff_cluster.data.federated import DataError, FederatedData, reloading
 from tff_cluster.io import rundir
-from tff_cluster.task import DataOptions
+from tff_cluster.spec.task import DataOptions
 
 ALGOS = registry.ALGORITHMS
 TASKS = tasks.registry()

@@ -1,6 +1,6 @@
 """The training loop shared by every algorithm: sample, train, evaluate, record.
 
-An algorithm module provides a *driver* (`tff_cluster.driver.Driver`): the
+An algorithm module provides a *driver* (`tff_cluster.host.driver.Driver`): the
 host-side logic around its `Definition`, executed by a runner
 (`tff_cluster.runners`). The loop here is algorithm- and runner-agnostic. The
 driver module's names are re-exported here for callers of the loop.
@@ -17,17 +17,20 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tff_cluster import checkpoint, interrupts, local_training, results
+from tff_cluster import interrupts
+from tff_cluster.io import checkpoint
+from tff_cluster import models
+from tff_cluster.io import results
 from tff_cluster.data.federated import FederatedData
-from tff_cluster.driver import (BYTES_PER_PARAMETER, Diverged, Driver,  # noqa: F401
+from tff_cluster.host.driver import (BYTES_PER_PARAMETER, Diverged, Driver,  # noqa: F401
                                 LossRatio, TrainingConfig, _all_finite, check_num_groups,
                                 client_groups, initial_weights, model_layout,
                                 sample_clients)
-from tff_cluster.evaluation import CHOOSE_BY_TEST_LOSS, Evaluator, is_rule  # noqa: F401
+from tff_cluster.learning.evaluation import CHOOSE_BY_TEST_LOSS, Evaluator, is_rule  # noqa: F401
 from tff_cluster.host import round as host_round
-from tff_cluster.results import ResultsWriter, summarize
+from tff_cluster.io.results import ResultsWriter, summarize
 from tff_cluster.runners.base import WorkerLost
-from tff_cluster.task import TaskSpec
+from tff_cluster.spec.task import TaskSpec
 
 BASE_COLUMNS = ("round", "train_loss", "loss_ratio", *host_round.EVAL_METRICS,
                 "round_seconds", "eval_seconds", "bytes_down", "bytes_up")
@@ -295,7 +298,7 @@ def run_training(task: TaskSpec, data: FederatedData, config: TrainingConfig,
 def save_models(task: TaskSpec, directory: str, weights, client_model,
                 client_ids: Sequence[str], round_num: int) -> None:
   """Each model as `model_<j>.npz` (its weights `w0, w1, ...` in the order of
-  `local_training.model_variables`: trainable, then non-trainable; read on any
+  `models.model_variables`: trainable, then non-trainable; read on any
   stack) and `model_<j>.keras` (Keras' own format, readable only by the Keras
   that wrote it), and `clients.json`:
   {"round": r, "num_models": K, "client_model": {client id: j}}."""
@@ -309,7 +312,7 @@ def save_models(task: TaskSpec, directory: str, weights, client_model,
     buffer = io.BytesIO()
     np.savez(buffer, **{f"w{i}": np.asarray(a) for i, a in enumerate(w)})
     checkpoint.atomic_write_bytes(path + ".npz", buffer.getvalue())
-    local_training.set_weights(model, w)
+    models.set_weights(model, w)
     try:
       model.save(path + ".tmp.keras")
       os.replace(path + ".tmp.keras", path + ".keras")
@@ -334,12 +337,12 @@ def load_model_weights(task: TaskSpec, directory: str, j: int) -> List[np.ndarra
   files; only the Keras that wrote it reads it). Raises `WeightsMismatch`
   (one line) when the weights do not fit the task's model."""
   path = os.path.join(directory, f"model_{j}")
-  expected = [tuple(s.shape) for s in local_training.weights_type_spec(task.model_fn())]
+  expected = [tuple(s.shape) for s in models.weights_type_spec(task.model_fn())]
   if os.path.isfile(path + ".npz"):
     with np.load(path + ".npz", allow_pickle=False) as archive:
       weights = [np.asarray(archive[f"w{i}"]) for i in range(len(archive.files))]
   else:
-    weights = local_training.get_weights(
+    weights = models.get_weights(
         tf.keras.models.load_model(path + ".keras", compile=False))
   shapes = [tuple(w.shape) for w in weights]
   if shapes != expected:

@@ -3,7 +3,7 @@ shares (`TrainingConfig`).
 
 A driver owns its algorithm's `Definition`, the runner that executes it, and
 whatever the host keeps between rounds (its typed `HostState`);
-`tff_cluster.experiment.run_training` and `tff_cluster.api` call it round by
+`tff_cluster.host.loop.run_training` and `tff_cluster.api` call it round by
 round (`tff_cluster.host.round`). Algorithm modules build on this module (never on the
 training loop above it).
 """
@@ -17,9 +17,11 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tff_cluster import clustering, local_training
+from tff_cluster import clustering
+from tff_cluster.learning import schedule
+from tff_cluster import models
 from tff_cluster.data.federated import FederatedData, materialize
-from tff_cluster.evaluation import (CHOOSE_BY_TEST_LOSS, ChooseByTestLoss,  # noqa: F401
+from tff_cluster.learning.evaluation import (CHOOSE_BY_TEST_LOSS, ChooseByTestLoss,  # noqa: F401
                                     Ensemble, Evaluator)
 from tff_cluster.host.model_spec import ModelSpec
 from tff_cluster.host.state import HostState, stored_as  # noqa: F401  (for algorithms)
@@ -29,7 +31,7 @@ BYTES_PER_PARAMETER = 4  # float32
 
 @dataclasses.dataclass(frozen=True)
 class TrainingConfig:
-  """Hyper-parameters every algorithm shares (see `tff_cluster.hparams.TRAINING`).
+  """Hyper-parameters every algorithm shares (see `tff_cluster.spec.hparams.TRAINING`).
 
   Local work is `local_epochs` passes or `local_steps` mini-batch steps
   (exactly one of them). Round t's client learning rate is
@@ -66,8 +68,8 @@ class TrainingConfig:
                        f"local_epochs={self.local_epochs}, local_steps={self.local_steps}")
 
   @property
-  def local_work(self) -> local_training.LocalWork:
-    return local_training.LocalWork(self.batch_size, epochs=self.local_epochs,
+  def local_work(self) -> schedule.LocalWork:
+    return schedule.LocalWork(self.batch_size, epochs=self.local_epochs,
                                     steps=self.local_steps)
 
   def lr_at(self, round_num: int) -> float:
@@ -83,14 +85,14 @@ def initial_weights(model: ModelSpec, seed: int) -> List[np.ndarray]:
   """The seeded initialization (trainable then non-trainable) of `model`'s
   model (a `ModelSpec`, or a `TaskSpec`)."""
   tf.keras.utils.set_random_seed(seed)
-  return local_training.get_weights(model.model_fn())
+  return models.get_weights(model.model_fn())
 
 
 def model_layout(model: ModelSpec):
   """(weight specs, number of trainable weights) of `model`'s model (a
   `ModelSpec`, or a `TaskSpec`)."""
   built = model.model_fn()
-  return local_training.weights_type_spec(built), len(built.trainable_variables)
+  return models.weights_type_spec(built), len(built.trainable_variables)
 
 
 class Driver:
@@ -229,7 +231,7 @@ class Driver:
 
   def train_clients(self, mode: str, state, clients: Sequence[int], round_num: int,
                     keys: Optional[Sequence[int]] = None,
-                    work: Optional[local_training.LocalWork] = None,
+                    work: Optional[schedule.LocalWork] = None,
                     persist: bool = True, shuffle_round: Optional[int] = None):
     """One runner call; threads the clients' persistent states.
 

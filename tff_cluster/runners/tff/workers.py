@@ -72,7 +72,7 @@ from tensorflow_federated.python.core.impl.types import (  # noqa: E402
     type_conversions,
 )
 
-from tff_cluster import runtime  # noqa: E402
+from tff_cluster.runners.tff import runtime  # noqa: E402
 from tff_cluster.runners.base import WorkerLost  # noqa: E402
 
 DEFAULT_GRACE_S = 60.0

@@ -1,0 +1,325 @@
+"""Client-side maths shared by every algorithm: batches and local SGD.
+
+Plain TensorFlow. Model weights are a flat list of tensors in the order
+`trainable_variables + non_trainable_variables` (non-trainable = BatchNorm
+moving statistics, averaged like the rest).
+
+One local step (`sgd_step`: the batch gradient, then the client optimizer's
+update, `learning.optimizers`) is written once. Two trainers drive it over a
+client's batches, one per runner:
+
+* `DatasetTrainer` iterates a `tf.data.Dataset` with `dataset.reduce`; it runs
+  inside TFF computations (the `tff` runner).
+* `PaddedTrainer` iterates a `tf.while_loop` over index batches into the
+  device-resident training arrays (the `local` runner); it compiles under XLA
+  and never returns to the host inside the loop.
+
+Both see the same batches in the same order: `batch_order` is the single
+definition of a client's local schedule (`client_dataset` and `padded_batches`
+are its two materialisations).
+"""
+
+
+from __future__ import annotations
+
+import collections
+from typing import Any, List, NamedTuple, Optional
+
+import tensorflow as tf
+
+from tff_cluster import models
+from tff_cluster.learning import optimizers
+from tff_cluster.learning import schedule
+from tff_cluster import models
+
+
+class TrainResult(NamedTuple):
+  """delta: w_final - w_start per weight (trainable first); num_examples,
+  loss_sum: float32 (loss_sum = sum over batches of the batch's mean loss x
+  its size, each taken before that batch's step); opt_state: the client
+  optimizer's final state (`optimizers.Chain`'s structure)."""
+  delta: List[tf.Tensor]
+  num_examples: tf.Tensor
+  loss_sum: tf.Tensor
+  opt_state: Any
+
+  @property
+  def velocity(self) -> Optional[List[tf.Tensor]]:
+    """The optimizer state as one flat list (heavy-ball's buffer, Nesterov's
+    look-ahead point per trainable weight), or None when it holds nothing."""
+    flat = tf.nest.flatten(self.opt_state)
+    return flat or None
+
+
+def sgd_step(model: tf.keras.Model, loss: str, batch, lr, optimizer, opt_state):
+  """One local step on the batch `(x, y, mask)` (`mask`: None, or 1.0/0.0 per
+  row, the real examples) with the bound client optimizer `optimizer`
+  (`optimizers.Chain`, see `optimizers`).
+
+  g = the gradient of the batch's mean loss over its real examples; the
+  optimizer's transforms turn it into the new trainable weights (for plain
+  SGD w <- w - lr g), which are assigned to the model.
+
+  Returns (batch loss x batch size, batch size, new optimizer state).
+  """
+  x, y, mask = batch
+  trainable = model.trainable_variables
+  with tf.GradientTape() as tape:
+    predictions = model(x, training=True)
+    per_example = models.per_example_loss(loss, y, predictions)
+    if mask is None:
+      count = tf.cast(tf.shape(per_example)[0], tf.float32)
+      batch_loss = tf.reduce_mean(per_example)
+    else:
+      count = tf.reduce_sum(mask)
+      batch_loss = tf.reduce_sum(per_example * mask) / count
+  grads = tape.gradient(batch_loss, trainable)
+  new_weights, new_state = optimizer.update(
+      trainable, grads, opt_state, lr, lambda point: _gradient_at(model, loss, x, y, mask, point))
+  for var, value in zip(trainable, new_weights):
+    var.assign(value)
+  return batch_loss * count, count, new_state
+
+
+def _gradient_at(model, loss: str, x, y, mask, point):
+  """The batch's mean-loss gradient at the trainable weights `point`; the
+  model's variables are put back as they were (a model without batch
+  statistics: its training-mode call has no side effect)."""
+  trainable = model.trainable_variables
+  saved = [tf.identity(v) for v in trainable]
+  for var, value in zip(trainable, point):
+    var.assign(value)
+  with tf.GradientTape() as tape:
+    per_example = models.per_example_loss(loss, y, model(x, training=True))
+    if mask is None:
+      batch_loss = tf.reduce_mean(per_example)
+    else:
+      batch_loss = tf.reduce_sum(per_example * mask) / tf.reduce_sum(mask)
+  grads = tape.gradient(batch_loss, trainable)
+  for var, value in zip(trainable, saved):
+    var.assign(value)
+  return grads
+
+
+def start_optimizer(optimizer, trainable_start, opt_state=None):
+  """(the client optimizer bound to the start, its state): `opt_state` as
+  given, or the optimizer's initial state. `optimizer` None is plain SGD."""
+  opt = optimizers.as_chain(optimizers.sgd() if optimizer is None else optimizer)
+  opt = opt.bind(trainable_start)
+  state = opt.init(trainable_start) if opt_state is None else opt.canonical(opt_state)
+  return opt, state
+
+
+class _Trainer:
+  """`train(start, data, lr, optimizer, opt_state)`: local steps from `start`
+  over `data` with a client optimizer (`optimizers`)."""
+
+  def __init__(self, model: tf.keras.Model, loss: str):
+    self.model = model
+    self.loss_kind = loss
+    self._variables = models.model_variables(model)
+    self._num_trainable = len(model.trainable_variables)
+
+  def _start(self, start, optimizer, opt_state):
+    for var, value in zip(self._variables, start):
+      var.assign(value)
+    return start_optimizer(optimizer, start[:self._num_trainable], opt_state)
+
+  def _finish(self, start, num_examples, loss_sum, opt_state) -> TrainResult:
+    delta = [var - s for var, s in zip(self._variables, start)]
+    return TrainResult(delta, num_examples, loss_sum, opt_state)
+
+  def predict(self, weights, x):
+    """The model's outputs (logits) at `weights` on inputs `x` (inference mode)."""
+    for var, value in zip(self._variables, weights):
+      var.assign(value)
+    return self.model(x, training=False)
+
+  def train(self, start, data, lr, optimizer=None, opt_state=None) -> TrainResult:
+    """Local steps from the weights `start` over `data` at learning rate `lr`
+    with the client optimizer `optimizer` (a chain or transform of
+    `optimizers`; None: plain SGD), its state starting at `opt_state` (None:
+    the optimizer's `init` at the start)."""
+    raise NotImplementedError
+
+  def loss(self, weights, data, max_batches: int = 0):
+    """(sum of per-example losses, examples) of `weights` over the first
+    `max_batches` batches of `data` (0: all of them), without training
+    (inference mode: BatchNorm uses its moving statistics)."""
+    raise NotImplementedError
+
+  def gradient(self, weights, data, max_batches: int = 1):
+    """(mean gradient over the examples of the first `max_batches` batches of
+    `data` (0: all), examples): the gradient of the mean loss at `weights`
+    (trainable weights only; training mode, as a local step sees it)."""
+    raise NotImplementedError
+
+  def _batch_gradient(self, x, y, mask):
+    """(gradient of the batch's summed loss, examples)."""
+    trainable = self.model.trainable_variables
+    with tf.GradientTape() as tape:
+      per_example = models.per_example_loss(self.loss_kind, y, self.model(x, training=True))
+      if mask is None:
+        total = tf.reduce_sum(per_example)
+        count = tf.cast(tf.shape(per_example)[0], tf.float32)
+      else:
+        total = tf.reduce_sum(per_example * mask)
+        count = tf.reduce_sum(mask)
+    return tape.gradient(total, trainable), count
+
+  def _batch_loss(self, x, y, mask):
+    per_example = models.per_example_loss(self.loss_kind, y, self.model(x, training=False))
+    if mask is None:
+      return tf.reduce_sum(per_example), tf.cast(tf.shape(per_example)[0], tf.float32)
+    return tf.reduce_sum(per_example * mask), tf.reduce_sum(mask)
+
+
+class DatasetTrainer(_Trainer):
+  """Local SGD over a `tf.data.Dataset` of `{'x', 'y'}` batches (TFF runner)."""
+
+  def train(self, start, data, lr, optimizer=None, opt_state=None) -> TrainResult:
+    start = list(start)
+    lr = tf.cast(lr, tf.float32)
+    opt, state = self._start(start, optimizer, opt_state)
+
+    def step(carry, batch):
+      num_examples, loss_sum, state = carry
+      loss_x_n, n, state = sgd_step(self.model, self.loss_kind, (batch["x"], batch["y"], None),
+                                    lr, opt, state)
+      return num_examples + n, loss_sum + loss_x_n, state
+
+    num_examples, loss_sum, state = data.reduce(
+        (tf.constant(0.0), tf.constant(0.0), state), step)
+    return self._finish(start, num_examples, loss_sum, state)
+
+  def loss(self, weights, data, max_batches: int = 0):
+    for var, value in zip(self._variables, weights):
+      var.assign(value)
+    if max_batches:
+      data = data.take(max_batches)
+
+    def add(carry, batch):
+      loss_sum, count = self._batch_loss(batch["x"], batch["y"], None)
+      return carry[0] + loss_sum, carry[1] + count
+
+    return data.reduce((tf.constant(0.0), tf.constant(0.0)), add)
+
+  def gradient(self, weights, data, max_batches: int = 1):
+    for var, value in zip(self._variables, weights):
+      var.assign(value)
+    if max_batches:
+      data = data.take(max_batches)
+    zeros = tuple(tf.zeros_like(v) for v in self.model.trainable_variables)
+
+    def add(carry, batch):
+      grads, count = self._batch_gradient(batch["x"], batch["y"], None)
+      return tuple(a + g for a, g in zip(carry[0], grads)), carry[1] + count
+
+    total, count = data.reduce((zeros, tf.constant(0.0)), add)
+    return [t / tf.maximum(count, 1.0) for t in total], count
+
+
+class PaddedTrainer(_Trainer):
+  """Local SGD over `schedule.PaddedBatches` into the arrays `x`, `y` (local runner).
+
+  With `exact_batches` (models with batch statistics) each batch is sliced to
+  its real size (dynamic shapes: not XLA-compilable); otherwise every batch
+  has the full size and padded rows get weight 0 in the mean loss, which
+  gives the same gradients as the real-size batch.
+  """
+
+  def __init__(self, model, loss, x, y, exact_batches: bool = False):
+    super().__init__(model, loss)
+    self._x = x
+    self._y = y
+    self._exact = exact_batches
+
+  def _batch(self, data: schedule.PaddedBatches, i):
+    """(x, y, mask) of batch i: its real rows when `exact_batches`, else the
+    full padded batch with 1.0/0.0 row weights."""
+    if self._exact:
+      rows, mask = data.indices[i, :data.sizes[i]], None
+    else:
+      rows = data.indices[i]
+      mask = tf.cast(tf.range(tf.shape(data.indices)[1]) < data.sizes[i], tf.float32)
+    return tf.gather(self._x, rows), tf.gather(self._y, rows), mask
+
+  def train(self, start, data: schedule.PaddedBatches, lr, optimizer=None,
+            opt_state=None) -> TrainResult:
+    start = list(start)
+    lr = tf.cast(lr, tf.float32)
+    opt, state = self._start(start, optimizer, opt_state)
+
+    def step(x, y, mask, num_examples, loss_sum, state):
+      loss_x_n, n, state = sgd_step(self.model, self.loss_kind, (x, y, mask), lr, opt, state)
+      return num_examples + n, loss_sum + loss_x_n, state
+
+    num_examples, loss_sum, state = self._batches(
+        data, data.num_steps, step, (tf.constant(0.0), tf.constant(0.0), state))
+    return self._finish(start, num_examples, loss_sum, state)
+
+  def _batches(self, data: schedule.PaddedBatches, limit, step, init):
+    """`carry = step(x, y, mask, *carry)` over batches 0..limit-1: their rows
+    gathered in blocks (`schedule.batch_loop`), or, with `exact_batches`, each batch
+    sliced to its real size (mask None)."""
+    if not self._exact:
+      return schedule.batch_loop(self._x, self._y, data, limit,
+                        lambda i, x, y, mask, *carry: step(x, y, mask, *carry), init)
+
+    def body(i, *carry):
+      x, y, mask = self._batch(data, i)
+      return (i + 1,) + tuple(step(x, y, mask, *carry))
+
+    # The padded length bounds the loop: a static bound, so one compiled loop
+    # serves every client.
+    out = tf.while_loop(lambda i, *_: i < limit, body, (tf.constant(0),) + tuple(init),
+                        maximum_iterations=data.indices.shape[0])
+    return tuple(out[1:])
+
+  def gradient(self, weights, data: schedule.PaddedBatches, max_batches: int = 1):
+    for var, value in zip(self._variables, weights):
+      var.assign(value)
+    limit = data.num_steps if not max_batches else tf.minimum(data.num_steps, max_batches)
+    zeros = tuple(tf.zeros_like(v) for v in self.model.trainable_variables)
+
+    def step(x, y, mask, total, count):
+      grads, n = self._batch_gradient(x, y, mask)
+      return tuple(a + g for a, g in zip(total, grads)), count + n
+
+    total, count = self._batches(data, limit, step, (zeros, tf.constant(0.0)))
+    return [t / tf.maximum(count, 1.0) for t in total], count
+
+  def loss(self, weights, data: schedule.PaddedBatches, max_batches: int = 0):
+    for var, value in zip(self._variables, weights):
+      var.assign(value)
+    limit = data.num_steps if not max_batches else tf.minimum(data.num_steps, max_batches)
+
+    def step(x, y, mask, loss_sum, count):
+      batch_loss, n = self._batch_loss(x, y, mask)
+      return loss_sum + batch_loss, count + n
+
+    return self._batches(data, limit, step, (tf.constant(0.0), tf.constant(0.0)))
+
+
+def build_local_sgd(model: tf.keras.Model, loss: str, momentum: float = 0.0):
+  """`local_sgd(initial_weights, dataset, lr, mu)` as a `tf.function`.
+
+  In-process local SGD over a dataset (`DatasetTrainer`) with FedProx's
+  proximal term `mu` and heavy-ball `momentum`; returns an OrderedDict with
+  `delta`, `num_examples`, `loss_sum`.
+  """
+  trainer = DatasetTrainer(model, loss)
+
+  @tf.function
+  def local_sgd(initial_weights, dataset, lr, mu):
+    out = trainer.train(initial_weights, dataset, lr,
+                        optimizers.chain(optimizers.proximal(float(mu)),
+                                         optimizers.heavy_ball(momentum)))
+    return collections.OrderedDict(delta=out.delta, num_examples=out.num_examples,
+                                   loss_sum=out.loss_sum)
+
+  return local_sgd
+
+
+# ---------------------------------------------------------------------------
+# Local SGD as pure functions of the weights (clients side by side).

@@ -1,0 +1,1 @@
+"""The `tff` runner and the TFF runtime it owns (workers, types)."""
