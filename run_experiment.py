@@ -160,6 +160,7 @@ def run(settings: dict) -> dict:
   from tff_cluster.io import checkpoint
   from tff_cluster.host import loop
   from tff_cluster.io import results
+  from tff_cluster.io import rundir
 
   tf.get_logger().setLevel("ERROR")  # retracing notices per padded-batch shape
   task = _TASKS[settings["task"]].with_model(settings["model"])
@@ -241,7 +242,7 @@ def run(settings: dict) -> dict:
       summary = loop.run_training(
           task, data, config, driver, writer, progress=settings["progress"],
           checkpoint_dir=out_dir, checkpoint_every=settings["checkpoint_every"],
-          resume=resume, models_dir=os.path.join(out_dir, "models"))
+          resume=resume, models_dir=rundir.path_of(out_dir, rundir.MODELS))
   finally:
     writer.close()
   return summary
@@ -259,8 +260,9 @@ def _resume_hint(out_dir: str) -> str:
 def _interrupted(settings: dict, code: int) -> "NoReturn":  # noqa: F821
   for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a second one: no traceback
     signal.signal(sig, signal.SIG_IGN)
+  from tff_cluster.io import rundir
   out = settings.get("output_dir")
-  if out and os.path.isfile(os.path.join(out, "summary.json")):
+  if out and os.path.isfile(rundir.path_of(out, rundir.SUMMARY)):
     _fail(f"interrupted; partial results are in {out} (summary.json: completed=false; "
           "--resume continues from the latest checkpoint)", code=code)
   _fail("interrupted before the run started; nothing was written", code=code)

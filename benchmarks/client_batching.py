@@ -229,6 +229,7 @@ def step_cost(steps: int = 300) -> List[Dict[str, Any]]:
   import numpy as np
   import tensorflow as tf
   from tff_cluster import models
+  from tff_cluster.learning import functional, schedule
   sys.path.insert(0, os.path.join(REPO_ROOT, "benchmarks"))
   import runner_speed
   matmul = runner_speed.matmul_gflops(2048)

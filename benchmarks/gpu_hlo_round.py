@@ -278,6 +278,7 @@ def export_grouped(args) -> None:
   """The prototype's round on the same clients, batches and seeds as
   `export` (kind 'round') of the same arguments."""
   import tensorflow as tf
+  from tff_cluster import models
   from tff_cluster.host import driver as driver_lib
   from tff_cluster.learning import schedule
   if args.model != "cnn_dropout":

@@ -126,14 +126,14 @@ def test_functional_trainer_equals_the_padded_trainer(settings):
   xs, ys = tf.constant(x), tf.constant(y)
   padded = trainers.PaddedTrainer(model, models.SPARSE_CE_LOGITS, xs, ys)
   forward = functional.stateless_forward(model)
-  functional = functional.FunctionalTrainer(
+  side = functional.FunctionalTrainer(
       forward, len(start), len(start), models.SPARSE_CE_LOGITS, xs, ys)
   work = schedule.LocalWork(4, epochs=2)
   # Two clients: rows 0..14 and 15..22 (fewer steps), padded to the same P.
   batches = schedule.stacked_padded_batches([15, 8], [0, 15], work, [7, 8], 8)
   one = [schedule.PaddedBatches(*[tf.constant(t[c]) for t in batches]) for c in (0, 1)]
   expected = [tf.function(lambda d=d: padded.train(start, d, 0.1, **extra))() for d in one]
-  got = tf.function(lambda: functional.train(start, one[1], 0.1, **extra))()
+  got = tf.function(lambda: side.train(start, one[1], 0.1, **extra))()
   for a, b in zip(expected[1].delta, got.delta):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 

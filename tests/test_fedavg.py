@@ -10,8 +10,8 @@ tff = pytest.importorskip("tensorflow_federated", reason="needs the TFF stack")
 
 import tensorflow as tf  # noqa: E402
 
-from tff_cluster import models
-#__SPLIT_IMPORT__  # noqa: E402
+from tff_cluster import models  # noqa: E402
+from tff_cluster.learning import schedule, trainers  # noqa: E402
 from tff_cluster.algorithms.fedavg import build_fedavg  # noqa: E402
 from tff_cluster.data.synthetic import NUM_CLASSES, NUM_FEATURES, generate_synthetic  # noqa: E402
 

@@ -11,7 +11,6 @@ from tff_cluster import api, clustering, models
 from tff_cluster.host import loop
 from tff_cluster.learning import schedule
 from tff_cluster.learning import trainers
-from tff_cluster import models
 from tff_cluster.algorithms import fedgroup
 from tff_cluster.core.definition import round_params
 from tff_cluster.data.synthetic import generate_synthetic

@@ -7,7 +7,6 @@ import tensorflow as tf
 from tests.test_fedgroup import LR, _data, _datasets, _local, _mclr, _spec
 from tff_cluster import api, models
 from tff_cluster.learning import schedule
-from tff_cluster import models
 from tff_cluster.algorithms import ifca
 from tff_cluster.core.definition import round_params
 from tff_cluster.learning.evaluation import CHOOSE_BY_TEST_LOSS, Evaluator

@@ -15,7 +15,6 @@ import tensorflow as tf
 
 from tff_cluster import api, models
 from tff_cluster.learning import functional
-from tff_cluster import models
 from tff_cluster.data.federated import FederatedData
 
 keras = tf.keras
@@ -55,7 +54,7 @@ def sequential_without_input():
   return keras.Sequential([layers.Dense(16, activation="relu"), layers.Dense(CLASSES)])
 
 
-def functional():
+def functional_model():
   inputs = keras.Input((FEATURES,))
   hidden = layers.Dense(16, activation="relu")(inputs)
   return keras.Model(inputs, layers.Dense(CLASSES)(hidden))
@@ -70,7 +69,7 @@ def custom_layer():
 SHAPES = {
     "sequential_with_input": (sequential_with_input, None),
     "sequential_without_input": (sequential_without_input, None),
-    "functional": (functional, None),
+    "functional": (functional_model, None),
     "subclassed": (SubclassedMLP, "SubclassedMLP is a subclassed model"),
     "custom_layer": (custom_layer, "layer 'scale' (Scale)"),
 }
@@ -207,7 +206,7 @@ def test_side_by_side_is_refused_at_build_in_one_line(shape):
 def test_bad_settings_of_the_model_are_refused_in_one_line(data):
   with pytest.raises(ValueError, match=r"^invalid client_batching='sideways'; valid: 'auto', "
                                        r"'sequential', 'parallel'$"):
-    api.build("fedavg", functional, "sparse_ce_logits", client_batching="sideways",
+    api.build("fedavg", functional_model, "sparse_ce_logits", client_batching="sideways",
               **SETTINGS)
   # A model built at initialize for the data's inputs: weights of another
   # shape are refused there, and a model the data cannot feed in one line.

@@ -378,6 +378,7 @@ def test_saved_models_load_and_eval_only_reproduces_the_run(tmp_path, capsys):
   assert report["best"]["round"] == summary["max_round"]
   # The .npz weights (what --eval_only reads, on any stack) are the .keras ones;
   # without the .keras files the report is the same.
+  from tff_cluster import models
 
   final = out / "models" / "final"
   with np.load(final / "model_0.npz", allow_pickle=False) as archive:

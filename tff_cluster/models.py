@@ -8,7 +8,7 @@ its variables exist before any TFF computation or tf.function touches them.
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 

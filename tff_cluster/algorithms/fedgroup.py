@@ -74,7 +74,6 @@ import tensorflow as tf
 from tff_cluster import clustering
 from tff_cluster.host import driver
 from tff_cluster.learning import schedule
-from tff_cluster import models
 from tff_cluster.core import cluster_ops
 from tff_cluster.core.aggregators import ClusterMean
 from tff_cluster.core.definition import ClientOutput, Definition, flat_norm

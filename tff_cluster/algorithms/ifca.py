@@ -288,14 +288,14 @@ class IFCADriver(driver.Driver):
                                persist=False, shuffle_round=WARM_SHUFFLE_BASE + i)
       single = self.runner.numpy_state(out.state)
     keep = set(models.last_dense_indices(self.model.model_fn()))  # kernel, bias
-    models = [np.asarray(w) for w in self.runner.numpy_state(state)["models"]]
+    stacked = [np.asarray(w) for w in self.runner.numpy_state(state)["models"]]
     warm = [np.asarray(w)[0] for w in single["models"]]
     self.host.summary["warm_rounds"] = self.warm_rounds
     self.host.summary["forced_rounds"] = self.forced_rounds
     # The definition's own initial state of these K models (CFL-MGD's also
     # holds zero momentum buffers).
     return self.definition.initial_state(
-        [[models[layer][j] if layer in keep else warm[layer] for layer in range(len(models))]
+        [[stacked[layer][j] if layer in keep else warm[layer] for layer in range(len(stacked))]
          for j in range(self.k)])
 
   def run_round(self, round_num, sampled):

@@ -1,1 +1,1 @@
-"""The host side of a run: what a driver keeps between rounds, the model it trains, one round."""
+"""The host side of a run: drivers and their typed host state, the model a run trains, one round, the training loop."""

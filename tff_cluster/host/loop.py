@@ -21,6 +21,7 @@ from tff_cluster import interrupts
 from tff_cluster.io import checkpoint
 from tff_cluster import models
 from tff_cluster.io import results
+from tff_cluster.io import rundir
 from tff_cluster.data.federated import FederatedData
 from tff_cluster.host.driver import (BYTES_PER_PARAMETER, Diverged, Driver,  # noqa: F401
                                 LossRatio, TrainingConfig, _all_finite, check_num_groups,
@@ -308,7 +309,7 @@ def save_models(task: TaskSpec, directory: str, weights, client_model,
     raise checkpoint.write_failed(directory, e) from None
   model = task.model_fn()
   for j, w in enumerate(weights):
-    path = os.path.join(directory, f"model_{j}")
+    path = rundir.model_stem(directory, j)
     buffer = io.BytesIO()
     np.savez(buffer, **{f"w{i}": np.asarray(a) for i, a in enumerate(w)})
     checkpoint.atomic_write_bytes(path + ".npz", buffer.getvalue())
@@ -322,7 +323,7 @@ def save_models(task: TaskSpec, directory: str, weights, client_model,
       if isinstance(e, OSError):
         raise checkpoint.write_failed(path + ".keras", e) from None
       raise
-  results.write_json(os.path.join(directory, "clients.json"), {
+  results.write_json(rundir.path_of(directory, rundir.CLIENTS_JSON), {
       "round": int(round_num), "num_models": len(weights),
       "client_model": {c: int(j) for c, j in zip(client_ids, client_model)}})
 
@@ -336,12 +337,10 @@ def load_model_weights(task: TaskSpec, directory: str, j: int) -> List[np.ndarra
   (any stack), else from `model_<j>.keras` (runs saved before the `.npz`
   files; only the Keras that wrote it reads it). Raises `WeightsMismatch`
   (one line) when the weights do not fit the task's model."""
-  path = os.path.join(directory, f"model_{j}")
+  path = rundir.model_stem(directory, j)
   expected = [tuple(s.shape) for s in models.weights_type_spec(task.model_fn())]
-  if os.path.isfile(path + ".npz"):
-    with np.load(path + ".npz", allow_pickle=False) as archive:
-      weights = [np.asarray(archive[f"w{i}"]) for i in range(len(archive.files))]
-  else:
+  weights = rundir.read_model_npz(directory, j)
+  if weights is None:
     weights = models.get_weights(
         tf.keras.models.load_model(path + ".keras", compile=False))
   shapes = [tuple(w.shape) for w in weights]

@@ -1,1 +1,1 @@
-"""Reading and writing what a run leaves on disk (its run directory)."""
+"""What a run leaves on disk: the run directory's format and readers, the results writer, checkpoints, plots."""

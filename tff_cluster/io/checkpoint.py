@@ -57,7 +57,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-DIRNAME = "checkpoints"
+from tff_cluster.io import rundir
+
 # 4: the rows in the run's metrics files; 3: per-client states beside the
 # archive; 2: inside it
 FORMAT = 4
@@ -69,16 +70,7 @@ _PATTERN = re.compile(r"^round-(\d{6,})\.npz$")
 _CLIENTS = re.compile(r"^round-(\d{6,})\.clients$")
 _LEGACY = re.compile(r"^round-(\d{6,})\.pkl$")  # FORMAT 1: pickles (tff-cluster 0.1)
 _TREE = "__tree__"
-# A temporary file or directory of `atomic_write_bytes`, `save` or a saved
-# model (`NAME.tmp-<pid>`, `model_<j>.tmp.keras`).
-_TEMPORARY = re.compile(r"\.tmp-\d+$|\.tmp\.keras$")
-METRICS_FILES = ("metrics.csv", "metrics.jsonl")
-
-
-def is_temporary(name: str) -> bool:
-  """Whether `name` is a temporary file or directory a write of a run makes
-  (`NAME.tmp-<pid>`, `model_<j>.tmp.keras`)."""
-  return bool(_TEMPORARY.search(name))
+METRICS_FILES = (rundir.METRICS_CSV, rundir.METRICS_JSONL)
 
 
 class CheckpointError(ValueError):
@@ -137,21 +129,21 @@ def remove_temporary(run_dir: str) -> List[str]:
   `*.tmp.keras`) that a killed run left in `run_dir`, its checkpoints and its
   saved models; returns their paths."""
   removed = []
-  for folder in (run_dir, directory(run_dir), os.path.join(run_dir, "models", "final"),
-                 os.path.join(run_dir, "models", "best")):
+  for folder in (run_dir, directory(run_dir),
+                 *(rundir.models_dir(run_dir, kind) for kind in rundir.MODEL_KINDS)):
     try:
       names = os.listdir(folder)
     except OSError:
       continue
     for name in names:
-      if is_temporary(name):
+      if rundir.is_temporary(name):
         _remove(os.path.join(folder, name))
         removed.append(os.path.join(folder, name))
   return removed
 
 
 def directory(run_dir: str) -> str:
-  return os.path.join(run_dir, DIRNAME)
+  return rundir.path_of(run_dir, rundir.CHECKPOINTS)
 
 
 def _fsync_dir(path: str) -> None:

@@ -25,11 +25,11 @@ import fnmatch
 import json
 import math
 import os
+import re
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from tff_cluster.io import checkpoint
 from tff_cluster.spec import hparams as hp
 
 CONFIG = "config.json"
@@ -40,11 +40,14 @@ GROUPS_CSV = "groups.csv"
 ACCURACY_PNG = "accuracy.png"
 GROUPS_PNG = "groups.png"
 TENSORBOARD = "tensorboard"
-CHECKPOINTS = checkpoint.DIRNAME
+CHECKPOINTS = "checkpoints"
 MODELS = "models"
 MODEL_KINDS = ("final", "best")  # models/final: the last round's; models/best: the best round's
 CLIENTS_JSON = "clients.json"
 EVAL_PREFIX = "eval_"
+# A temporary file or directory a write of a run makes (`NAME.tmp-<pid>` of
+# an atomic write or a checkpoint, `model_<j>.tmp.keras` of a saved model).
+_TEMPORARY = re.compile(r"\.tmp-\d+$|\.tmp\.keras$")
 
 RUN_FILES = (CONFIG, METRICS_CSV, METRICS_JSONL, SUMMARY, ACCURACY_PNG, GROUPS_CSV, GROUPS_PNG)
 RUN_DIRS = (TENSORBOARD, CHECKPOINTS, MODELS)
@@ -91,6 +94,12 @@ class RunDirError(ValueError):
 
 # ---------------------------------------------------------------------------
 # Paths
+
+
+def is_temporary(name: str) -> bool:
+  """Whether `name` is a temporary file or directory a write of a run makes
+  (`NAME.tmp-<pid>`, `model_<j>.tmp.keras`)."""
+  return bool(_TEMPORARY.search(name))
 
 
 def path_of(run_dir: str, name: str) -> str:
@@ -281,7 +290,7 @@ def _foreign(path: str, rel: str = "") -> List[str]:
   for name in sorted(os.listdir(folder)):
     entry = f"{rel}/{name}" if rel else name
     full = os.path.join(folder, name)
-    if checkpoint.is_temporary(name):
+    if is_temporary(name):
       continue
     is_dir = os.path.isdir(full) and not os.path.islink(full)
     if is_dir and any(r.endswith("/") and fnmatch.fnmatchcase(name, r[:-1]) for r in rules):
@@ -300,7 +309,7 @@ def foreign_entries(path: str) -> List[str]:
   `config.json` (a directory holding only a run's temporary files is a
   run's); [] for a previous run's directory."""
   names = [n for n in os.listdir(path) if n != ".write-test"]
-  if not names or all(checkpoint.is_temporary(n) for n in names):
+  if not names or all(is_temporary(n) for n in names):
     return []
   if not is_run_config(path_of(path, CONFIG)):
     return sorted(n + ("/" if os.path.isdir(os.path.join(path, n)) else "") for n in names)

@@ -1,1 +1,1 @@
-"""What a client and a server do with a gradient: optimizers as values (`optimizers`)."""
+"""Client-side maths: a client's batch schedule, local training on Keras models and on pure functions of the weights, optimizers as values, evaluation."""

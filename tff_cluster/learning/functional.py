@@ -12,7 +12,6 @@ import tensorflow as tf
 from tff_cluster import models
 from tff_cluster.learning import schedule
 from tff_cluster.learning import trainers
-from tff_cluster import models
 
 
 class UnsupportedModel(ValueError):

@@ -30,7 +30,6 @@ import tensorflow as tf
 from tff_cluster import models
 from tff_cluster.learning import optimizers
 from tff_cluster.learning import schedule
-from tff_cluster import models
 
 
 class TrainResult(NamedTuple):

@@ -262,15 +262,15 @@ class LocalRunner(ServerSide):
           self._num_params, self._activations, 10)
     return info
 
-  def _one_client(self, mode: str, bound=None, functional: bool = False):
+  def _one_client(self, mode: str, bound=None, side_by_side: bool = False):
     """Client c of a round's stacked inputs -> (summed, result, state).
-    `functional`: local SGD on the weights as values (`FunctionalTrainer`,
+    `side_by_side`: local SGD on the weights as values (`FunctionalTrainer`,
     whose loops run `bound` masked iterations when `bound` is given)."""
     d, model, loss = self.definition, self._model, self._loss
     keyed = d.num_keys(mode) > 0  # the client's key goes to `client_work`
 
     def one(c, database, keys, received, client_states, indices, sizes, num_steps, x, y):
-      if functional:
+      if side_by_side:
         trainer = functional.FunctionalTrainer(
             self._forward, len(d.weights_spec), d.num_trainable, loss, x, y, bound=bound)
       else:
@@ -360,7 +360,7 @@ class LocalRunner(ServerSide):
     if key in self._rounds:
       return self._rounds[key]
     summed_spec, result_spec, state_spec = output_specs(
-        self._one_client(mode, functional=True), args)
+        self._one_client(mode, side_by_side=True), args)
 
     @tf.function(jit_compile=self.jit)
     def round_fn(database, keys, received, client_states, indices, sizes, num_steps, x, y,
@@ -372,7 +372,7 @@ class LocalRunner(ServerSide):
                 for s in tf.nest.flatten(spec)]
 
       def body(j, total, results, states):
-        one = self._one_client(mode, bound=bounds[j], functional=True)
+        one = self._one_client(mode, bound=bounds[j], side_by_side=True)
         def client(c):
           out = one(c, database, keys, received, client_states, indices, sizes,
                     num_steps, x, y)
