@@ -45,9 +45,9 @@ TFF_PROBLEM = stack.tff_problem()
 # `-m "tff or stack"`: the TFF tests and these; every other test is run on
 # today's stack only (`-m "not tff"`).
 STACK_SENSITIVE = frozenset({
-    "test_api.py", "test_cli.py", "test_cross_stack.py", "test_data_loaders.py",
-    "test_local_training.py", "test_models.py", "test_results.py", "test_stack.py",
-    "test_tasks.py",
+    "test_aggregators.py", "test_api.py", "test_cli.py", "test_cross_stack.py",
+    "test_data_loaders.py", "test_local_training.py", "test_models.py", "test_optimizers.py",
+    "test_results.py", "test_stack.py", "test_tasks.py",
 })
 
 
