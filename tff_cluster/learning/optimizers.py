@@ -71,6 +71,11 @@ def _stateless(fn, is_step: bool = False) -> Transform:
                    is_step)
 
 
+def _identity() -> Transform:
+  """The gradient unchanged (a transform whose parameter makes it a no-op)."""
+  return _stateless(lambda grads, *_: list(grads))
+
+
 def sgd() -> Transform:
   """The plain step: w <- w - lr g."""
   return _stateless(lambda grads, weights, lr, _: [w - lr * g for w, g in zip(weights, grads)],
@@ -134,7 +139,7 @@ def adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> Transform:
 def scale(s: float) -> Transform:
   """g <- s g (the identity when s = 1)."""
   if isinstance(s, (int, float)) and s == 1.0:
-    return _stateless(lambda grads, *_: list(grads))
+    return _identity()
   return _stateless(lambda grads, *_: [s * g for g in grads])
 
 
@@ -151,7 +156,7 @@ def proximal(mu: float, anchor: Optional[Sequence[tf.Tensor]] = None) -> Transfo
   is the identity."""
   mu = float(mu)
   if not mu:
-    return _stateless(lambda grads, *_: list(grads))
+    return _identity()
 
   def at(centre):
     centre = list(centre)
