@@ -41,8 +41,7 @@ class ClusterSum:
   def client(self, key, values: Sequence[tf.Tensor]) -> List[tf.Tensor]:
     """One client's contribution: each of `values` in row `key` of a [K, ...]
     stack."""
-    onehot = tf.one_hot(key, self.k, dtype=tf.float32)
-    return [_scatter(onehot, v) for v in values]
+    return _place(tf.one_hot(key, self.k, dtype=tf.float32), values)
 
 
 class ClusterMean:
@@ -58,8 +57,8 @@ class ClusterMean:
     `weight` the values go in as they are and the weight is 1."""
     onehot = tf.one_hot(key, self.k, dtype=tf.float32)
     if weight is None:
-      return [_scatter(onehot, v) for v in values], onehot
-    return [_scatter(onehot, weight * v) for v in values], onehot * weight
+      return _place(onehot, values), onehot
+    return _place(onehot, [weight * v for v in values]), onehot * weight
 
   @staticmethod
   def mean(sums: Sequence[tf.Tensor], weights: tf.Tensor, old: Sequence[tf.Tensor],
@@ -75,6 +74,6 @@ class ClusterMean:
             for s, o in zip(sums, old)]
 
 
-def _scatter(onehot: tf.Tensor, t: tf.Tensor) -> tf.Tensor:
-  """`t` placed in the row of `onehot` ([K]) of a [K, ...] stack, zeros elsewhere."""
-  return tf.tensordot(onehot, t, axes=0)
+def _place(onehot: tf.Tensor, values: Sequence[tf.Tensor]) -> List[tf.Tensor]:
+  """Each value in the row of `onehot` ([K]) of a [K, ...] stack, zeros elsewhere."""
+  return [tf.tensordot(onehot, v, axes=0) for v in values]
