@@ -16,6 +16,10 @@ Settings (`--settings`):
   synthetic100  The same task with data seed 11, all 100 clients every round.
   femnist       LEAF FEMNIST (51 writers, `--femnist_dir`), MLP 784-512-62;
                 20 clients per round, 10 local epochs, batch 10, lr 0.003.
+  flute         FLUTE's FEMNIST setting on those writers: CNN_DropOut, 10
+                clients per round, 1 epoch, batch 20, lr 0.1, --jit=auto.
+  synthetic_lstm  synthetic20's data through two LSTMs of 100 units (the
+                features as 6 steps of 10), 1 epoch, --jit=auto.
 Modes (`--modes`): `sequential`, `parallel:C` (chunks of C clients).
 
 Per configuration: the median seconds of `--rounds_timed` rounds after
@@ -40,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import os
 import statistics
@@ -59,7 +64,33 @@ SETTINGS = {
                          data_dir=None, model="MCLR 60->10"),
     "femnist": dict(task="femnist", num_clients=None, seed=0, per_round=20, lr=0.003,
                     data_dir="femnist_dir", model="MLP 784-512-62"),
+    # FLUTE's FEMNIST setting on the LEAF sample: CNN_DropOut, 10 clients per
+    # round, one epoch, batch 20, lr 0.1; --jit=auto (off for a CNN on CPUs).
+    "flute": dict(task="femnist", num_clients=None, seed=0, per_round=10, lr=0.1,
+                  data_dir="femnist_dir", model="CNN_DropOut 784-62", model_fn="cnn_dropout",
+                  epochs=1, batch=20, jit="auto"),
+    # A recurrent round: Synthetic(1,1)'s 60 features as 6 steps of 10 through
+    # two LSTMs of 100 units (Sent140's stack), 20 clients, one epoch.
+    "synthetic_lstm": dict(task="synthetic", num_clients=100, seed=0, per_round=20, lr=0.01,
+                           data_dir=None, model="LSTM 2x100 over 6x10", model_fn="lstm6x10",
+                           epochs=1, batch=10, jit="auto"),
 }
+
+
+def _model_fn(name: str):
+  """The settings' models other than their task's own."""
+  import tensorflow as tf
+  from tff_cluster import models
+  if name == "cnn_dropout":
+    return models.cnn_dropout
+
+  def lstm6x10():
+    inputs = tf.keras.Input(shape=(60,))
+    h = tf.keras.layers.Reshape((6, 10))(inputs)
+    h = tf.keras.layers.LSTM(100, return_sequences=True)(h)
+    h = tf.keras.layers.LSTM(100)(h)
+    return tf.keras.Model(inputs, tf.keras.layers.Dense(10)(h))
+  return lstm6x10
 EPOCHS, BATCH = 10, 10
 COLUMNS = ("setting", "model", "mode", "chunk", "tf_version", "clients_per_round",
            "median_s_per_round", "round_seconds", "flops_per_round", "gflops_per_s",
@@ -116,7 +147,6 @@ def measure_one(spec: Dict[str, Any]) -> Dict[str, Any]:
   from tff_cluster import tasks
   from tff_cluster import registry
   from tff_cluster.host import loop
-  from tff_cluster.learning import functional
   from tff_cluster.learning import schedule
   from tff_cluster.spec.task import DataOptions
   sys.path.insert(0, os.path.join(REPO_ROOT, "benchmarks"))
@@ -130,6 +160,9 @@ def measure_one(spec: Dict[str, Any]) -> Dict[str, Any]:
     options["data_dir"] = os.path.abspath(spec["data_dir"])
   task = tasks.get_task(setting["task"])
   data = task.load_data(DataOptions(**options))
+  if "model_fn" in setting:
+    task = dataclasses.replace(task, model_fn=_model_fn(setting["model_fn"]))
+  epochs, batch = setting.get("epochs", EPOCHS), setting.get("batch", BATCH)
   rounds = spec["warmup"] + spec["rounds_timed"]
   n = data.num_clients
   if setting["per_round"] >= n:
@@ -138,9 +171,10 @@ def measure_one(spec: Dict[str, Any]) -> Dict[str, Any]:
     rng = np.random.default_rng(np.random.SeedSequence([setting["seed"], 7]))
     sampled = [loop.sample_clients(rng, n, setting["per_round"]) for _ in range(rounds)]
   config = loop.TrainingConfig(
-      rounds=rounds, clients_per_round=min(setting["per_round"], n), local_epochs=EPOCHS,
-      batch_size=BATCH, client_lr=setting["lr"], seed=setting["seed"], runner="local",
-      jit="on", client_batching=spec["mode"], client_chunk=spec["chunk"] or 4)
+      rounds=rounds, clients_per_round=min(setting["per_round"], n), local_epochs=epochs,
+      batch_size=batch, client_lr=setting["lr"], seed=setting["seed"], runner="local",
+      jit=setting.get("jit", "on"), client_batching=spec["mode"],
+      client_chunk=spec["chunk"] or 4)
   driver = registry.get_algorithm("fedavg").make_driver(task, data, config)
   driver.setup()
   rss_before = _status_mib("VmRSS")
@@ -153,10 +187,10 @@ def measure_one(spec: Dict[str, Any]) -> Dict[str, Any]:
   peak = _status_mib("VmHWM")
   timed = sampled[spec["warmup"]:]
   sizes = data.num_train_samples()
-  work = schedule.LocalWork(BATCH, epochs=EPOCHS)
+  work = schedule.LocalWork(batch, epochs=epochs)
   steps = [sum(work.num_steps(int(sizes[k])) for k in s) for s in timed]
   longest = [max(work.num_steps(int(sizes[k])) for k in s) for s in timed]
-  examples = [EPOCHS * float(sizes[list(s)].sum()) for s in timed]
+  examples = [epochs * float(sizes[list(s)].sum()) for s in timed]
   macs = runner_speed.model_macs(task.model_fn())
   median = statistics.median(seconds[spec["warmup"]:])
   flops = 6.0 * macs * statistics.fmean(examples)
@@ -239,7 +273,7 @@ def step_cost(steps: int = 300) -> List[Dict[str, Any]]:
     model = (models.mclr(shape[0], classes) if hidden is None
              else models.mlp(shape[0], hidden, classes))
     macs = runner_speed.model_macs(model)
-    forward = functional.stateless_forward(model)
+    stateless = functional.stateless_model(model)
     weights = models.get_weights(model)
     n = 4000
     x = tf.constant(rng.normal(size=(n,) + shape).astype(np.float32))
@@ -250,9 +284,8 @@ def step_cost(steps: int = 300) -> List[Dict[str, Any]]:
       counts = tf.fill([width], steps)
 
       def client(c):
-        trainer = functional.FunctionalTrainer(
-            forward, len(weights), len(weights), models.SPARSE_CE_LOGITS, x, y,
-            bound=tf.constant(steps))
+        trainer = functional.FunctionalTrainer(stateless, models.SPARSE_CE_LOGITS, x, y,
+                                               bound=tf.constant(steps))
         data = schedule.PaddedBatches(tf.gather(idx, c), tf.gather(sizes, c),
                                             tf.gather(counts, c))
         return trainer.train(weights, data, 0.01).delta

@@ -357,6 +357,12 @@ PRESETS = {
     "flute_seq": "--task=femnist --model=cnn_dropout --clients=10 --epochs=1 --batch_size=20 --lr=0.1",
     "flute_grouped": ("--task=femnist --model=cnn_dropout --clients=10 --epochs=1 --batch_size=20 "
                       "--lr=0.1 --kind=grouped"),
+    # The runner's own side-by-side round of the CNN (convolutions as patches
+    # times a matrix, Dropout from each client's seed), in one chunk and in two.
+    "flute_par10": ("--task=femnist --model=cnn_dropout --clients=10 --epochs=1 --batch_size=20 "
+                    "--lr=0.1 --client_batching=parallel --chunk=10"),
+    "flute_par5": ("--task=femnist --model=cnn_dropout --clients=10 --epochs=1 --batch_size=20 "
+                   "--lr=0.1 --client_batching=parallel --chunk=5"),
     "flute_eval10k": "--task=femnist --model=cnn_dropout --kind=eval --eval_examples=10000",
 }
 

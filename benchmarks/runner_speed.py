@@ -240,7 +240,8 @@ def abs_path(path: str) -> str:
 
 
 def model_macs(model) -> int:
-  """Multiply-adds of one forward pass of one example (Dense and Conv2D only)."""
+  """Multiply-adds of one forward pass of one example (Dense, Conv2D and LSTM;
+  an Embedding is a lookup)."""
   import numpy as np
   import tensorflow as tf
   total = 0
@@ -254,7 +255,11 @@ def model_macs(model) -> int:
       kh, kw, c_in, c_out = layer.kernel.shape
       _, h_out, w_out, _ = layer.output.shape
       total += int(h_out) * int(w_out) * int(kh) * int(kw) * int(c_in) * int(c_out)
-    elif layer.weights and not isinstance(layer, tf.keras.layers.BatchNormalization):
+    elif isinstance(layer, tf.keras.layers.LSTM):
+      steps, features = int(layer.input.shape[1]), int(layer.input.shape[-1])
+      total += steps * 4 * int(layer.units) * (features + int(layer.units))
+    elif layer.weights and not isinstance(layer, (tf.keras.layers.BatchNormalization,
+                                                  tf.keras.layers.Embedding)):
       raise ValueError(f"model_macs: no MAC count for layer {layer.name} "
                        f"({type(layer).__name__})")
   del np

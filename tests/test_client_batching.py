@@ -125,9 +125,8 @@ def test_functional_trainer_equals_the_padded_trainer(settings):
                opt_state=None if velocity is None else ((),) * (len(transforms) - 1) + (velocity,))
   xs, ys = tf.constant(x), tf.constant(y)
   padded = trainers.PaddedTrainer(model, models.SPARSE_CE_LOGITS, xs, ys)
-  forward = functional.stateless_forward(model)
-  side = functional.FunctionalTrainer(
-      forward, len(start), len(start), models.SPARSE_CE_LOGITS, xs, ys)
+  stateless = functional.stateless_model(model)
+  side = functional.FunctionalTrainer(stateless, models.SPARSE_CE_LOGITS, xs, ys)
   work = schedule.LocalWork(4, epochs=2)
   # Two clients: rows 0..14 and 15..22 (fewer steps), padded to the same P.
   batches = schedule.stacked_padded_batches([15, 8], [0, 15], work, [7, 8], 8)
@@ -138,9 +137,8 @@ def test_functional_trainer_equals_the_padded_trainer(settings):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
   def both(c):
-    trainer = functional.FunctionalTrainer(
-        forward, len(start), len(start), models.SPARSE_CE_LOGITS, xs, ys,
-        bound=tf.constant(8))
+    trainer = functional.FunctionalTrainer(stateless, models.SPARSE_CE_LOGITS, xs, ys,
+                                           bound=tf.constant(8))
     data = schedule.PaddedBatches(*[tf.gather(tf.constant(t), c) for t in batches])
     out = trainer.train(start, data, 0.1, **extra)
     loss, count = trainer.loss(start, data, 2)
@@ -168,7 +166,9 @@ def test_functional_trainer_equals_the_padded_trainer(settings):
   assert expected[0].num_examples == 30 and expected[1].num_examples == 16
 
 
-def test_models_without_a_stateless_forward_are_refused():
+def test_tf_keras_chains_refuse_other_layers():
+  """The tf_keras route (a written-out chain) refuses the first other layer
+  and a graph that is not one chain."""
   with pytest.raises(functional.UnsupportedModel, match="Conv2D"):
     functional.stateless_forward(models.lenet5())
   # A Dense model whose layers are not one chain (a skip connection).
@@ -179,9 +179,33 @@ def test_models_without_a_stateless_forward_are_refused():
     functional.stateless_forward(skip)
   assert local_runner.resolve_client_batching("auto", "layer 'c' (Conv2D)", "/CPU:0") == \
       "sequential"
-  with pytest.raises(ValueError, match=r"parallel for this model: layer 'c' \(Conv2D\) is "
-                     r"not supported side by side .* valid: auto or sequential"):
+  with pytest.raises(ValueError, match=r"parallel for this model: layer 'c' \(Conv2D\); "
+                     r"valid: auto or sequential"):
     local_runner.resolve_client_batching("parallel", "layer 'c' (Conv2D)", "/CPU:0")
+
+
+def _refused(layer):
+  inputs = tf.keras.Input(shape=(6, 6, 2))
+  h = layer(inputs)
+  return tf.keras.Model(inputs, tf.keras.layers.Dense(3)(tf.keras.layers.Flatten()(h)))
+
+
+@pytest.mark.parametrize("layer,words", [
+    (lambda: tf.keras.layers.Conv2D(4, 3, groups=2, name="grouped"),
+     r"layer 'grouped' \(Conv2D\): grouped convolutions"),
+    (lambda: tf.keras.layers.Conv2DTranspose(2, 3, name="up"),
+     r"layer 'up' \(Conv2DTranspose\): op Conv2DBackpropInput has no side-by-side form"),
+    (lambda: tf.keras.layers.Reshape((6, 12), name="r"), None),
+])
+def test_keras3_models_are_refused_naming_the_layer(layer, words):
+  """A layer with no side-by-side form is named: read from its settings, or
+  from the op TF's vectorizer stops at (traced with no loop over clients)."""
+  model = _refused(layer())
+  if words is None:  # a layer every step of which vectorizes
+    functional.stateless_model(model)
+    return
+  with pytest.raises(functional.UnsupportedModel, match=words):
+    functional.stateless_model(model)
 
 
 def test_the_choice_is_recorded(cluster_data):
@@ -195,14 +219,14 @@ def test_the_choice_is_recorded(cluster_data):
     assert ("chunk" in info) == (expected == "parallel")
 
 
-def test_cli_refuses_parallel_for_a_cnn_in_one_line(tmp_path, capsys):
+def test_cli_refuses_an_invalid_batching_in_one_line(tmp_path, capsys):
   out_dir = tmp_path / "run"
   code, out, err = main_in_process(
-      ["--algo=fedavg", "--task=fmnist", "--model=lenet5", "--client_batching=parallel",
+      ["--algo=fedavg", "--task=fmnist", "--model=lenet5", "--client_batching=sideways",
        "--rounds=1", f"--data_dir={shared_data('fashion_mnist')}",
        f"--output_dir={out_dir}"], capsys)
-  assert_one_line_error(code, err, out_dir, "--client_batching=parallel", "Conv2D",
-                        "valid: auto or sequential")
+  assert_one_line_error(code, err, out_dir, "--client_batching", "sideways",
+                        "auto, sequential, parallel")
 
 
 def test_cli_records_parallel_in_config(tmp_path, capsys):
@@ -215,3 +239,173 @@ def test_cli_records_parallel_in_config(tmp_path, capsys):
   config = json.loads((out_dir / "config.json").read_text())
   assert config["client_batching"] == "parallel"
   assert config["runner_info"]["client_batching"] == "parallel"
+
+
+# -- Keras 3 models side by side: CNNs with BatchNorm and Dropout, LSTMs ------------
+
+def _cnn_bn(input_dim=60, classes=10):
+  """Convolution, BatchNorm, max-pool and Dropout on the features as a 6 x 10 image."""
+  inputs = tf.keras.Input(shape=(input_dim,))
+  h = tf.keras.layers.Reshape((6, input_dim // 6, 1))(inputs)
+  h = tf.keras.layers.Conv2D(4, 3, padding="same")(h)
+  h = tf.keras.layers.BatchNormalization()(h)
+  h = tf.keras.layers.ReLU()(h)
+  h = tf.keras.layers.MaxPool2D(2)(h)
+  h = tf.keras.layers.Dropout(0.25, seed=1)(h)
+  h = tf.keras.layers.Flatten()(h)
+  return tf.keras.Model(inputs, tf.keras.layers.Dense(classes)(h))
+
+
+def _lstm(input_dim=60, classes=10):
+  """The features as 6 steps of 10, an LSTM of 8 units, a Dense head."""
+  inputs = tf.keras.Input(shape=(input_dim,))
+  h = tf.keras.layers.Reshape((6, input_dim // 6))(inputs)
+  h = tf.keras.layers.LSTM(8)(h)
+  return tf.keras.Model(inputs, tf.keras.layers.Dense(classes)(h))
+
+
+def _embedding_lstm():
+  """Sent140's shape, small: token ids, an Embedding, two stacked LSTMs, a
+  sigmoid out (binary cross-entropy)."""
+  inputs = tf.keras.Input(shape=(7,), dtype=tf.int32)
+  h = tf.keras.layers.Embedding(30, 5)(inputs)
+  h = tf.keras.layers.LSTM(6, return_sequences=True)(h)
+  h = tf.keras.layers.LSTM(6)(h)
+  return tf.keras.Model(inputs, tf.keras.layers.Dense(1, activation="sigmoid")(h))
+
+
+class _Subclassed(tf.keras.Model):
+  """A subclassed CNN (its forward pass is its own call()) with Dropout."""
+
+  def __init__(self):
+    super().__init__()
+    self.reshape = tf.keras.layers.Reshape((6, 10, 1))
+    self.conv = tf.keras.layers.Conv2D(3, 3, strides=2, padding="same", activation="relu")
+    self.drop = tf.keras.layers.Dropout(0.5, seed=2)
+    self.flat = tf.keras.layers.Flatten()
+    self.head = tf.keras.layers.Dense(10)
+
+  def call(self, x, training=False):
+    return self.head(self.flat(self.drop(self.conv(self.reshape(x)), training=training)))
+
+
+def _trainer_case(make, loss):
+  rng = np.random.default_rng(5)
+  model = make()
+  if isinstance(model, _Subclassed):
+    model = models.build_model(model, (60,))
+  spec = models.model_input_spec(model)
+  shape = (23,) + (tuple(spec.shape) if spec is not None else (60,))
+  if loss == models.BINARY_PROBS:
+    x = rng.integers(0, 30, shape).astype(np.int32)
+    y = rng.integers(0, 2, 23).astype(np.float32)
+  else:
+    x = rng.normal(size=shape).astype(np.float32)
+    y = rng.integers(0, 10, 23).astype(np.int32)
+  return model, tf.constant(x), tf.constant(y)
+
+
+@pytest.mark.parametrize("make,loss", [
+    (_cnn_bn, models.SPARSE_CE_LOGITS), (_lstm, models.SPARSE_CE_LOGITS),
+    (_embedding_lstm, models.BINARY_PROBS), (_Subclassed, models.SPARSE_CE_LOGITS)],
+    ids=["cnn_batchnorm_dropout", "lstm", "embedding_lstm", "subclassed_cnn_dropout"])
+def test_keras3_models_side_by_side_equal_the_padded_trainer(make, loss):
+  """Two clients of different lengths side by side, in one
+  `tf.vectorized_map` with no loop over clients: each gets the Keras-variable
+  trainer's deltas (BatchNorm's moving statistics included), losses and
+  gradients (BatchNorm over each batch's real rows there, sliced to them
+  here; the same Dropout masks from each client's seed)."""
+  model, xs, ys = _trainer_case(make, loss)
+  stateless = functional.stateless_model(model, tf.TensorSpec(xs.shape[1:], xs.dtype))
+  start = models.get_weights(model)
+  padded = trainers.PaddedTrainer(model, loss, xs, ys,
+                                  exact_batches=models.has_batch_statistics(model))
+  work = schedule.LocalWork(4, epochs=2)
+  batches = schedule.stacked_padded_batches([15, 8], [0, 15], work, [7, 8], 8)
+  one = [schedule.PaddedBatches(*[tf.constant(t[c]) for t in batches]) for c in (0, 1)]
+  optimizer = optimizers.chain(optimizers.proximal(0.1), optimizers.heavy_ball(0.5))
+  expected = [tf.function(lambda d=d: padded.train(start, d, 0.05, optimizer))() for d in one]
+  want_grads = [tf.function(lambda d=d: padded.gradient(start, d, 0))()[0] for d in one]
+
+  def both(c):
+    trainer = functional.FunctionalTrainer(stateless, loss, xs, ys, bound=tf.constant(8))
+    data = schedule.PaddedBatches(*[tf.gather(tf.constant(t), c) for t in batches])
+    return trainer.train(start, data, 0.05, optimizer), trainer.gradient(start, data, 0)[0]
+
+  out, grads = tf.function(lambda: tf.vectorized_map(both, tf.constant([0, 1]),
+                                                     fallback_to_while_loop=False))()
+  for c in (0, 1):
+    for a, b in zip(expected[c].delta, out.delta):
+      np.testing.assert_allclose(a, b[c], rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(expected[c].loss_sum, out.loss_sum[c], rtol=1e-5)
+    for a, b in zip(want_grads[c], grads):
+      np.testing.assert_allclose(a, b[c], rtol=1e-4, atol=1e-6)
+  # The two clients' Dropout masks differ (their seeds do), and training moved.
+  assert max(float(np.max(np.abs(d))) for d in expected[0].delta) > 1e-3
+
+
+def test_dropout_masks_are_each_clients_own():
+  """A client's Dropout masks depend on its round seed alone: the same seed
+  the same masks, another seed other masks; the kept share is 1 - rate."""
+  from tff_cluster.learning import layer_forms
+  a = layer_forms.hash_uniform(tf.constant([11, 0], tf.int64), 0, (200, 50))
+  b = layer_forms.hash_uniform(tf.constant([11, 0], tf.int64), 0, (200, 50))
+  c = layer_forms.hash_uniform(tf.constant([12, 0], tf.int64), 0, (200, 50))
+  d = layer_forms.hash_uniform(tf.constant([11, 1], tf.int64), 0, (200, 50))
+  e = layer_forms.hash_uniform(tf.constant([11, 0], tf.int64), 1, (200, 50))
+  np.testing.assert_array_equal(a, b)
+  for other in (c, d, e):
+    assert np.mean((a.numpy() < 0.5) == (other.numpy() < 0.5)) < 0.55
+  assert abs(float(np.mean(a.numpy() >= 0.25)) - 0.75) < 0.01
+  assert 0.0 <= float(np.min(a)) and float(np.max(a)) < 1.0
+
+
+def test_patch_convolution_equals_tf_convolution():
+  """Convolutions as patches times a matrix: TF's values for 1-D and 2-D,
+  'valid' and 'same', strides and dilations."""
+  from tff_cluster.learning import layer_forms
+  rng = np.random.default_rng(2)
+  for shape, kernel, strides, padding, dilation in [
+      ((2, 9, 8, 3), (3, 2, 3, 5), [1, 1], "valid", [1, 1]),
+      ((2, 9, 8, 3), (5, 5, 3, 4), [2, 3], "same", [1, 1]),
+      ((2, 9, 8, 3), (3, 3, 3, 2), [1, 1], "same", [2, 2]),
+      ((2, 11, 3), (4, 3, 6), [2], "same", [1]),
+      ((2, 11, 3), (3, 3, 6), [1], "valid", [3])]:
+    x = rng.normal(size=shape).astype(np.float32)
+    k = rng.normal(size=kernel).astype(np.float32)
+    want = tf.nn.convolution(x, k, strides=strides, padding=padding.upper(),
+                             dilations=dilation)
+    got = layer_forms.patch_conv(tf.constant(x), tf.constant(k), strides, padding, dilation)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+KERAS3_RUN_MODELS = {"cnn_batchnorm_dropout": _cnn_bn, "lstm": _lstm}
+# The mechanisms an algorithm's client work can use: plain FedAvg; IFCA's keys,
+# persistent client momentum and client states; Mime's control variate (a
+# second training call per step; Mime refuses BatchNorm, so MimeLite's
+# scaled, offset gradients for the CNN); CFL-MGD's gradients and losses.
+KERAS3_RUN_CASES = [
+    (model, algo, case, solver) for model in sorted(KERAS3_RUN_MODELS)
+    for algo, case, solver in [
+        ("fedavg", 0, "epochs"), ("ifca", 1, "steps_momentum_persist_decay"),
+        ("mime_lite" if model == "cnn_batchnorm_dropout" else "mime", 0, "epochs"),
+        ("cfl_mgd", 1, "epochs")]]
+
+
+@pytest.mark.parametrize("model,algo,case,solver", KERAS3_RUN_CASES)
+def test_cnn_and_lstm_side_by_side_give_the_sequential_numbers(model, algo, case, solver,
+                                                               cluster_data, tmp_path):
+  """The parity cases with a CNN (BatchNorm, Dropout) and an LSTM in place of
+  the task's model: side by side (chunks of 3) gives the one-at-a-time run's
+  rows, assignments and weights within the runner parity tolerance."""
+  import dataclasses
+  task, data = cluster_data
+  task = dataclasses.replace(task, model_fn=KERAS3_RUN_MODELS[model])
+  runs = []
+  for batching in ("sequential", "parallel"):
+    options = dict(test_runners.PARITY_CASES[algo][case])
+    options["_config"] = dict(options.get("_config", {}), client_batching=batching,
+                              client_chunk=3)
+    runs.append(test_runners._run(task, data, algo, options, "local", tmp_path / batching,
+                                  test_runners.SOLVER_CASES[solver]))
+  test_runners.assert_same_run(*runs)

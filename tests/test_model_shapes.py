@@ -173,9 +173,16 @@ def test_a_sequential_model_side_by_side_gives_the_sequential_numbers(trained):
   assert parallel[3] < 0.9 * parallel[2]
 
 
+def _functional_cnn():
+  inputs = keras.Input((FEATURES,))
+  h = layers.Reshape((4, 2, 1))(inputs)
+  h = layers.Conv2D(3, 2, padding="same", activation="relu", name="conv_f")(h)
+  return keras.Model(inputs, layers.Dense(CLASSES)(layers.Flatten()(h)))
+
+
 REFUSED = {name: (fn, why) for name, (fn, why) in SHAPES.items() if why is not None}
 REFUSED.update({
-    "functional_cnn": (models.lenet5, "layer 'conv2d"),
+    "functional_cnn": (_functional_cnn, "layer 'conv_f' (Conv2D)"),
     "sequential_cnn_without_input": (
         lambda: keras.Sequential([layers.Reshape((4, 2, 1)), layers.Conv2D(2, 2, name="conv"),
                                   layers.Flatten(), layers.Dense(CLASSES)]),
@@ -187,9 +194,25 @@ REFUSED.update({
 })
 
 
+# Keras 3 models run through their own stateless call (any layer whose ops
+# vectorize); tf_keras models only as chains of Dense-like layers.
+KERAS3 = hasattr(keras.Model, "stateless_call")
+
+
 @pytest.mark.parametrize("shape", sorted(REFUSED))
-def test_side_by_side_is_refused_at_build_in_one_line(shape):
+def test_models_beyond_dense_chains_side_by_side(shape, data):
+  """Under Keras 3 a subclassed model, a layer of one's own, CNNs (built at
+  initialize or not) and BatchNorm train side by side with the one-at-a-time
+  numbers (the runner parity tolerance); under tf_keras they are refused at
+  build in one line naming why, and `auto` takes the loop for them."""
   model_fn, why = REFUSED[shape]
+  if KERAS3:
+    sequential = _train("fedavg", model_fn, data, "sequential")
+    parallel = _train("fedavg", model_fn, data, "parallel")
+    for a, b in zip(sequential[1][0].trainable, parallel[1][0].trainable):
+      np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    assert parallel[4] == pytest.approx(sequential[4], rel=1e-5)
+    return
   with pytest.raises(ValueError) as refused:
     api.build("fedavg", model_fn, "sparse_ce_logits", client_batching="parallel",
               **SETTINGS)
@@ -201,6 +224,23 @@ def test_side_by_side_is_refused_at_build_in_one_line(shape):
       "valid for this model: client_batching='auto' or 'sequential'"), message
   # `auto` takes the loop for it.
   api.build("fedavg", model_fn, "sparse_ce_logits", client_batching="auto", **SETTINGS)
+
+
+@pytest.mark.skipif(not KERAS3, reason="Keras 3's stateless call")
+def test_a_keras3_layer_without_a_side_by_side_form_is_refused_in_one_line():
+  def model_fn():
+    inputs = keras.Input((FEATURES,))
+    h = layers.Reshape((2, 4, 1))(inputs)
+    h = layers.Conv2DTranspose(2, 2, name="up")(h)
+    return keras.Model(inputs, layers.Dense(CLASSES)(layers.Flatten()(h)))
+
+  with pytest.raises(ValueError) as refused:
+    api.build("fedavg", model_fn, "sparse_ce_logits", client_batching="parallel",
+              **SETTINGS)
+  assert str(refused.value) == (
+      "client_batching='parallel' needs a Keras 3 model whose layers have side-by-side forms; "
+      "layer 'up' (Conv2DTranspose): op Conv2DBackpropInput has no side-by-side form; valid "
+      "for this model: client_batching='auto' or 'sequential'")
 
 
 def test_bad_settings_of_the_model_are_refused_in_one_line(data):

@@ -37,8 +37,10 @@ actors) and the algorithm's host side, and checks what it is given:
   both runners train Keras variables with these two losses.
 * Initial weights are optional: without them the model's own initializer,
   seeded by `seed`.
-* `client_batching='parallel'` (clients side by side) needs a
-  `keras.Sequential` or functional model that is one chain of Dense, Flatten,
+* `client_batching='parallel'` (clients side by side) takes any Keras 3
+  model whose layers have side-by-side forms (convolutions, BatchNorm,
+  Dropout, recurrent layers among them; `learning/layer_forms.py`), and under
+  tf_keras a `keras.Sequential` or functional chain of Dense, Flatten,
   Reshape and Activation layers; any other model is refused by `build` in one
   line (`'auto'` trains it one client at a time).
 """
@@ -55,6 +57,7 @@ import numpy as np
 from tff_cluster import models, registry, stack
 from tff_cluster.host import loop
 from tff_cluster.learning import functional
+from tff_cluster.learning import layer_forms
 from tff_cluster.spec import hparams as hp
 from tff_cluster.data.client_data import from_client_data
 from tff_cluster.learning.evaluation import Evaluator, is_rule
@@ -228,20 +231,27 @@ def _model_data_problem(model, loss: str, data: FederatedData) -> Optional[str]:
   return None
 
 
-def _side_by_side_problem(model) -> Optional[str]:
+def _side_by_side_problem(model, input_spec=None) -> Optional[str]:
   """Why `model` cannot train clients side by side (one line, the API's
-  words), or None. Without weights yet, only its class and layer types are
-  read; built, its chain is also checked against its own call."""
-  problem = functional.chain_problem(model)
-  if problem is None and models.has_weights(model):
+  words), or None. Without weights yet (or, under Keras 3, without an input
+  shape: `input_spec`, else the model's own), only its class and layer types
+  are read; otherwise its side-by-side function is made and checked
+  (`functional.stateless_model`)."""
+  keras3 = hasattr(model, "stateless_call")
+  problem = (layer_forms.side_by_side_problem(model) if keras3
+             else functional.chain_problem(model))
+  known = input_spec is not None or models.model_input_spec(model) is not None
+  if problem is None and models.has_weights(model) and (known or not keras3):
     try:
-      functional.stateless_forward(model)
+      functional.stateless_model(model, input_spec)
     except functional.UnsupportedModel as e:
       problem = str(e)
   if problem is None:
     return None
-  return (f"client_batching='parallel' needs a keras.Sequential or functional model whose "
-          f"layers are one chain of {functional.CHAIN_LAYERS}; {problem}; valid for "
+  needs = ("a Keras 3 model whose layers have side-by-side forms" if keras3 else
+           f"a keras.Sequential or functional model whose layers are one chain of "
+           f"{functional.CHAIN_LAYERS}")
+  return (f"client_batching='parallel' needs {needs}; {problem}; valid for "
           "this model: client_batching='auto' or 'sequential'")
 
 
@@ -396,7 +406,8 @@ class Process:
       raise ValueError(_no_trainable_problem(model))
     if self._train_settings["client_batching"] == "parallel" and \
         self._train_settings["runner"] != "tff":
-      problem = _side_by_side_problem(model)
+      import tensorflow as tf
+      problem = _side_by_side_problem(model, tf.TensorSpec(shape, tf.as_dtype(dtype)))
       if problem is not None:
         raise ValueError(problem)
     self._set_layout(model)

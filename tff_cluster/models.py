@@ -343,6 +343,11 @@ def model_family(model: tf.keras.Model) -> str:
   return "dense"
 
 
+def num_dense_layers(model: tf.keras.Model) -> int:
+  """How many Dense layers `model` has (nested models' too)."""
+  return sum(isinstance(l, tf.keras.layers.Dense) for l in _all_layers(model))
+
+
 def dense_indices(model: tf.keras.Model, last_only: bool = False) -> List[int]:
   """Indices, in the model's weight list (trainable first), of the weights of
   its Dense layers in layer order, each [kernel] or [kernel, bias]; with

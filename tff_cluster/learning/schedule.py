@@ -110,10 +110,14 @@ class PaddedBatches(NamedTuple):
     The runner pads P to the largest step count of any client, so that one
     compiled shape serves every client (only these small index arrays are
     padded, never the data).
+  seed: int64 scalar, the client's round seed (`client_seed`: the one its
+    shuffles come from), which also seeds its Dropout masks; None where not
+    given.
   """
   indices: tf.Tensor
   sizes: tf.Tensor
   num_steps: tf.Tensor
+  seed: Optional[tf.Tensor] = None
 
 
 def padded_batches(num_samples: int, offset: int, work: LocalWork, seed: int,
@@ -126,14 +130,16 @@ def padded_batches(num_samples: int, offset: int, work: LocalWork, seed: int,
   steps = work.num_steps(num_samples)
   total = steps if total_steps is None else total_steps
   stacked = stacked_padded_batches([num_samples], [offset], work, [seed], total)
-  return PaddedBatches(stacked.indices[0], stacked.sizes[0], stacked.num_steps[0])
+  return PaddedBatches(stacked.indices[0], stacked.sizes[0], stacked.num_steps[0],
+                       stacked.seed[0])
 
 
 def stacked_padded_batches(num_samples: Sequence[int], offsets: Sequence[int],
                            work: LocalWork, seeds: Sequence[int], total_steps: int
                            ) -> PaddedBatches:
   """`padded_batches` of several clients stacked: indices [K, P, B], sizes
-  [K, P], num_steps [K] (P = `total_steps`, at least every client's steps).
+  [K, P], num_steps [K], seed [K] (P = `total_steps`, at least every client's
+  steps).
   Every client's and epoch's order comes from one TF call."""
   b = work.batch_size
   epochs = [work.num_epochs(int(n)) for n in num_samples]
@@ -163,7 +169,8 @@ def stacked_padded_batches(num_samples: Sequence[int], offsets: Sequence[int],
       epoch_sizes[-1] = n % b
     indices[c, :s] = padded.reshape(e * per_epoch, b)[:s]
     sizes[c, :s] = np.tile(epoch_sizes, e)[:s]
-  return PaddedBatches(indices, sizes, np.asarray(steps, np.int32))
+  return PaddedBatches(indices, sizes, np.asarray(steps, np.int32),
+                       np.asarray(seeds, np.int64))
 
 
 # Index batches whose rows are gathered together: one gather of BLOCK batches

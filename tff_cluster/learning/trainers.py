@@ -28,6 +28,7 @@ from typing import Any, List, NamedTuple, Optional
 import tensorflow as tf
 
 from tff_cluster import models
+from tff_cluster.learning import layer_forms
 from tff_cluster.learning import optimizers
 from tff_cluster.learning import schedule
 
@@ -225,6 +226,11 @@ class PaddedTrainer(_Trainer):
   its real size (dynamic shapes: not XLA-compilable); otherwise every batch
   has the full size and padded rows get weight 0 in the mean loss, which
   gives the same gradients as the real-size batch.
+
+  A Keras 3 model's Dropout layers draw from `layer_forms`' per-client hash,
+  their seed states set to the client's round seed (`data.seed`) when
+  training or taking a gradient starts: the masks `FunctionalTrainer` draws
+  side by side.
   """
 
   def __init__(self, model, loss, x, y, exact_batches: bool = False):
@@ -232,6 +238,11 @@ class PaddedTrainer(_Trainer):
     self._x = x
     self._y = y
     self._exact = exact_batches
+    self._dropout = layer_forms.install_dropout(model)
+
+  def _seed(self, data: schedule.PaddedBatches) -> None:
+    if self._dropout and getattr(data, "seed", None) is not None:
+      layer_forms.reset_dropout_seeds(self.model, data.seed)
 
   def _batch(self, data: schedule.PaddedBatches, i):
     """(x, y, mask) of batch i: its real rows when `exact_batches`, else the
@@ -248,6 +259,7 @@ class PaddedTrainer(_Trainer):
     start = list(start)
     lr = tf.cast(lr, tf.float32)
     opt, state = self._start(start, optimizer, opt_state)
+    self._seed(data)
 
     def step(x, y, mask, num_examples, loss_sum, state):
       loss_x_n, n, state = sgd_step(self.model, self.loss_kind, (x, y, mask), lr, opt, state)
@@ -278,6 +290,7 @@ class PaddedTrainer(_Trainer):
   def gradient(self, weights, data: schedule.PaddedBatches, max_batches: int = 1):
     for var, value in zip(self._variables, weights):
       var.assign(value)
+    self._seed(data)
     limit = data.num_steps if not max_batches else tf.minimum(data.num_steps, max_batches)
     zeros = tuple(tf.zeros_like(v) for v in self.model.trainable_variables)
 

@@ -93,6 +93,43 @@ def resolve_jit(setting: str, family: str, exact_batches: bool, device: str) -> 
 
 
 
+# `--client_batching=auto`: side by side only where it was measured faster on
+# that device kind for that model kind (docs/runners.md, "Clients side by
+# side"); each entry's reason is written in config.json's runner_info.
+AUTO_RULES = {
+    ("gpu", "mlp"): ("parallel", "H100 (exported round, benchmarks/recorded/gpu_cohort_round"
+                     ".csv): FEMNIST MLP, 20 clients x 10 epochs, 0.0294 s side by side "
+                     "against 0.1111 s one after another"),
+    ("gpu", "mclr"): ("sequential", "H100: Synthetic MCLR, 20 clients x 20 epochs, 0.5404 s "
+                      "side by side against 0.5089 s one after another"),
+    ("gpu", "cnn"): ("sequential", "not measured on a GPU in this runner's form (patches "
+                     "times a matrix)"),
+    ("gpu", "rnn"): ("sequential", "not measured on a GPU"),
+    ("cpu", "any"): ("sequential", "CPUs (benchmarks/client_batching.py): side by side at "
+                     "most 1.25x faster, slower for most tasks and chunk widths"),
+}
+
+
+def model_kind(model) -> str:
+  """'mclr' (one Dense layer), 'mlp' (more), 'cnn' or 'rnn': the model kinds
+  `AUTO_RULES` tells apart."""
+  family = models.model_family(model)
+  if family != "dense":
+    return family
+  return "mlp" if models.num_dense_layers(model) > 1 else "mclr"
+
+
+def auto_rule(model, device: str):
+  """(the `--client_batching=auto` choice, the measurement it rests on)."""
+  if not device.startswith("/GPU"):
+    return AUTO_RULES[("cpu", "any")]
+  return AUTO_RULES[("gpu", model_kind(model))]
+
+
+def auto_side_by_side(model, device: str) -> bool:
+  return auto_rule(model, device)[0] == "parallel"
+
+
 def resolve_client_batching(setting: str, forward_error: Optional[str], device: str) -> str:
   """'sequential' or 'parallel' (see `LocalRunner`); `forward_error` is why
   the model has no stateless forward (None when it has one)."""
@@ -100,15 +137,12 @@ def resolve_client_batching(setting: str, forward_error: Optional[str], device: 
     raise ValueError(f"invalid --client_batching={setting}; valid: "
                      f"{', '.join(BATCHING_CHOICES)}")
   if setting == "parallel" and forward_error is not None:
-    raise ValueError(f"invalid --client_batching=parallel for this model: {forward_error} is "
-                     "not supported side by side (Dense, Flatten, Reshape and Activation "
-                     "layers are); valid: auto or sequential")
+    raise ValueError(f"invalid --client_batching=parallel for this model: {forward_error}; "
+                     "valid: auto or sequential")
   if setting != "auto":
     return setting
-  # Measured on CPUs (benchmarks/client_batching.py, docs/runners.md): side by
-  # side is slower or equal for every task measured, so auto keeps the loop.
   del device
-  return "sequential"
+  return "sequential" if forward_error is not None else "parallel"
 
 
 def chunk_plan(num_steps: Sequence[int], width: int):
@@ -123,6 +157,16 @@ def chunk_plan(num_steps: Sequence[int], width: int):
   padded = np.concatenate([order, np.full(chunks * width - n, order[-1])]).astype(np.int32)
   bounds = steps[padded.reshape(chunks, width)[:, 0]].astype(np.int32)
   return padded.reshape(chunks, width), bounds
+
+
+def _input_spec(data) -> Optional[tf.TensorSpec]:
+  """One example's input (shape, dtype) read from the data's first client
+  with training data, or None."""
+  for c in data.client_ids:
+    x = np.asarray(data.train[c][0])
+    if len(x):
+      return tf.TensorSpec(x.shape[1:], tf.as_dtype(x.dtype))
+  return None
 
 
 def stack_client_states(client_states: Sequence[Any]):
@@ -213,15 +257,17 @@ class LocalRunner(ServerSide):
     self.exact_batches = models.has_batch_statistics(self._model)
     self.jit = resolve_jit(jit, self.model_family, self.exact_batches, self.device)
     self._forward, forward_error = None, None
-    if self.exact_batches:
-      forward_error = "BatchNorm"
-    else:
+    if client_batching == "parallel" or (client_batching == "auto" and
+                                         auto_side_by_side(self._model, self.device)):
       try:
         with tf.device(self.device):
-          self._forward = functional.stateless_forward(self._model)
+          self._forward = functional.stateless_model(self._model, _input_spec(data))
       except functional.UnsupportedModel as e:
         forward_error = str(e)
+    else:
+      forward_error = "not asked for"
     self.client_batching = resolve_client_batching(client_batching, forward_error, self.device)
+    self._batching_setting = client_batching
     self._num_params = models.num_parameters(self._model)
     # Floats of one example's activations (the input and every layer's
     # output), for a chunk's memory: only side by side, whose chain of layers
@@ -256,6 +302,8 @@ class LocalRunner(ServerSide):
     info = {"runner": self.name, "device": self.device, "jit": self.jit,
             "model_family": self.model_family, "exact_batches": self.exact_batches,
             "client_batching": self.client_batching}
+    if self._batching_setting == "auto":
+      info["client_batching_auto"] = auto_rule(self._model, self.device)[1]
     if self.client_batching == "parallel":
       info["chunk"] = self.chunk
       info["chunk_bytes_per_client_b10"] = chunk_bytes_per_client(
@@ -269,10 +317,9 @@ class LocalRunner(ServerSide):
     d, model, loss = self.definition, self._model, self._loss
     keyed = d.num_keys(mode) > 0  # the client's key goes to `client_work`
 
-    def one(c, database, keys, received, client_states, indices, sizes, num_steps, x, y):
+    def one(c, database, keys, received, client_states, indices, sizes, num_steps, seeds, x, y):
       if side_by_side:
-        trainer = functional.FunctionalTrainer(
-            self._forward, len(d.weights_spec), d.num_trainable, loss, x, y, bound=bound)
+        trainer = functional.FunctionalTrainer(self._forward, loss, x, y, bound=bound)
       else:
         trainer = trainers.PaddedTrainer(model, loss, x, y,
                                                exact_batches=self.exact_batches)
@@ -282,7 +329,8 @@ class LocalRunner(ServerSide):
       client_state = None if client_states is None else tf.nest.map_structure(
           lambda t: tf.gather(t, c), client_states)
       data = schedule.PaddedBatches(
-          tf.gather(indices, c), tf.gather(sizes, c), tf.gather(num_steps, c))
+          tf.gather(indices, c), tf.gather(sizes, c), tf.gather(num_steps, c),
+          tf.gather(seeds, c))
       out = d.client_work(trainer, selected, received, client_state, data, mode,
                           **({"key": key} if keyed else {}))
       return out.summed, out.result, () if out.state is None else out.state
@@ -299,8 +347,8 @@ class LocalRunner(ServerSide):
     summed_spec, result_spec, state_spec = output_specs(one, args)
 
     @tf.function(jit_compile=self.jit)
-    def round_fn(database, keys, received, client_states, indices, sizes, num_steps, x, y,
-                 count):
+    def round_fn(database, keys, received, client_states, indices, sizes, num_steps, seeds,
+                 x, y, count):
       # `count` (a tensor) of the `num_clients` stacked clients are trained,
       # the rest are padding (see `train_clients`), never run; None: all of
       # them (the loop's bound then is a constant, as it always was for local).
@@ -313,7 +361,7 @@ class LocalRunner(ServerSide):
 
       def body(c, total, results, states):
         summed, result, state = one(c, database, keys, received, client_states, indices,
-                                    sizes, num_steps, x, y)
+                                    sizes, num_steps, seeds, x, y)
         total = aggregators.Sum.add(total, summed)
         results = [a.write(c, v) for a, v in zip(results, tf.nest.flatten(result))]
         states = [a.write(c, v) for a, v in zip(states, tf.nest.flatten(state))]
@@ -363,8 +411,8 @@ class LocalRunner(ServerSide):
         self._one_client(mode, side_by_side=True), args)
 
     @tf.function(jit_compile=self.jit)
-    def round_fn(database, keys, received, client_states, indices, sizes, num_steps, x, y,
-                 order, bounds, inverse):
+    def round_fn(database, keys, received, client_states, indices, sizes, num_steps, seeds,
+                 x, y, order, bounds, inverse):
       num_chunks, width = order.shape
 
       def arrays(spec):
@@ -375,7 +423,7 @@ class LocalRunner(ServerSide):
         one = self._one_client(mode, bound=bounds[j], side_by_side=True)
         def client(c):
           out = one(c, database, keys, received, client_states, indices, sizes,
-                    num_steps, x, y)
+                    num_steps, seeds, x, y)
           # An output that is the same for every client (e.g. the round's
           # learning rate) made to depend on c (+ 0): pfor's stacking of an
           # output taken straight from a captured input does not compile
@@ -469,7 +517,7 @@ class LocalRunner(ServerSide):
       received = broadcast_fn(state, round_params(lr))
       database = database_fn(state) if d.num_keys(mode) else None
       args = (database, key_array, received, stacked_states, batches.indices, batches.sizes,
-              batches.num_steps, self._x, self._y)
+              batches.num_steps, batches.seed, self._x, self._y)
       if self.client_batching == "parallel" and count:
         # Only the first `count` clients are trained (the rest pad a shard).
         order, bounds = chunk_plan(batches.num_steps[:count],

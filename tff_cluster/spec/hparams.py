@@ -230,8 +230,9 @@ JIT = HParam("jit", str, "auto", "local runner: XLA-compile the client loop: aut
              choices=("auto", "on", "off"), group="runner")
 CLIENT_BATCHING = HParam("client_batching", str, "auto", "local and ray runners: train "
                          "a round's clients one at a time (sequential) or side by side in "
-                         "chunks (parallel: dense models only, e.g. MCLR and the MLPs); auto "
-                         "picks per device from measurements (docs/runners.md).",
+                         "chunks (parallel: any Keras 3 model whose layers have side-by-side "
+                         "forms; tf_keras: Dense chains); auto picks per device and model "
+                         "kind from measurements (docs/runners.md).",
                          choices=("auto", "sequential", "parallel"), group="runner")
 CLIENT_CHUNK = HParam("client_chunk", int, 4, "client_batching=parallel: clients trained "
                       "side by side in one chunk (fewer are taken where a chunk's estimated "
