@@ -158,6 +158,11 @@ def _mclr(num_classes: int):
   return lambda: models.mclr(leaf.IMAGE_PIXELS, num_classes)
 
 
+def _cnn_dropout():
+  """FLUTE's FEMNIST model (`models.cnn_dropout`, 62 classes)."""
+  return models.cnn_dropout(num_classes=leaf.FEMNIST_NUM_CLASSES)
+
+
 def _view_spec(name: str, what: str) -> TaskSpec:
   return TaskSpec(
       name=name,
@@ -175,7 +180,7 @@ TASKS = [
         description="LEAF FEMNIST, one client per writer, 62 classes, MLP "
                     f"784-512-62 ({DATA_TEXT})",
         load_data=load_femnist, model_fn=_mlp(leaf.FEMNIST_NUM_CLASSES), model_name="mlp",
-        other_models={"mclr": _mclr(leaf.FEMNIST_NUM_CLASSES)},
+        other_models={"mclr": _mclr(leaf.FEMNIST_NUM_CLASSES), "cnn_dropout": _cnn_dropout},
         loss=models.SPARSE_CE_LOGITS, defaults=DEFAULTS, source=SOURCE),
     _view_spec("femnist_digits", "digits 0-9"),
     _view_spec("femnist_upper", "upper-case letters (10-35 -> 0-25)"),
