@@ -55,7 +55,33 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The tasks' default data folders (None: generated); learning rates and model
 # labels are runner_speed.py's settings of the same tasks.
 DATA_DIRS = {"synthetic": None,
-             "femnist": os.path.join(REPO_ROOT, "..", "shared", "data", "femnist_leaf")}
+             "femnist": os.path.join(REPO_ROOT, "..", "shared", "data", "femnist_leaf"),
+             "cifar10_pfl": None}
+# pfl-research's CIFAR-10 setting (tasks/cifar10.py): without CIFAR-10 on this
+# machine, shape-equivalent users (50 images of 32 x 32 x 3 each, standard
+# normal pixels, as after its per-channel standardisation; random labels),
+# drawn by numpy from a seed: the device regenerates them rather than carry
+# them (`regenerate` in export.json).
+PFL_SHAPE_SEED = 20240
+PFL_LR = 0.1
+
+
+def pfl_images(count: int, seed: int = PFL_SHAPE_SEED):
+  """The shape-equivalent images (the same numbers on every machine)."""
+  return np.random.default_rng(seed).standard_normal((count, 32, 32, 3), dtype=np.float32)
+
+
+def _pfl_shape_data(users: int, seed: int):
+  from tff_cluster.data.federated import FederatedData
+  per = 50
+  x = pfl_images(users * per)
+  y = np.random.default_rng(seed + 1).integers(0, 10, users * per).astype(np.int32)
+  ids = [f"user_{u:04d}" for u in range(users)]
+  train = {c: (x[u * per:(u + 1) * per], y[u * per:(u + 1) * per]) for u, c in enumerate(ids)}
+  test = {c: (x[u * per:u * per + 10], y[u * per:u * per + 10]) for u, c in enumerate(ids)}
+  return FederatedData(ids, train, test, 10, description=(
+      f"{users} shape-equivalent users x {per} images (standard normal, seed "
+      f"{PFL_SHAPE_SEED}), CIFAR-10 absent"))
 
 
 def _load(args):
@@ -74,19 +100,26 @@ def _load(args):
     task = tasks.with_model(task, args.model) if hasattr(tasks, "with_model") else \
         dataclasses.replace(task, model_fn=task.other_models[args.model])
   options = dict(seed=args.seed)
+  if args.task == "cifar10_pfl" and not args.data_dir:
+    # Only the round's cohort is placed on the device (every user trains once).
+    return task, _pfl_shape_data(args.clients, args.seed)
   if DATA_DIRS[args.task]:
     options["data_dir"] = args.data_dir or DATA_DIRS[args.task]
   return task, task.load_data(DataOptions(**options))
 
 
 def _lr(args) -> float:
-  return args.lr if args.lr else TASK_SETTINGS[args.task]["lr"]
+  if args.lr:
+    return args.lr
+  return PFL_LR if args.task == "cifar10_pfl" else TASK_SETTINGS[args.task]["lr"]
 
 
 def _model_label(args) -> str:
   if args.model == "cnn_dropout":
     return "CNN_DropOut 784-62 (1206590 params)" + (
         ", dropout off" if args.no_dropout else "")
+  if args.task == "cifar10_pfl":
+    return "pfl-research simple CNN 32x32x3-10 (1626442 params)"
   return args.model or TASK_SETTINGS[args.task]["model"]
 
 
@@ -118,10 +151,18 @@ def _dump(fn, call_args, out, info, args):
     f.write(hlo)
   with open(os.path.join(out, "round.hlo.txt"), "w") as f:
     f.write(text)
+  regenerate = []
+  if info.get("task") == "cifar10_pfl" and "shape-equivalent" in info.get("data", ""):
+    for i, v in enumerate(values):
+      if v.dtype == np.float32 and v.ndim == 4 and v.shape[1:] == (32, 32, 3) and \
+          np.array_equal(v, pfl_images(len(v))):
+        regenerate.append({"position": i, "count": int(len(v)), "seed": PFL_SHAPE_SEED})
+        values[i] = np.zeros((0,), np.float32)  # `run` draws it again
   np.savez_compressed(os.path.join(out, "inputs.npz"), *values)
   np.savez_compressed(os.path.join(out, "outputs.npz"), *outputs)
   info = dict(info)
   info.update({
+      "regenerate": regenerate,
       "inputs": [[list(v.shape), str(v.dtype)] for v in values],
       "outputs": [[list(v.shape), str(v.dtype)] for v in outputs],
       "tf_version": tf.__version__,
@@ -186,12 +227,19 @@ def export(args) -> None:
   described = driver.describe()
   info = {
       "kind": "round", "task": args.task, "model": _model_label(args), "algorithm": "fedavg",
+      "data": data.description,
       "clients": args.clients, "epochs": args.epochs, "batch_size": args.batch_size,
       "lr": _lr(args), "seed": args.seed, "sampled": [int(k) for k in sampled],
       "client_batching": described.get("client_batching"), "chunk": described.get("chunk"),
       "examples_per_round": int(args.epochs * sizes[list(sampled)].sum()),
       "steps_per_client_padded": int(captured["args"][4].shape[1]),
       "tf_device": described.get("device")}
+  runner = driver.runner
+  if described.get("client_batching") == "parallel":
+    # The runner's memory estimate of one chunk, to hold against the device's
+    # measured peak (`run`'s peak_bytes).
+    info["chunk_bytes_estimate"] = int(runner.chunk) * local_runner.chunk_bytes_per_client(
+        runner._num_params, runner._activations, args.batch_size)
   _dump(captured["fn"], captured["args"], args.out, info, args)
 
 
@@ -363,6 +411,13 @@ PRESETS = {
                     "--lr=0.1 --client_batching=parallel --chunk=10"),
     "flute_par5": ("--task=femnist --model=cnn_dropout --clients=10 --epochs=1 --batch_size=20 "
                    "--lr=0.1 --client_batching=parallel --chunk=5"),
+    # pfl-research's CIFAR-10 setting: its simple CNN, cohort 50 of 50 images,
+    # one epoch, batch 10, lr 0.1 (shape-equivalent images without CIFAR-10).
+    "pfl_seq": "--task=cifar10_pfl --clients=50 --epochs=1 --batch_size=10 --repeats=1",
+    "pfl_par50": ("--task=cifar10_pfl --clients=50 --epochs=1 --batch_size=10 "
+                  "--client_batching=parallel --chunk=50"),
+    "pfl_par10": ("--task=cifar10_pfl --clients=50 --epochs=1 --batch_size=10 "
+                  "--client_batching=parallel --chunk=10"),
     "flute_eval10k": "--task=femnist --model=cnn_dropout --kind=eval --eval_examples=10000",
 }
 
@@ -414,6 +469,8 @@ def run(args) -> None:
     expected = [z[f"arr_{i}"] for i in range(len(z.files))]
   with open(os.path.join(args.dir, "export.json")) as f:
     info = json.load(f)
+  for item in info.get("regenerate", []):
+    inputs[item["position"]] = pfl_images(item["count"], item["seed"])
   text = xla_client._xla.mlir.xla_computation_to_mlir_module(xla_client.XlaComputation(hlo))
   text, copies, dots = rewrite_mlir(text, args.precision)
   stablehlo = xla_client._xla.mlir.mhlo_to_stablehlo(text)

@@ -409,3 +409,28 @@ def test_cnn_and_lstm_side_by_side_give_the_sequential_numbers(model, algo, case
     runs.append(test_runners._run(task, data, algo, options, "local", tmp_path / batching,
                                   test_runners.SOLVER_CASES[solver]))
   test_runners.assert_same_run(*runs)
+
+
+def test_a_gpu_chunk_is_held_to_the_card_less_what_tf_holds(monkeypatch):
+  """On a GPU the memory for a chunk is the card's total (nvidia-smi) less
+  what TensorFlow's allocator holds; unknown (no nvidia-smi) is None, which
+  leaves the chunk as asked."""
+  import subprocess
+
+  calls = []
+
+  def smi(cmd, **kwargs):
+    calls.append(cmd)
+    return subprocess.CompletedProcess(cmd, 0, stdout="81559\n", stderr="")
+
+  monkeypatch.setattr(local_runner.subprocess, "run", smi)
+  monkeypatch.setattr(local_runner.tf.config.experimental, "get_memory_info",
+                      lambda device: {"current": 3 * 2**30, "peak": 4 * 2**30})
+  assert local_runner.available_memory("/GPU:1") == 81559 * 2**20 - 3 * 2**30
+  assert "--id=1" in calls[0]
+
+  def missing(cmd, **kwargs):
+    raise FileNotFoundError(cmd[0])
+
+  monkeypatch.setattr(local_runner.subprocess, "run", missing)
+  assert local_runner.available_memory("/GPU:0") is None

@@ -20,6 +20,7 @@ CASES = {
     "mlp_letters": (lambda: models.mlp(784, 512, 26), 415_258, (784,), 26),
     "fmnist_cnn": (models.fmnist_cnn, 29_034, (784,), 10),
     "cifar10_cnn": (models.cifar10_cnn, 62_006, (32, 32, 3), 10),
+    "simple_cnn": (models.simple_cnn, 1_626_442, (32, 32, 3), 10),  # pfl-research's CIFAR-10
     "lenet5": (models.lenet5, 61_706, (784,), 10),
 }
 

@@ -407,3 +407,54 @@ def test_too_many_clients_per_round_names_the_test_only_clients(tmp_path, capsys
   assert code == 2
   assert ("invalid --clients_per_round=13: the task has 12 clients with training data "
           "(and 4 test-only clients); valid: 1..12") in err
+
+
+def test_pfl_research_cifar10_users():
+  """pfl-research's split: standardised by the training images' channel
+  statistics, users are consecutive blocks of one shuffle of the training
+  images (disjoint, all used when they fill it), the test images dealt out
+  in order; too many users for the images is one clear line."""
+  from tff_cluster.tasks import cifar10
+  rng = np.random.default_rng(0)
+  x_train = rng.uniform(size=(30, 4, 4, 3)).astype(np.float32) * [1, 2, 3]
+  y_train = np.arange(30) % 10
+  x_test = rng.uniform(size=(10, 4, 4, 3)).astype(np.float32)
+  y_test = np.arange(10)
+  data = cifar10.pfl_iid_users(x_train, y_train, x_test, y_test, 6, seed=3, per_user=5)
+  assert data.client_ids == [f"user_{u:04d}" for u in range(6)]
+  mean, std = x_train.mean(axis=(0, 1, 2)), x_train.std(axis=(0, 1, 2))
+  seen = []
+  for cid in data.client_ids:
+    x, y = data.train[cid]
+    assert x.shape == (5, 4, 4, 3) and x.dtype == np.float32
+    rows = [int(np.argmin(np.abs(x_train - (xi * std + mean)).sum(axis=(1, 2, 3)))) for xi in x]
+    np.testing.assert_array_equal(y, y_train[rows])
+    seen += rows
+  assert sorted(seen) == list(range(30))  # 6 x 5 = every training image once
+  pooled = np.concatenate([data.train[c][0] for c in data.client_ids])
+  np.testing.assert_allclose(pooled.mean(axis=(0, 1, 2)), 0, atol=1e-5)
+  np.testing.assert_allclose(pooled.std(axis=(0, 1, 2)), 1, atol=1e-4)
+  np.testing.assert_array_equal(np.concatenate([data.test[c][1] for c in data.client_ids]),
+                                y_test)
+  np.testing.assert_allclose(data.test["user_0000"][0], (x_test[:2] - mean) / std, atol=1e-5)
+  with pytest.raises(ValueError, match=r"num_clients=7 x 5 images needs 35 training images; "
+                                       r"valid: at most 6 users"):
+    cifar10.pfl_iid_users(x_train, y_train, x_test, y_test, 7, seed=3, per_user=5)
+
+
+def test_pfl_research_cifar10_task_runs(tmp_path, capsys):
+  """The task on CIFAR-10's own files (generated: 100 training images, 20
+  test): 2 users of 50, the simple CNN, one round side by side."""
+  write_cifar(tmp_path, per_batch=20)
+  data = tasks.get_task("cifar10_pfl").load_data(
+      DataOptions(seed=0, data_dir=str(tmp_path), num_clients=2))
+  assert [len(data.train[c][1]) for c in data.client_ids] == [50, 50]
+  assert [len(data.test[c][1]) for c in data.client_ids] == [10, 10]
+  out = tmp_path / "run"
+  code, _, err = main_in_process(
+      ["--algo=fedavg", "--task=cifar10_pfl", f"--data_dir={tmp_path}", "--rounds=1",
+       "--num_clients=2", "--clients_per_round=2", "--client_batching=parallel",
+       "--progress=false", f"--output_dir={out}"], capsys)
+  assert code == 0, err
+  config = json.loads((out / "config.json").read_text())
+  assert config["runner_info"]["client_batching"] == "parallel"

@@ -40,7 +40,7 @@ EXPECTED_CLASSES = {
     "femnist_lower": 26, "rotated_femnist_digits": 10, "mnist": 10,
     "fmnist": 10, "rotated_fmnist_iid": 10, "rotated_fmnist": 10, "rotated_mnist": 10,
     "rotated_cifar10": 10, "fmnist_clusterwise_dir": 10,
-    "fmnist_clusterwise_class": 10, "cifar10": 10, "sent140": 2, "femnist_fedprox": 26,
+    "fmnist_clusterwise_class": 10, "cifar10": 10, "cifar10_pfl": 10, "sent140": 2, "femnist_fedprox": 26,
     "fmnist_clientwise_dir": 10, "fmnist_clientwise_class": 10,
     "mnist_clusterwise_dir": 10, "mnist_clusterwise_class": 10,
     "mnist_clientwise_dir": 10, "mnist_clientwise_class": 10, "mnist_workers": 10}

@@ -291,6 +291,27 @@ def cnn_dropout(input_shape: Tuple[int, ...] = (784,), num_classes: int = 62,
   return tf.keras.Model(inputs, logits, name=name)
 
 
+def simple_cnn(input_shape: Tuple[int, ...] = (32, 32, 3), num_classes: int = 10,
+               rates: Tuple[float, float] = (0.25, 0.5), name: str = "simple_cnn"
+               ) -> tf.keras.Model:
+  """pfl-research's CIFAR-10 CNN (`simple_cnn` in apple/pfl-research
+  `benchmarks/model/tf2/cnn.py`, commit 058b537769c17089c1c26a825bda7c9bf3d69fb1),
+  logits out: conv 3x3 32 'valid' ReLU; conv 3x3 64 'valid' ReLU; maxpool 2;
+  Dropout `rates[0]`; flatten; dense 128 ReLU; Dropout `rates[1]`; dense
+  `num_classes`. 1,626,442 parameters on 32 x 32 x 3 images and 10 classes
+  (`cnn_dropout`'s layers on colour images)."""
+  inputs = tf.keras.Input(shape=input_shape, dtype=tf.float32)
+  h = tf.keras.layers.Conv2D(32, 3, activation="relu")(inputs)
+  h = tf.keras.layers.Conv2D(64, 3, activation="relu")(h)
+  h = tf.keras.layers.MaxPool2D(2)(h)
+  h = tf.keras.layers.Dropout(rates[0], **_keras3_lstm_seed(5))(h)
+  h = tf.keras.layers.Flatten()(h)
+  h = tf.keras.layers.Dense(128, activation="relu")(h)
+  h = tf.keras.layers.Dropout(rates[1], **_keras3_lstm_seed(6))(h)
+  logits = tf.keras.layers.Dense(num_classes, name="logits")(h)
+  return tf.keras.Model(inputs, logits, name=name)
+
+
 # -- Keras model introspection ----------------------------------------
 
 def model_variables(model: tf.keras.Model) -> List[tf.Variable]:

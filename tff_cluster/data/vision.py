@@ -285,6 +285,13 @@ def load_fashion_mnist(data_dir: Optional[str] = None):
 
 def load_cifar10(data_dir: Optional[str] = None):
   """CIFAR-10 pooled: x float32 [60000, 32, 32, 3] in [0, 1], y int64 0-9."""
+  (x_train, y_train), (x_test, y_test) = load_cifar10_split(data_dir)
+  return np.concatenate([x_train, x_test]), np.concatenate([y_train, y_test])
+
+
+def load_cifar10_split(data_dir: Optional[str] = None):
+  """CIFAR-10's own training and test images, ((x, y), (x, y)): x float32
+  [n, 32, 32, 3] in [0, 1], y int64 0-9."""
   if data_dir:
     train, test = read_cifar10_dir(os.path.expanduser(data_dir))
     where = data_dir
@@ -294,4 +301,6 @@ def load_cifar10(data_dir: Optional[str] = None):
   x, y = _pool(train, test, 10, where)
   if x.shape[1:] != (32, 32, 3):
     raise DataError(f"{where}: expected 32x32x3 images, got {x.shape[1:]}")
-  return x.astype(np.float32) / 255.0, y
+  n = len(train[0])
+  x = x.astype(np.float32) / 255.0
+  return (x[:n], y[:n]), (x[n:], y[n:])

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence
 
+import subprocess
 import sys
 
 import numpy as np
@@ -52,8 +53,12 @@ MEMORY_SHARE = 0.25
 
 
 def available_memory(device: str) -> Optional[int]:
-  """Bytes available for a chunk on `device`: MemAvailable of /proc/meminfo
-  on a CPU; None where unknown (a GPU, or no /proc)."""
+  """Bytes available for a chunk on `device`: on a CPU, MemAvailable of
+  /proc/meminfo; on a GPU, the card's memory (`nvidia-smi`) less what
+  TensorFlow's allocator holds there now (TF reserves the card for itself,
+  so the card's own free figure says nothing); None where unknown."""
+  if device.startswith("/GPU"):
+    return _gpu_memory(device)
   if not device.startswith("/CPU"):
     return None
   try:
@@ -64,6 +69,19 @@ def available_memory(device: str) -> Optional[int]:
   except OSError:
     pass
   return None
+
+
+def _gpu_memory(device: str) -> Optional[int]:
+  index = device.rsplit(":", 1)[-1]
+  try:
+    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,"
+                          "nounits", f"--id={index}"], capture_output=True, text=True,
+                         timeout=20)
+    total = int(out.stdout.split()[0]) * 2**20
+    held = int(tf.config.experimental.get_memory_info(device.lstrip("/"))["current"])
+  except (OSError, ValueError, IndexError, KeyError, subprocess.SubprocessError):
+    return None
+  return max(0, total - held)
 
 
 def chunk_bytes_per_client(num_params: int, activations: int, batch_size: int) -> int:
