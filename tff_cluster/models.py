@@ -280,15 +280,21 @@ def cnn_dropout(input_shape: Tuple[int, ...] = (784,), num_classes: int = 62,
   """
   inputs = tf.keras.Input(shape=input_shape, dtype=tf.float32)
   h = tf.keras.layers.Reshape((28, 28, 1))(inputs)
+  return tf.keras.Model(inputs, _two_convs_two_dropouts(h, num_classes, rates, (3, 4)),
+                        name=name)
+
+
+def _two_convs_two_dropouts(h, num_classes: int, rates, seeds):
+  """conv 3x3 32 ReLU; conv 3x3 64 ReLU; maxpool 2; Dropout; flatten; dense
+  128 ReLU; Dropout; dense `num_classes` logits (`cnn_dropout`, `simple_cnn`)."""
   h = tf.keras.layers.Conv2D(32, 3, activation="relu")(h)
   h = tf.keras.layers.Conv2D(64, 3, activation="relu")(h)
   h = tf.keras.layers.MaxPool2D(2)(h)
-  h = tf.keras.layers.Dropout(rates[0], **_keras3_lstm_seed(3))(h)
+  h = tf.keras.layers.Dropout(rates[0], **_keras3_lstm_seed(seeds[0]))(h)
   h = tf.keras.layers.Flatten()(h)
   h = tf.keras.layers.Dense(128, activation="relu")(h)
-  h = tf.keras.layers.Dropout(rates[1], **_keras3_lstm_seed(4))(h)
-  logits = tf.keras.layers.Dense(num_classes, name="logits")(h)
-  return tf.keras.Model(inputs, logits, name=name)
+  h = tf.keras.layers.Dropout(rates[1], **_keras3_lstm_seed(seeds[1]))(h)
+  return tf.keras.layers.Dense(num_classes, name="logits")(h)
 
 
 def simple_cnn(input_shape: Tuple[int, ...] = (32, 32, 3), num_classes: int = 10,
@@ -301,15 +307,8 @@ def simple_cnn(input_shape: Tuple[int, ...] = (32, 32, 3), num_classes: int = 10
   `num_classes`. 1,626,442 parameters on 32 x 32 x 3 images and 10 classes
   (`cnn_dropout`'s layers on colour images)."""
   inputs = tf.keras.Input(shape=input_shape, dtype=tf.float32)
-  h = tf.keras.layers.Conv2D(32, 3, activation="relu")(inputs)
-  h = tf.keras.layers.Conv2D(64, 3, activation="relu")(h)
-  h = tf.keras.layers.MaxPool2D(2)(h)
-  h = tf.keras.layers.Dropout(rates[0], **_keras3_lstm_seed(5))(h)
-  h = tf.keras.layers.Flatten()(h)
-  h = tf.keras.layers.Dense(128, activation="relu")(h)
-  h = tf.keras.layers.Dropout(rates[1], **_keras3_lstm_seed(6))(h)
-  logits = tf.keras.layers.Dense(num_classes, name="logits")(h)
-  return tf.keras.Model(inputs, logits, name=name)
+  return tf.keras.Model(inputs, _two_convs_two_dropouts(inputs, num_classes, rates, (5, 6)),
+                        name=name)
 
 
 # -- Keras model introspection ----------------------------------------
