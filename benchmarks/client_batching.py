@@ -20,6 +20,9 @@ Settings (`--settings`):
                 clients per round, 1 epoch, batch 20, lr 0.1, --jit=auto.
   synthetic_lstm  synthetic20's data through two LSTMs of 100 units (the
                 features as 6 steps of 10), 1 epoch, --jit=auto.
+  pfl_cifar10   pfl-research's CIFAR-10 setting: its simple CNN, a cohort of
+                50 users x 50 images, 1 epoch, batch 10, lr 0.1, --jit=auto;
+                shape-equivalent images (gpu_hlo_round.py's), the cohort only.
 Modes (`--modes`): `sequential`, `parallel:C` (chunks of C clients).
 
 Per configuration: the median seconds of `--rounds_timed` rounds after
@@ -30,7 +33,9 @@ matmul measured in the same process; the longest-client floor: the round's
 largest step count times the sequential mode's seconds per step (what a round
 would take if every other client ran for free beside the longest), and the
 ratio that floor would reach; memory: resident MiB after the runner was
-built (before any round) and the process's peak (VmHWM) after the rounds.
+built (before any round) and the process's peak (VmHWM) after the rounds;
+the seconds of one evaluation pass over every client's test split (the
+runner's evaluator, after one untimed pass).
 
     python benchmarks/client_batching.py
     python benchmarks/client_batching.py --settings=synthetic100 \\
@@ -71,6 +76,12 @@ SETTINGS = {
                   epochs=1, batch=20, jit="auto"),
     # A recurrent round: Synthetic(1,1)'s 60 features as 6 steps of 10 through
     # two LSTMs of 100 units (Sent140's stack), 20 clients, one epoch.
+    # pfl-research's CIFAR-10 setting: its simple CNN, a cohort of 50 users x
+    # 50 images, 1 epoch, batch 10, lr 0.1; shape-equivalent users where
+    # CIFAR-10 is absent (gpu_hlo_round.py's, the cohort only).
+    "pfl_cifar10": dict(task="cifar10_pfl", num_clients=50, seed=0, per_round=50, lr=0.1,
+                        data_dir=None, model="pfl simple CNN 32x32x3-10", epochs=1, batch=10,
+                        jit="auto", shape_data=True),
     "synthetic_lstm": dict(task="synthetic", num_clients=100, seed=0, per_round=20, lr=0.01,
                            data_dir=None, model="LSTM 2x100 over 6x10", model_fn="lstm6x10",
                            epochs=1, batch=10, jit="auto"),
@@ -96,7 +107,7 @@ COLUMNS = ("setting", "model", "mode", "chunk", "tf_version", "clients_per_round
            "median_s_per_round", "round_seconds", "flops_per_round", "gflops_per_s",
            "matmul_gflops_per_s", "pct_of_matmul", "steps_per_round", "longest_client_steps",
            "floor_s", "floor_pct_of_matmul", "rss_before_mib", "peak_mib", "last_train_loss",
-           "status")
+           "eval_seconds", "test_examples", "status")
 
 
 def parse_args(argv=None):
@@ -159,7 +170,11 @@ def measure_one(spec: Dict[str, Any]) -> Dict[str, Any]:
   if setting["data_dir"]:
     options["data_dir"] = os.path.abspath(spec["data_dir"])
   task = tasks.get_task(setting["task"])
-  data = task.load_data(DataOptions(**options))
+  if setting.get("shape_data"):
+    import gpu_hlo_round
+    data = gpu_hlo_round._pfl_shape_data(setting["num_clients"], setting["seed"])
+  else:
+    data = task.load_data(DataOptions(**options))
   if "model_fn" in setting:
     task = dataclasses.replace(task, model_fn=_model_fn(setting["model_fn"]))
   epochs, batch = setting.get("epochs", EPOCHS), setting.get("batch", BATCH)
@@ -185,6 +200,15 @@ def measure_one(spec: Dict[str, Any]) -> Dict[str, Any]:
     seconds.append(time.perf_counter() - t0)
     loss = out.get("train_loss") if isinstance(out, dict) else None
   peak = _status_mib("VmHWM")
+  # One evaluation pass over every client's test split (the runner's
+  # evaluator), timed after one untimed pass.
+  evaluator = driver.runner.make_evaluator()
+  weights, client_model = driver.eval_models()
+  evaluator.evaluate(weights, client_model)
+  t0 = time.perf_counter()
+  evaluator.evaluate(weights, client_model)
+  eval_seconds = time.perf_counter() - t0
+  test_examples = int(sum(len(data.test[c][1]) for c in data.client_ids))
   timed = sampled[spec["warmup"]:]
   sizes = data.num_train_samples()
   work = schedule.LocalWork(batch, epochs=epochs)
@@ -204,6 +228,7 @@ def measure_one(spec: Dict[str, Any]) -> Dict[str, Any]:
               steps_per_round=statistics.fmean(steps),
               longest_client_steps=statistics.fmean(longest),
               rss_before_mib=rss_before, peak_mib=peak, last_train_loss=loss,
+              eval_seconds=eval_seconds, test_examples=test_examples,
               status="ok", described=driver.describe())
 
 
