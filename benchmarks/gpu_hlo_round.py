@@ -374,11 +374,16 @@ def export_eval(args) -> None:
   task, data = _load(args)
   tf.keras.utils.set_random_seed(args.seed)
   model = task.model_fn()
-  xt = np.concatenate([data.test[c][0] for c in data.client_ids])
-  yt = np.concatenate([data.test[c][1] for c in data.client_ids])
-  reps = -(-args.eval_examples // len(yt))
-  xt = np.tile(xt, (reps, 1))[:args.eval_examples]
-  yt = np.tile(yt, reps)[:args.eval_examples]
+  if "shape-equivalent" in data.description:
+    # The shape-equivalent images themselves (redrawn on the device, not carried).
+    xt = pfl_images(args.eval_examples)
+    yt = np.random.default_rng(args.seed + 1).integers(0, 10, args.eval_examples).astype(np.int32)
+  else:
+    xt = np.concatenate([data.test[c][0] for c in data.client_ids])
+    yt = np.concatenate([data.test[c][1] for c in data.client_ids])
+    reps = -(-args.eval_examples // len(yt))
+    xt = np.tile(xt, (reps,) + (1,) * (xt.ndim - 1))[:args.eval_examples]
+    yt = np.tile(yt, reps)[:args.eval_examples]
 
   @tf.function(jit_compile=True)
   def fn(x, y):
@@ -389,7 +394,8 @@ def export_eval(args) -> None:
     return correct, loss
 
   info = {"kind": "eval", "task": args.task, "model": _model_label(args), "seed": args.seed,
-          "eval_examples": int(args.eval_examples), "tf_device": "CPU"}
+          "eval_examples": int(args.eval_examples), "tf_device": "CPU",
+          "data": data.description}
   _dump(fn, (xt, yt), args.out, info, args)
 
 
@@ -418,6 +424,7 @@ PRESETS = {
                   "--client_batching=parallel --chunk=50"),
     "pfl_par10": ("--task=cifar10_pfl --clients=50 --epochs=1 --batch_size=10 "
                   "--client_batching=parallel --chunk=10"),
+    "pfl_eval10k": "--task=cifar10_pfl --clients=50 --kind=eval --eval_examples=10000",
     "flute_eval10k": "--task=femnist --model=cnn_dropout --kind=eval --eval_examples=10000",
 }
 
