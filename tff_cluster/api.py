@@ -257,10 +257,9 @@ def _side_by_side_problem(model, input_spec=None) -> Optional[str]:
 
 def _data_input(data: FederatedData):
   """(one example's shape, dtype) of the data's training inputs."""
-  for c in data.client_ids:
-    x = np.asarray(data.train[c][0])
-    if len(x):
-      return tuple(x.shape[1:]), x.dtype.name
+  found = data.example_input()
+  if found is not None:
+    return found
   raise ValueError("initialize(): no client has training data; valid: data with at "
                    "least one client holding training samples")
 

@@ -88,6 +88,15 @@ class FederatedData:
   def num_training_clients(self) -> int:
     return int((self.num_train_samples() > 0).sum())
 
+  def example_input(self):
+    """(one example's shape, dtype name) of the training inputs, read from the
+    first client that has any; None when no client has training data."""
+    for c in self.client_ids:
+      x = np.asarray(self.train[c][0])
+      if len(x):
+        return tuple(x.shape[1:]), x.dtype.name
+    return None
+
   def test_only(self) -> np.ndarray:
     """Bool per client: True for a test-only client (no training data: e.g.
     the rotated tasks' test clients, which pick a model by their own test

@@ -166,10 +166,8 @@ class StatelessModel:
   layer's output and a convolution's patches), for a chunk's memory estimate.
   """
 
-  def __init__(self, call, num_weights: int, num_trainable: int, activations: int,
-               start_states=None):
+  def __init__(self, call, num_trainable: int, activations: int, start_states=None):
     self._call = call
-    self.num_weights = num_weights
     self.num_trainable = num_trainable
     self.activations = int(activations)
     self._start_states = start_states
@@ -194,10 +192,9 @@ def stateless_model(model: tf.keras.Model, input_spec: Optional[tf.TensorSpec] =
     raise UnsupportedModel("it has no weights yet (build it for its input shape first)")
   if not hasattr(model, "stateless_call"):
     forward = stateless_forward(model, input_spec)
-    n = len(models.model_variables(model))
     nt = len(model.trainable_variables)
     return StatelessModel(lambda w, x, training, mask, states: (forward(w, x), w[nt:], states),
-                          n, nt, forward.activations)
+                          nt, forward.activations)
   problem = layer_forms.side_by_side_problem(model)
   if problem is not None:
     raise UnsupportedModel(problem)
@@ -233,7 +230,7 @@ def _keras3_model(model, spec) -> StatelessModel:
                  if seed is not None and id(others[i]) in dropout_states
                  else tf.convert_to_tensor(others[i]) for i in integer)
 
-  return StatelessModel(call, nt + len(floating), nt, _activations(model, spec), start_states)
+  return StatelessModel(call, nt, _activations(model, spec), start_states)
 
 
 def _activations(model, spec) -> int:

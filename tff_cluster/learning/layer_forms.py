@@ -21,7 +21,7 @@ set on the layer instances and removed on exit):
 * Recurrent layers: their time loop is unrolled (the same arithmetic step by
   step; a `tf.while_loop` over time has no gradient under the vectorizer).
 * `Dropout`: Keras draws its masks with TF's stateless random ops, which the
-  vectorizer runs one client after another. `hash_dropout` draws them from a
+  vectorizer runs one client after another. The form here (`hash_uniform`) draws them from a
   counter-based hash of (the layer's seed state, the layer, the element):
   integer arithmetic, the same numbers side by side or not. It is installed
   for good on the runner's model (`install_dropout`), so that sequential and
@@ -192,7 +192,7 @@ def dropout_layers(model) -> List:
 
 
 def install_dropout(model) -> bool:
-  """Gives `model`'s Dropout layers `hash_dropout` (the k-th layer salted
+  """Gives `model`'s Dropout layers masks from `hash_uniform` (the k-th layer salted
   with k) for good; True when it has any."""
   layers = dropout_layers(model)
   for k, layer in enumerate(layers):

@@ -178,13 +178,9 @@ def chunk_plan(num_steps: Sequence[int], width: int):
 
 
 def _input_spec(data) -> Optional[tf.TensorSpec]:
-  """One example's input (shape, dtype) read from the data's first client
-  with training data, or None."""
-  for c in data.client_ids:
-    x = np.asarray(data.train[c][0])
-    if len(x):
-      return tf.TensorSpec(x.shape[1:], tf.as_dtype(x.dtype))
-  return None
+  """One example's input (shape, dtype) of the data's training inputs, or None."""
+  found = data.example_input()
+  return None if found is None else tf.TensorSpec(found[0], tf.as_dtype(found[1]))
 
 
 def stack_client_states(client_states: Sequence[Any]):
