@@ -85,6 +85,19 @@ PARITY_CASES = {
                {"pfedmo_pi": 0.5, "nag_momentum": 0.3, "agg_weights": "uniform",
                 "public_fraction": 0.2, "pfedmo_model": "mix"}],
     "fednag": [{"nag_momentum": 0.6, "_config": {"client_lr": 0.01}}],
+    # kmeans_loss's forced and assign calls; a per-cluster heavy-ball server step.
+    "hypcluster": [{"num_groups": 3},
+                   {"num_groups": 2, "hypcluster_init": "random", "server_lr": 0.8,
+                    "hypcluster_server_momentum": 0.5, "hypcluster_eval": "assigned",
+                    "ifca_loss_batches": 2}],
+    # The clustering round inside the 4 rounds, cut by a threshold. (Round 3:
+    # with it in round 2, the two rounds after it in 4 small clusters amplify
+    # float32 rounding in the side-by-side CNN+LSTM run to 5e-6 in one conv
+    # weight, past the tolerance's atol.)
+    "flhc": [{"num_groups": 4, "flhc_round": 3, "flhc_threshold": 0.5,
+              "flhc_metric": "cosine", "flhc_linkage": "average"}],
+    "pacfl": [{"num_groups": 4, "pacfl_basis": 3, "pacfl_beta": 3.0,
+               "pacfl_proximity": "principal"}],
     "fedgrouprox": [{"num_groups": 3, "mu": 0.5, "pretrain_scale": 2.0, "pretrain_iters": 7,
                      "group_agg_lr": 0.1, "cold_start": "rac"}],
 }

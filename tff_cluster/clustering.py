@@ -491,3 +491,82 @@ def cfl_step(clusters: Sequence[Sequence[int]], updates: np.ndarray, eps1: float
     else:
       out.append(members.tolist())
   return out
+
+
+# --------------------------------------------------------------------------- #
+# Agglomerative clustering with a distance threshold (FL+HC, PACFL).
+
+
+def _first_seen_labels(labels) -> np.ndarray:
+  """Labels renamed 0, 1, ... in the order they first appear."""
+  order = {}
+  return np.array([order.setdefault(int(v), len(order)) for v in labels], np.int64)
+
+
+def agglomerative(features: np.ndarray, metric: str, linkage: str,
+                  threshold, max_clusters: int):
+  """Agglomerative clustering of `features` [n, d] (SciPy's hierarchy):
+  `metric` euclidean, manhattan or cosine; `linkage` ward (euclidean only),
+  average, complete or single. The tree is cut at distance `threshold`
+  (merges at distances <= it), or into `max_clusters` clusters when
+  `threshold` is None or leaves more than `max_clusters`.
+
+  Returns (labels [n], numbered by first appearance; the number of clusters
+  the threshold gave, None without one)."""
+  from scipy.cluster import hierarchy
+  x = _as_matrix(features, "features").astype(np.float64)
+  if linkage == "ward" and metric != "euclidean":
+    raise ValueError(f"invalid metric {metric!r} for ward linkage; valid: euclidean")
+  if len(x) == 1:
+    return np.zeros(1, np.int64), (1 if threshold is not None else None)
+  scipy_metric = {"euclidean": "euclidean", "manhattan": "cityblock",
+                  "cosine": "cosine"}[metric]
+  tree = hierarchy.linkage(x, method=linkage, metric=scipy_metric)
+  found = None
+  if threshold is not None:
+    labels = hierarchy.fcluster(tree, t=float(threshold), criterion="distance")
+    found = int(len(np.unique(labels)))
+  if threshold is None or found > max_clusters:
+    labels = hierarchy.fcluster(tree, t=int(max_clusters), criterion="maxclust")
+  return _first_seen_labels(labels), found
+
+
+def merge_below(distances: np.ndarray, beta: float, linkage: str, max_clusters: int):
+  """PACFL's agglomerative loop on a symmetric distance matrix (the authors'
+  `hierarchical_clustering`, MMorafah/PACFL at 7ef000d): repeatedly take the
+  smallest off-diagonal entry (the first in row-major order on ties); stop
+  when it is > `beta`; else merge its two clusters, the merged row and
+  column being the element-wise mean (`average`: of the two rows, not
+  weighted by size), max (`maximum`) or min (`minimum`) of theirs. Merging
+  goes on past `beta` while more than `max_clusters` clusters remain.
+
+  Returns (labels, numbered by first appearance; the number of clusters
+  `beta` alone gave)."""
+  a = np.array(distances, np.float64)
+  n = len(a)
+  members = [[i] for i in range(n)]
+  combine = {"average": lambda u, v: (u + v) / 2, "maximum": np.maximum,
+             "minimum": np.minimum}[linkage]
+  found = None
+  while len(members) > 1:
+    work = a.copy()
+    np.fill_diagonal(work, np.inf)
+    flat = int(np.argmin(work))
+    i, j = divmod(flat, len(members))
+    i, j = min(i, j), max(i, j)
+    if work[i, j] > beta:
+      if found is None:
+        found = len(members)
+      if len(members) <= max_clusters:
+        break
+    merged = combine(a[:, i], a[:, j])
+    a[:, i] = merged
+    a[i, :] = merged
+    a = np.delete(np.delete(a, j, axis=0), j, axis=1)
+    members[i] = members[i] + members.pop(j)
+  if found is None:
+    found = len(members)
+  labels = np.empty(n, np.int64)
+  for c, group in enumerate(members):
+    labels[group] = c
+  return _first_seen_labels(labels), found

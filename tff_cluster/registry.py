@@ -26,9 +26,11 @@ from typing import Dict, Tuple
 
 from tff_cluster.spec.hparams import HParam
 from tff_cluster.spec.options import (
-    CFL_HPARAMS, CFL_MGD_HPARAMS, FEDAVG_HPARAMS, FEDAVG_PLUS_HPARAMS, FEDGROUPROX_HPARAMS,
-    FEDGROUP_HPARAMS, FEDNAG_HPARAMS, FEDPROX_HPARAMS, FEDPROX_PLUS_HPARAMS, FESEM_HPARAMS,
-    IFCA_HPARAMS, MIME_HPARAMS, PFEDMO_HPARAMS, SERVER_MOMENTUM_HPARAMS, WECFL_HPARAMS, Options)
+    CFL_HPARAMS, CFL_MGD_HPARAMS, FEDAVG_HPARAMS, FEDAVG_PLUS_HPARAMS, FEDEM_HPARAMS,
+    FEDGROUPROX_HPARAMS, FEDGROUP_HPARAMS, FEDNAG_HPARAMS, FEDPROX_HPARAMS,
+    FEDPROX_PLUS_HPARAMS, FEDRC_HPARAMS, FESEM_HPARAMS, FLHC_HPARAMS, HYPCLUSTER_HPARAMS,
+    IFCA_HPARAMS, MIME_HPARAMS, PACFL_HPARAMS, PFEDMO_HPARAMS, SERVER_MOMENTUM_HPARAMS,
+    WECFL_HPARAMS, Options)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +122,21 @@ ALGORITHMS: Dict[str, AlgorithmSpec] = {
         AlgorithmSpec("cfl", "CFL: a cluster tree, bipartitions by the cosine "
                       "similarity of the members' updates (--num_groups: most clusters)",
                       "cfl", hparams=CFL_HPARAMS),
+        AlgorithmSpec("hypcluster", "HypCluster: IFCA's loop with a k-means++-by-loss start "
+                      "and a server optimizer per cluster (FedJAX's)", "hypcluster",
+                      hparams=HYPCLUSTER_HPARAMS),
+        AlgorithmSpec("flhc", "FL+HC: FedAvg, then one agglomerative clustering of the "
+                      "clients' updates, then FedAvg per cluster", "flhc",
+                      hparams=FLHC_HPARAMS),
+        AlgorithmSpec("pacfl", "PACFL: one-shot clustering by the angles between the "
+                      "clients' data subspaces, then FedAvg per cluster", "pacfl",
+                      hparams=PACFL_HPARAMS),
+        AlgorithmSpec("fedem", "FedEM: M component models, each client's mixture weights "
+                      "and per-example responsibilities (EM), components trained weighted",
+                      "fedem", hparams=FEDEM_HPARAMS),
+        AlgorithmSpec("fedrc", "FedRC: FedEM's mixture with robust weights "
+                      "omega exp(-loss) / P_m(y) and a label prior refreshed each round",
+                      "fedrc", hparams=FEDRC_HPARAMS),
     ]
 }
 

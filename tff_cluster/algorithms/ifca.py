@@ -37,6 +37,11 @@ Initialisation (`--ifca_init`):
     round's clients into K random groups of equal size (as equal as the count
     allows) instead of the argmin (`forced` mode), then IFCA proper. (Equal
     models would make every argmin tie and every client pick cluster 0.)
+  kmeans_loss: FedJAX's HypCluster initialiser (`kmeans_init`): clients
+    (`--ifca_init_clients`, default the round's size) each train the seeded
+    start alone; a uniformly drawn one's model is the first centre, then the
+    model of the client whose lowest loss over the centres so far is the
+    largest, until K (a client may be chosen twice, as FedJAX's).
 
 Evaluation (`--ifca_eval`):
   assigned (default): a client with training data is tested with the cluster
@@ -48,6 +53,10 @@ Evaluation (`--ifca_eval`):
   test_loss: every client takes the model of lowest loss on its own test data
     (the authors' protocol for their separate test machines; on clients that
     also train it chooses with the labels it is scored on).
+  train_loss: every client with training data takes, at each evaluation, the
+    argmin of its mean training loss over the K models (FedJAX's
+    HypClusterEvaluator: assigned on the training split, scored on the test
+    split).
   Test-only clients (no training data) always take their lowest-test-loss
   model. ARI and purity count the assigned choices of the clients with
   training data under either option; the group sizes count what groups.csv
@@ -71,11 +80,13 @@ from tff_cluster import models
 from tff_cluster.core import cluster_ops
 from tff_cluster.core.aggregators import ClusterMean
 from tff_cluster.core.definition import ClientOutput, Definition, flat_norm
+from tff_cluster.learning import optimizers
 from tff_cluster.algorithms.fedavg import client_weight, with_weight_spec
 from tff_cluster.spec.options import IFCA_HPARAMS, Options, options_of
 
 # Shuffle seeds of the fedavg_warm pre-training rounds (apart from the run's rounds).
 WARM_SHUFFLE_BASE = 2_000_000
+KMEANS_SHUFFLE_BASE = 3_000_000  # kmeans_loss's training and losses (one schedule)
 GOOD_INIT_ATTEMPTS = 100
 
 
@@ -134,17 +145,28 @@ class IFCADefinition(Definition):
   modes = ("train", "assign", "forced")
 
   def __init__(self, weights_spec, num_trainable: int, num_clusters: int, *,
-               aggregation: str, loss_batches: int, **solver):
-    """`aggregation`: `--ifca_agg`; `loss_batches`: `--ifca_loss_batches`."""
+               aggregation: str, loss_batches: int,
+               server_optimizer: Optional[optimizers.ServerOptimizer] = None, **solver):
+    """`aggregation`: `--ifca_agg`; `loss_batches`: `--ifca_loss_batches`;
+    `server_optimizer`: applied per cluster to the pseudo-gradient -mean
+    update of its trainable weights, with a state per cluster ([K, ...]
+    stacks: HypCluster's); None: the mean update is added (model averaging)."""
     super().__init__(weights_spec, num_trainable, **solver)
     self.k = int(num_clusters)
     self.aggregation = aggregation
     self.loss_batches = int(loss_batches)
+    self.server_optimizer = server_optimizer
 
   def initial_state(self, initial_weights):
     """`initial_weights`: one weight list per cluster (K lists of arrays), or
     one model's weight list (every cluster starts there: all argmins tie)."""
-    return collections.OrderedDict(models=cluster_ops.stack_models(initial_weights, self.k))
+    models = cluster_ops.stack_models(initial_weights, self.k)
+    state = collections.OrderedDict(models=models)
+    if self.server_optimizer is not None:
+      buffer = self.server_optimizer.init(models[:self.num_trainable])
+      if buffer:
+        state["buffer"] = buffer
+    return state
 
   def num_keys(self, mode):
     return self.k if mode == "forced" else 0
@@ -190,7 +212,23 @@ class IFCADefinition(Definition):
     models = list(state["models"])
     means = ClusterMean.mean(summed["update_sums"], summed["weight_sums"],
                              [tf.zeros_like(w) for w in models])
-    return collections.OrderedDict(models=[w + m for w, m in zip(models, means)])
+    if self.server_optimizer is None:
+      return collections.OrderedDict(models=[w + m for w, m in zip(models, means)])
+    # Every optimizer here acts element by element, so one update of the
+    # [K, ...] stacks is K clusters' updates; a cluster without clients keeps
+    # its model and its optimizer state.
+    n = self.num_trainable
+    old = list(state.get("buffer", []))
+    trainable, buffer = self.server_optimizer.update(models[:n], [-m for m in means[:n]],
+                                                     old, None)
+    has = summed["weight_sums"] > 0
+    keep = lambda new, was: tf.where(tf.reshape(has, cluster_ops.row_shape(self.k, was)),
+                                     new, was)
+    out = collections.OrderedDict(models=[keep(t, w) for t, w in zip(trainable, models[:n])]
+                                  + [w + m for w, m in zip(models[n:], means[n:])])
+    if old:
+      out["buffer"] = [keep(b, o) for b, o in zip(buffer, old)]
+    return out
 
 
 @dataclasses.dataclass
@@ -270,6 +308,8 @@ class IFCADriver(driver.Driver):
       self.host.summary["good_init_smallest_share"] = float(best_share)
     if self.init == "fedavg_warm":
       state = self._warm_start(state)
+    if self.init == "kmeans_loss":
+      state = self._kmeans_loss_start()
     self.state = self.runner.put_state(state)
     self.host.summary.update(init=self.init, init_attempts=attempts,
                          init_seconds=time.perf_counter() - t0,
@@ -297,6 +337,36 @@ class IFCADriver(driver.Driver):
     return self.definition.initial_state(
         [[stacked[layer][j] if layer in keep else warm[layer] for layer in range(len(stacked))]
          for j in range(self.k)])
+
+  def _kmeans_loss_start(self):
+    """kmeans_loss (FedJAX's `kmeans_init`): `--ifca_init_clients` clients
+    (default the round's size), drawn from the set-up generator, each train
+    the seeded start w0 alone (the round's local work, fresh client states);
+    centre 1 is the model of one of them drawn uniformly; each next centre is
+    the model of the client whose lowest mean loss (on its training batches)
+    over the centres so far is the largest (ties to the lowest client index;
+    a client already chosen may be chosen again, as FedJAX's)."""
+    count = min(int(self.options.ifca_init_clients or self.config.clients_per_round),
+                self.data.num_training_clients)
+    clients = driver.sample_clients(self.host.rng, self.data.training_clients(), count)
+    single = self.definition.initial_state(self.w0)
+    trained = []
+    for i, c in enumerate(clients):  # one call per client: its model is the mean of one
+      out = self.train_clients("forced", single, [c], 1, keys=[0], persist=False,
+                               shuffle_round=KMEANS_SHUFFLE_BASE)
+      trained.append([np.asarray(w)[0] for w in self.runner.numpy_state(out.state)["models"]])
+    centres = [int(self.host.rng.integers(count))]
+    while len(centres) < self.k:
+      padded = [trained[c] for c in centres] + [trained[centres[0]]] * (self.k - len(centres))
+      out = self.train_clients("assign", self.definition.initial_state(padded), clients, 1,
+                               persist=False, shuffle_round=KMEANS_SHUFFLE_BASE)
+      losses = np.stack([np.asarray(r["losses"]) for r in out.results])[:, :len(centres)]
+      centres.append(int(np.argmax(losses.min(axis=1))))
+    self.host.summary["kmeans_init_candidates"] = [self.data.client_ids[int(c)]
+                                                   for c in clients]
+    self.host.summary["kmeans_init_clients"] = [self.data.client_ids[int(clients[c])]
+                                                for c in centres]
+    return self.definition.initial_state([trained[c] for c in centres])
 
   def run_round(self, round_num, sampled):
     if round_num <= self.forced_rounds:
@@ -332,6 +402,8 @@ class IFCADriver(driver.Driver):
     (the evaluation lets them choose by test loss)."""
     out = self.host.assignment.copy()
     fresh = np.flatnonzero((out < 0) & (self.data.num_train_samples() > 0))
+    if self.eval_mode == "train_loss":  # every client chooses now
+      fresh = np.flatnonzero(self.data.num_train_samples() > 0)
     if len(fresh):
       if self._train_losses is None:
         self._train_losses = self.make_evaluator("train")
@@ -344,7 +416,7 @@ class IFCADriver(driver.Driver):
     scored = self._scored if self._scored is not None else self.host.assignment
     # Group sizes count what groups.csv shows: the assigned choices, or under
     # test_loss the evaluation's.
-    shown = scored if self.eval_mode == "assigned" else tested
+    shown = tested if self.eval_mode == "test_loss" else scored
     # ARI and purity: the clients with an assigned model (never the test-only
     # clients' test-loss choices).
     return {**self.group_metrics(result, self.k, tested, shown),

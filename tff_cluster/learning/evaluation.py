@@ -54,13 +54,26 @@ class Ensemble:
   vote: str
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class Mixture:
+  """Each client k is tested with its own mixture of the models' predicted
+  probabilities, sum_m weights[k, m] softmax(logits_m) (FedEM, FedRC):
+  `weights` [clients, models], rows summing to 1. `EvalResult.client_model`
+  is -1 for every client."""
+  weights: np.ndarray
+
+  def rows(self, lo: int, hi: int) -> "Mixture":
+    """The mixture of clients lo..hi-1 (a shard's)."""
+    return Mixture(np.asarray(self.weights)[lo:hi])
+
+
 CHOOSE_BY_TEST_LOSS = ChooseByTestLoss()
 ENSEMBLE_VOTES = {"logits": Ensemble("logits"), "probs": Ensemble("probs")}
 
 
 def is_rule(client_model) -> bool:
   """Whether `client_model` is a rule (decided at evaluation), not indices."""
-  return isinstance(client_model, (ChooseByTestLoss, Ensemble))
+  return isinstance(client_model, (ChooseByTestLoss, Ensemble, Mixture))
 
 
 def ensemble_predict(outputs: np.ndarray, vote: str, loss: str) -> tuple:
@@ -87,6 +100,20 @@ def ensemble_predict(outputs: np.ndarray, vote: str, loss: str) -> tuple:
     p = (e / e.sum(axis=2, keepdims=True)).mean(axis=0)
     return np.argmax(p, axis=1), p
   raise ValueError(f"invalid ensemble vote {vote!r}; valid: logits, probs")
+
+
+def mixture_predict(outputs: np.ndarray, mix: np.ndarray, loss: str) -> tuple:
+  """(predicted labels [n], probabilities [n, C]): example i's probabilities
+  are sum_r mix[i, r] softmax(outputs[r, i]) (`outputs` [R, n, C] logits;
+  for 'binary_probs' one sigmoid probability [R, n, 1])."""
+  outputs = np.asarray(outputs, np.float64)
+  mix = np.asarray(mix, np.float64).T[:, :, None]  # [R, n, 1]
+  if loss != models.SPARSE_CE_LOGITS:
+    p1 = (mix[..., 0] * outputs[..., 0]).sum(axis=0)
+    return (p1 >= 0.5).astype(np.int64), np.stack([1.0 - p1, p1], axis=1)
+  e = np.exp(outputs - outputs.max(axis=2, keepdims=True))
+  p = (mix * e / e.sum(axis=2, keepdims=True)).sum(axis=0)
+  return np.argmax(p, axis=1), p
 
 
 @dataclasses.dataclass
@@ -215,6 +242,8 @@ class Evaluator:
     either way."""
     if isinstance(client_model, Ensemble):
       return self._evaluate_ensemble(weights, client_model.vote)
+    if isinstance(client_model, Mixture):
+      return self._evaluate_ensemble(weights, "probs", np.asarray(client_model.weights))
     if isinstance(client_model, str):
       raise TypeError(f"client_model must be indices, ChooseByTestLoss() or Ensemble(vote), "
                       f"got {client_model!r}")
@@ -289,9 +318,11 @@ class Evaluator:
     out[members] = np.argmin(np.asarray(mean_loss), axis=0)
     return out
 
-  def _evaluate_ensemble(self, weights, vote: str) -> EvalResult:
-    """Every client tested with the vote of all `weights` (see `ensemble_predict`);
-    the loss is the cross-entropy of the ensemble's probabilities."""
+  def _evaluate_ensemble(self, weights, vote: str, mixture=None) -> EvalResult:
+    """Every client tested with the vote of all `weights` (see `ensemble_predict`),
+    or with `mixture` ([clients, models]) its own weights over their
+    probabilities; the loss is the cross-entropy of the combined
+    probabilities."""
     n = len(self._y)
     members = np.flatnonzero(self._counts > 0)
     correct, loss_sum, f1 = np.zeros(n), np.zeros(n), np.zeros(n)
@@ -304,7 +335,11 @@ class Evaluator:
         outputs.append(np.concatenate(
             [self._outputs(x[i:i + self._batch_size]).numpy()
              for i in range(0, len(x), self._batch_size)]))
-      labels, probs = ensemble_predict(np.stack(outputs), vote, self._loss)
+      if mixture is None:
+        labels, probs = ensemble_predict(np.stack(outputs), vote, self._loss)
+      else:
+        labels, probs = mixture_predict(np.stack(outputs), np.repeat(
+            np.asarray(mixture, np.float64)[members], self._counts[members], axis=0), self._loss)
       hit = (labels == y).astype(np.float64)
       nll = -np.log(np.clip(probs[np.arange(len(y)), y], 1e-12, 1.0))
       bounds = np.cumsum(self._counts[members])[:-1]

@@ -351,16 +351,18 @@ class FunctionalTrainer:
   def _states(self, data):
     return self.model.start_states(getattr(data, "seed", None))
 
-  def _grad(self, trainable, rest, states, x, y, mask, summed=False):
+  def _grad(self, trainable, rest, states, x, y, mask, summed=False, weights=None):
     """(gradient of the batch's mean loss (or `summed` loss) at `trainable`,
     that loss, the real rows, the non-trainable weights and states after the
-    training call)."""
+    training call); `weights`: per-example loss weights (None: 1)."""
     trainable = [tf.convert_to_tensor(t) for t in trainable]
     with tf.GradientTape() as tape:
       tape.watch(trainable)
       outputs, rest, states = self.model(list(trainable) + list(rest), x, training=True,
                                          mask=mask, states=states)
       per_example = models.per_example_loss(self.loss_kind, y, outputs)
+      if weights is not None:
+        per_example = per_example * weights
       count = tf.reduce_sum(mask)
       total = tf.reduce_sum(per_example * mask)
       batch_loss = total if summed else total / count
@@ -371,22 +373,45 @@ class FunctionalTrainer:
   def predict(self, weights, x):
     return self.model(weights, x)[0]
 
+  def frozen_losses(self, frozen, x, y):
+    """[F, b]: `trainers._Trainer.frozen_losses` (inference mode)."""
+    return tf.stack([models.per_example_loss(self.loss_kind, y, self.model(list(w), x)[0])
+                     for w in frozen])
+
+  def _example_weights(self, example_weights, x, y):
+    if example_weights is None:
+      return None
+    return tf.stop_gradient(example_weights.fn(
+        self.frozen_losses(example_weights.frozen, x, y), y))
+
+  def example_sums(self, example_weights, data: schedule.PaddedBatches, max_batches: int = 0):
+    limit = data.num_steps if not max_batches else tf.minimum(data.num_steps, max_batches)
+
+    def body(x, y, mask, sums, count):
+      values = example_weights.fn(self.frozen_losses(example_weights.frozen, x, y), y)
+      return sums + tf.reduce_sum(values * mask, axis=-1), count + tf.reduce_sum(mask)
+
+    return self._loop(data, limit, body, (tf.zeros([example_weights.width]), tf.constant(0.0)))
+
   def train(self, start, data: schedule.PaddedBatches, lr, optimizer=None,
-            opt_state=None) -> trainers.TrainResult:
+            opt_state=None, example_weights=None) -> trainers.TrainResult:
     start = [tf.convert_to_tensor(w) for w in start]
     nt = self.model.num_trainable
     lr = tf.cast(lr, tf.float32)
     opt, state0 = trainers.start_optimizer(optimizer, start[:nt], opt_state)
 
     def body(x, y, mask, w, rest, states, num_examples, loss_sum, state):
-      grads, batch_loss, count, rest, states = self._grad(w, rest, states, x, y, mask)
+      weights = self._example_weights(example_weights, x, y)
+      grads, batch_loss, count, rest, states = self._grad(w, rest, states, x, y, mask,
+                                                          weights=weights)
       # A control variate's second gradient is another training call, as the
       # sequential trainer's (`trainers._gradient_at`): it advances the
       # states and moving statistics too.
       after = [rest, states]
 
       def gradient_at(point):
-        g, _, _, after[0], after[1] = self._grad(list(point), after[0], after[1], x, y, mask)
+        g, _, _, after[0], after[1] = self._grad(list(point), after[0], after[1], x, y, mask,
+                                                 weights=weights)
         return g
 
       new_w, state = opt.update(w, grads, state, lr, gradient_at)

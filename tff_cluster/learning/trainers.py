@@ -23,7 +23,7 @@ are its two materialisations).
 from __future__ import annotations
 
 import collections
-from typing import Any, List, NamedTuple, Optional
+from typing import Any, Callable, List, NamedTuple, Optional, Sequence
 
 import tensorflow as tf
 
@@ -51,22 +51,40 @@ class TrainResult(NamedTuple):
     return flat or None
 
 
-def sgd_step(model: tf.keras.Model, loss: str, batch, lr, optimizer, opt_state):
+class ExampleWeights(NamedTuple):
+  """Per-example weights of the local loss, computed from each batch (FedEM's
+  responsibilities, FedRC's robust weights): `frozen` is a list of F fixed
+  models (weight lists, trainable then non-trainable); `fn(losses, y)` maps
+  their per-example losses on the batch, [F, b] (inference mode), and the
+  labels [b] to the weights [b] (for `example_sums`: [width, b]). A weighted
+  step's loss is sum_i w_i l_i / (real examples): the weights are not
+  normalised."""
+  frozen: Sequence[Sequence[tf.Tensor]]
+  fn: Callable
+  width: int = 1
+
+
+def sgd_step(model: tf.keras.Model, loss: str, batch, lr, optimizer, opt_state,
+             weight_fn=None):
   """One local step on the batch `(x, y, mask)` (`mask`: None, or 1.0/0.0 per
   row, the real examples) with the bound client optimizer `optimizer`
   (`optimizers.Chain`, see `optimizers`).
 
   g = the gradient of the batch's mean loss over its real examples; the
   optimizer's transforms turn it into the new trainable weights (for plain
-  SGD w <- w - lr g), which are assigned to the model.
+  SGD w <- w - lr g), which are assigned to the model. `weight_fn(x, y)`
+  (None: 1) weighs each example's loss (`ExampleWeights`).
 
   Returns (batch loss x batch size, batch size, new optimizer state).
   """
   x, y, mask = batch
   trainable = model.trainable_variables
+  weights = None if weight_fn is None else tf.stop_gradient(weight_fn(x, y))
   with tf.GradientTape() as tape:
     predictions = model(x, training=True)
     per_example = models.per_example_loss(loss, y, predictions)
+    if weights is not None:
+      per_example = per_example * weights
     if mask is None:
       count = tf.cast(tf.shape(per_example)[0], tf.float32)
       batch_loss = tf.reduce_mean(per_example)
@@ -75,13 +93,14 @@ def sgd_step(model: tf.keras.Model, loss: str, batch, lr, optimizer, opt_state):
       batch_loss = tf.reduce_sum(per_example * mask) / count
   grads = tape.gradient(batch_loss, trainable)
   new_weights, new_state = optimizer.update(
-      trainable, grads, opt_state, lr, lambda point: _gradient_at(model, loss, x, y, mask, point))
+      trainable, grads, opt_state, lr,
+      lambda point: _gradient_at(model, loss, x, y, mask, point, weights))
   for var, value in zip(trainable, new_weights):
     var.assign(value)
   return batch_loss * count, count, new_state
 
 
-def _gradient_at(model, loss: str, x, y, mask, point):
+def _gradient_at(model, loss: str, x, y, mask, point, weights=None):
   """The batch's mean-loss gradient at the trainable weights `point`; the
   model's variables are put back as they were (a model without batch
   statistics: its training-mode call has no side effect)."""
@@ -91,6 +110,8 @@ def _gradient_at(model, loss: str, x, y, mask, point):
     var.assign(value)
   with tf.GradientTape() as tape:
     per_example = models.per_example_loss(loss, y, model(x, training=True))
+    if weights is not None:
+      per_example = per_example * weights
     if mask is None:
       batch_loss = tf.reduce_mean(per_example)
     else:
@@ -135,12 +156,45 @@ class _Trainer:
       var.assign(value)
     return self.model(x, training=False)
 
-  def train(self, start, data, lr, optimizer=None, opt_state=None) -> TrainResult:
+  def frozen_losses(self, frozen, x, y):
+    """[F, b]: the per-example losses of the F weight lists `frozen` on the
+    batch (inference mode); the model's variables are put back as they were."""
+    saved = [tf.identity(v) for v in self._variables]
+    out = []
+    for weights in frozen:
+      for var, value in zip(self._variables, weights):
+        var.assign(value)
+      out.append(models.per_example_loss(self.loss_kind, y, self.model(x, training=False)))
+    for var, value in zip(self._variables, saved):
+      var.assign(value)
+    return tf.stack(out)
+
+  def _weight_fn(self, example_weights: Optional[ExampleWeights]):
+    if example_weights is None:
+      return None
+    return lambda x, y: example_weights.fn(
+        self.frozen_losses(example_weights.frozen, x, y), y)
+
+  def train(self, start, data, lr, optimizer=None, opt_state=None,
+            example_weights: Optional[ExampleWeights] = None) -> TrainResult:
     """Local steps from the weights `start` over `data` at learning rate `lr`
     with the client optimizer `optimizer` (a chain or transform of
     `optimizers`; None: plain SGD), its state starting at `opt_state` (None:
-    the optimizer's `init` at the start)."""
+    the optimizer's `init` at the start); `example_weights` weighs each
+    example's loss."""
     raise NotImplementedError
+
+  def example_sums(self, example_weights: ExampleWeights, data, max_batches: int = 0):
+    """(sum over the real examples of the first `max_batches` batches of
+    `data` (0: all) of `example_weights.fn(losses, y)` [K, b] -> [K],
+    examples)."""
+    raise NotImplementedError
+
+  def _sum_batch(self, example_weights: ExampleWeights, x, y, mask):
+    values = example_weights.fn(self.frozen_losses(example_weights.frozen, x, y), y)
+    if mask is None:
+      return tf.reduce_sum(values, axis=-1), tf.cast(tf.shape(y)[0], tf.float32)
+    return tf.reduce_sum(values * mask, axis=-1), tf.reduce_sum(mask)
 
   def loss(self, weights, data, max_batches: int = 0):
     """(sum of per-example losses, examples) of `weights` over the first
@@ -177,20 +231,32 @@ class _Trainer:
 class DatasetTrainer(_Trainer):
   """Local SGD over a `tf.data.Dataset` of `{'x', 'y'}` batches (TFF runner)."""
 
-  def train(self, start, data, lr, optimizer=None, opt_state=None) -> TrainResult:
+  def train(self, start, data, lr, optimizer=None, opt_state=None,
+            example_weights=None) -> TrainResult:
     start = list(start)
     lr = tf.cast(lr, tf.float32)
     opt, state = self._start(start, optimizer, opt_state)
+    weight_fn = self._weight_fn(example_weights)
 
     def step(carry, batch):
       num_examples, loss_sum, state = carry
       loss_x_n, n, state = sgd_step(self.model, self.loss_kind, (batch["x"], batch["y"], None),
-                                    lr, opt, state)
+                                    lr, opt, state, weight_fn)
       return num_examples + n, loss_sum + loss_x_n, state
 
     num_examples, loss_sum, state = data.reduce(
         (tf.constant(0.0), tf.constant(0.0), state), step)
     return self._finish(start, num_examples, loss_sum, state)
+
+  def example_sums(self, example_weights, data, max_batches: int = 0):
+    if max_batches:
+      data = data.take(max_batches)
+
+    def add(carry, batch):
+      sums, count = self._sum_batch(example_weights, batch["x"], batch["y"], None)
+      return carry[0] + sums, carry[1] + count
+
+    return data.reduce((tf.zeros([example_weights.width]), tf.constant(0.0)), add)
 
   def loss(self, weights, data, max_batches: int = 0):
     for var, value in zip(self._variables, weights):
@@ -255,14 +321,16 @@ class PaddedTrainer(_Trainer):
     return tf.gather(self._x, rows), tf.gather(self._y, rows), mask
 
   def train(self, start, data: schedule.PaddedBatches, lr, optimizer=None,
-            opt_state=None) -> TrainResult:
+            opt_state=None, example_weights=None) -> TrainResult:
     start = list(start)
     lr = tf.cast(lr, tf.float32)
     opt, state = self._start(start, optimizer, opt_state)
     self._seed(data)
+    weight_fn = self._weight_fn(example_weights)
 
     def step(x, y, mask, num_examples, loss_sum, state):
-      loss_x_n, n, state = sgd_step(self.model, self.loss_kind, (x, y, mask), lr, opt, state)
+      loss_x_n, n, state = sgd_step(self.model, self.loss_kind, (x, y, mask), lr, opt, state,
+                                    weight_fn)
       return num_examples + n, loss_sum + loss_x_n, state
 
     num_examples, loss_sum, state = self._batches(
@@ -311,6 +379,16 @@ class PaddedTrainer(_Trainer):
       return loss_sum + batch_loss, count + n
 
     return self._batches(data, limit, step, (tf.constant(0.0), tf.constant(0.0)))
+
+  def example_sums(self, example_weights, data: schedule.PaddedBatches, max_batches: int = 0):
+    limit = data.num_steps if not max_batches else tf.minimum(data.num_steps, max_batches)
+
+    def step(x, y, mask, sums, count):
+      s, n = self._sum_batch(example_weights, x, y, mask)
+      return sums + s, count + n
+
+    return self._batches(data, limit, step,
+                         (tf.zeros([example_weights.width]), tf.constant(0.0)))
 
 
 def build_local_sgd(model: tf.keras.Model, loss: str, momentum: float = 0.0):

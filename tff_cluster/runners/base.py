@@ -155,3 +155,21 @@ class Runner:
 
   def make_evaluator(self, split: str = "test") -> evaluation.Evaluator:
     return evaluation.Evaluator(self.model_fn, self.loss, self.data, split=split)
+
+  def client_summaries(self, fn: Callable[[Any, Any], Any], clients: Sequence[int],
+                       split: str = "train") -> List[Any]:
+    """`fn(x, y)` of each of `clients`' `split` arrays (numpy), computed where
+    the data lives (here in this process; the ray runner's actors on their
+    own clients): a one-shot summary of a client's data, e.g. PACFL's data
+    subspaces. `fn` must be picklable for the ray runner (a module-level
+    function or a `functools.partial` of one)."""
+    return [client_summary(self.data, fn, int(k), split) for k in clients]
+
+
+def client_summary(data, fn, client: int, split: str):
+  """`fn(x, y)` of client `client`'s `split` arrays of `data` (a `FederatedData`)."""
+  if split not in ("train", "test"):
+    raise ValueError(f"invalid split {split!r}; valid: train, test")
+  arrays = data.train if split == "train" else data.test
+  x, y = arrays[data.client_ids[client]]
+  return fn(x, y)

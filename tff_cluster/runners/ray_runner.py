@@ -53,7 +53,7 @@ from tff_cluster.learning import schedule
 from tff_cluster.data.federated import FederatedData, LazyFederatedData
 from tff_cluster.runners import local_runner
 from tff_cluster.runners.base import (ClientStateStore, RoundOutput, WorkerLost, check_keys,
-                                      to_numpy)
+                                      client_summary, to_numpy)
 
 # How long a call to an unreachable `--ray_address` may take before it fails.
 CONNECT_TIMEOUT_S = 30
@@ -173,6 +173,11 @@ class ShardHost:
 
   def mean_losses(self, key: str, split: str, weights):
     return self._shards[key].evaluator(split).mean_losses(weights)
+
+  def summaries(self, key: str, fn, clients, split: str):
+    """`fn(x, y)` of each of this shard's `clients` (indices in the shard)."""
+    data = self._shards[key].data
+    return [client_summary(data, fn, int(k), split) for k in clients]
 
   # -- per-client states ---------------------------------------------------------
 
@@ -507,6 +512,22 @@ class RayRunner(local_runner.ServerSide):
     each on its own clients."""
     return ShardedEvaluator(self, split)
 
+  def client_summaries(self, fn, clients, split: str = "train"):
+    """`Runner.client_summaries`, each actor on its own clients."""
+    clients = [int(k) for k in clients]
+    positions: Dict[int, List[int]] = {}
+    for i, k in enumerate(clients):
+      positions.setdefault(int(self._shard_of[k]), []).append(i)
+    order = sorted(positions)
+    parts = self._get([self._actors[w].summaries.remote(
+        self._key, fn, [clients[i] - self._bounds[w] for i in positions[w]], split)
+        for w in order])
+    out: List[Any] = [None] * len(clients)
+    for w, part in zip(order, parts):
+      for i, value in zip(positions[w], part):
+        out[i] = value
+    return out
+
   def client_store(self) -> "ActorClientStates":
     """Where the driver's per-client states live: with the actor that owns
     each client (the driver keeps only which keys exist)."""
@@ -606,7 +627,8 @@ class ShardedEvaluator:
     for w, actor in enumerate(r._actors):  # noqa: SLF001
       lo, hi = r._bounds[w], r._bounds[w + 1]  # noqa: SLF001
       if method == "evaluate":
-        part = (client_model if evaluation.is_rule(client_model)
+        part = (client_model.rows(lo, hi) if isinstance(client_model, evaluation.Mixture)
+                else client_model if evaluation.is_rule(client_model)
                 else np.asarray(client_model)[lo:hi])
         calls.append(actor.evaluate.remote(r._key, self._split, ref, part))  # noqa: SLF001
       else:

@@ -132,14 +132,24 @@ FEDGROUP_HPARAMS = _group(
            high_open=True),
 )
 
+INIT_CHOICES = ("random", "good_init", "fedavg_warm", "kmeans_loss")
+EVAL_CHOICES = ("assigned", "test_loss", "train_loss")
+INIT_CLIENTS = HParam(
+    "ifca_init_clients", int, None, "kmeans_loss: the clients trained from one start whose "
+    "models are the candidate centres (default --clients_per_round; FedJAX: the clients "
+    "it is given).", low=1)
+
 IFCA_HPARAMS = _group(
     "ifca",
     hp.NUM_GROUPS,
     HParam("ifca_init", str, "random", "Cluster models' start: random (K independent "
            "draws), good_init (redraw until every cluster gets a share of a client "
-           "sample, the authors' CIFAR code) or fedavg_warm (a FedAvg-trained model "
-           "with K random last layers, then forced random groups; their FEMNIST code).",
-           choices=("random", "good_init", "fedavg_warm")),
+           "sample, the authors' CIFAR code), fedavg_warm (a FedAvg-trained model "
+           "with K random last layers, then forced random groups; their FEMNIST code) "
+           "or kmeans_loss (k-means++ by loss over clients trained from one start: "
+           "HypCluster's, FedJAX).",
+           choices=INIT_CHOICES),
+    INIT_CLIENTS,
     HParam("ifca_warm_rounds", int, 20, "fedavg_warm: rounds of one-model training "
            "before round 1.", low=0, limit=hp.MAX_ROUNDS),
     HParam("ifca_forced_rounds", int, 20, "fedavg_warm: first rounds whose clients are "
@@ -160,10 +170,12 @@ IFCA_HPARAMS = _group(
     HParam("ifca_eval", str, "assigned", "Model a client with training data is tested "
            "with: assigned (the cluster its training loss chose when last sampled; a "
            "client never sampled takes the argmin of its training loss over the K "
-           "models, untrained: FedBase's protocol) or test_loss (the model of lowest "
-           "loss on its own test data, IFCA's protocol for its test machines). "
+           "models, untrained: FedBase's protocol), test_loss (the model of lowest "
+           "loss on its own test data, IFCA's protocol for its test machines) or "
+           "train_loss (every client the argmin of its training loss at evaluation: "
+           "FedJAX's HypCluster evaluator). "
            "Test-only clients always choose by test loss.",
-           choices=("assigned", "test_loss")),
+           choices=EVAL_CHOICES),
 )
 
 WECFL_SHARED = (
@@ -240,7 +252,7 @@ CFL_MGD_HPARAMS = _group(
     # IFCA's cluster estimate, initialisation and evaluation, shared.
     *(d for d in IFCA_HPARAMS if d.name in (
         "ifca_loss_batches", "ifca_init", "ifca_warm_rounds", "ifca_forced_rounds",
-        "ifca_good_init_threshold", "ifca_eval")),
+        "ifca_good_init_threshold", "ifca_eval", "ifca_init_clients")),
 )
 
 MIME_MOMENTUM = HParam("mime_momentum", float, 0.9, "beta of the base optimizer's (SGD "
@@ -291,3 +303,72 @@ FEDGROUPROX_HPARAMS = (MU_POSITIVE, *FEDGROUP_HPARAMS)
 FEDAVG_PLUS_HPARAMS = (hp.ENSEMBLE_SIZE, ENSEMBLE_VOTE, CLIENT_WEIGHTING)
 FEDPROX_PLUS_HPARAMS = (hp.MU, hp.ENSEMBLE_SIZE, ENSEMBLE_VOTE, CLIENT_WEIGHTING)
 FEDNAG_HPARAMS = (NAG_MOMENTUM, AGG_WEIGHTS)
+
+HYPCLUSTER_HPARAMS = _group(
+    "hypcluster",
+    hp.NUM_GROUPS,
+    HParam("hypcluster_init", str, "kmeans_loss", "Cluster models' start: kmeans_loss "
+           "(FedJAX's k-means++ by loss over clients trained from one start) or random "
+           "(K independent draws).", choices=("kmeans_loss", "random")),
+    INIT_CLIENTS,
+    HParam("hypcluster_eval", str, "train_loss", "Model a client is tested with: "
+           "train_loss (the argmin of its training loss over the K models at evaluation, "
+           "FedJAX's evaluator) or assigned (the cluster it last trained).",
+           choices=("train_loss", "assigned")),
+    *(d for d in IFCA_HPARAMS if d.name == "ifca_loss_batches"),
+    SERVER_LR,
+    HParam("hypcluster_server_momentum", float, 0.0, "beta of each cluster's own server "
+           "optimizer (heavy ball, state per cluster; 0: SGD with --server_lr, 1.0 = "
+           "FedAvg's mean).", low=0, high=1, high_open=True),
+)
+
+FLHC_HPARAMS = _group(
+    "flhc",
+    hp.NUM_GROUPS,
+    HParam("flhc_round", int, 10, "n: the clustering round (FedAvg before it; every client "
+           "with training data trains in it). Not read in the paper: 10, the largest n of "
+           "a public reproduction's sweep (1, 3, 5, 10).", low=1, limit=hp.MAX_ROUNDS),
+    HParam("flhc_threshold", float, None, "P: the distance at which the tree of the "
+           "clients' updates is cut (merges at distances <= P); unset: cut into "
+           "--num_groups clusters. At most --num_groups clusters either way.", low=0,
+           low_open=True),
+    HParam("flhc_metric", str, "euclidean", "Distance between two clients' updates.",
+           choices=("euclidean", "manhattan", "cosine")),
+    HParam("flhc_linkage", str, "ward", "Linkage of the agglomerative clustering (ward "
+           "needs the euclidean metric).", choices=("ward", "average", "complete", "single")),
+)
+
+PACFL_HPARAMS = _group(
+    "pacfl",
+    hp.NUM_GROUPS,
+    HParam("pacfl_basis", int, 5, "p: left singular vectors kept per label of a client's "
+           "training inputs (the authors' default; their CIFAR-10 script: 3).", low=1,
+           limit=4096),
+    HParam("pacfl_beta", float, 3.5, "beta: clusters merge while their proximity (degrees) "
+           "is <= beta (the authors' default; CIFAR-10 script: 4.9). At most --num_groups "
+           "clusters.", low=0),
+    HParam("pacfl_linkage", str, "average", "Merged proximity: average (mean of the two "
+           "rows, the authors'), maximum (complete) or minimum (single).",
+           choices=("average", "maximum", "minimum")),
+    HParam("pacfl_proximity", str, "code", "code: the smallest angle between any two basis "
+           "vectors, min arccos(U_i^T U_j) (the authors' code); principal: the smallest "
+           "principal angle between the two subspaces, arccos of the largest singular value "
+           "of Q_i^T Q_j (orthonormal bases).", choices=("code", "principal")),
+)
+
+FEDEM_HPARAMS = _group(
+    "fedem",
+    hp.NUM_GROUPS,
+    HParam("fedem_agg", str, "all", "Component aggregation: all (every client's n_k/n share, "
+           "a client not sampled adding the component unchanged: the authors' code) or "
+           "sampled (the n_k-weighted mean over the round's clients).",
+           choices=("all", "sampled")),
+)
+
+FEDRC_HPARAMS = _group(
+    "fedrc",
+    hp.NUM_GROUPS,
+    HParam("fedrc_predict", str, "soft", "A client's prediction: soft (its omega-weighted "
+           "mixture of the components' probabilities) or hard (its largest-omega "
+           "component alone; the authors' --hard_cluster).", choices=("soft", "hard")),
+)

@@ -1,0 +1,355 @@
+"""The clustered catalogue's rules: HypCluster, FL+HC and PACFL, and the parts
+they added (agglomerative cuts, PACFL's merge loop, client summaries, IFCA's
+per-cluster server optimizer, k-means++ by loss, evaluation by training loss).
+
+Runner parity and resume are `tests/test_runners.py`'s and
+`tests/test_reliability.py`'s, from each algorithm's PARITY_CASES entry."""
+
+from __future__ import annotations
+
+import collections
+import functools
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tff_cluster import clustering, registry, tasks
+from tff_cluster.algorithms import ifca, pacfl
+from tff_cluster.host import loop
+from tff_cluster.learning import optimizers
+from tff_cluster.spec.task import DataOptions
+
+
+def _config(**kw):
+  base = dict(rounds=3, clients_per_round=8, local_epochs=1, batch_size=10, client_lr=0.05,
+              seed=4, runner="local")
+  base.update(kw)
+  return loop.TrainingConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def two_clusters():
+  task = tasks.get_task("synthetic_clusters")
+  return task, task.load_data(DataOptions(seed=3, num_clients=20, extra={"num_clusters": 2}))
+
+
+def _driver(task, data, algo, config, **options):
+  return registry.get_algorithm(algo).make_driver(task, data, config, **options)
+
+
+# --------------------------------------------------------------------------- #
+# Agglomerative clustering (FL+HC) and PACFL's merge loop, by hand.
+
+
+def test_agglomerative_cuts_at_the_threshold_or_into_at_most_k_clusters():
+  x = np.array([[0.0], [0.1], [5.0], [5.2], [20.0]])
+  labels, found = clustering.agglomerative(x, "euclidean", "single", 1.0, 5)
+  assert labels.tolist() == [0, 0, 1, 1, 2] and found == 3
+  # The same threshold with room for 2 clusters only: the tree cut into 2.
+  labels, found = clustering.agglomerative(x, "euclidean", "single", 1.0, 2)
+  assert labels.tolist() == [0, 0, 0, 0, 1] and found == 3
+  labels, found = clustering.agglomerative(x, "euclidean", "single", None, 2)
+  assert labels.tolist() == [0, 0, 0, 0, 1] and found is None
+  # Labels are numbered by first appearance, whatever SciPy's numbering.
+  labels, _ = clustering.agglomerative(x[::-1], "euclidean", "complete", 1.0, 5)
+  assert labels.tolist() == [0, 1, 1, 2, 2]
+  # Cosine: directions, not lengths.
+  d = np.array([[1.0, 0.0], [10.0, 0.5], [0.0, 1.0], [0.2, 7.0]])
+  assert clustering.agglomerative(d, "cosine", "average", 0.1, 4)[0].tolist() == [0, 0, 1, 1]
+  with pytest.raises(ValueError, match="ward"):
+    clustering.agglomerative(d, "cosine", "ward", 0.1, 4)
+
+
+def test_pacfl_merge_loop_by_hand():
+  d = np.array([[0, 1, 4, 5], [1, 0, 3, 6], [4, 3, 0, 2], [5, 6, 2, 0]], float)
+  # average: merge (0,1) at 1 -> its row is the mean of the two rows
+  # [0.5, 0.5, 3.5, 5.5]; then (2,3) at 2 -> the distance of {0,1} to {2,3}
+  # is (3.5 + 5.5) / 2 = 4.5.
+  labels, found = clustering.merge_below(d, 2.5, "average", 4)
+  assert labels.tolist() == [0, 0, 1, 1] and found == 2
+  labels, found = clustering.merge_below(d, 4.5, "average", 4)
+  assert labels.tolist() == [0, 0, 0, 0] and found == 1  # 4.5 <= beta merges
+  # maximum (complete): {0,1} to {2,3} is max(4, 5, 3, 6) = 6 > 4.5.
+  labels, found = clustering.merge_below(d, 4.5, "maximum", 4)
+  assert labels.tolist() == [0, 0, 1, 1] and found == 2
+  # minimum (single): 3 <= 3.
+  assert clustering.merge_below(d, 3.0, "minimum", 4)[0].tolist() == [0, 0, 0, 0]
+  # At most one cluster: merging goes on past beta; `found` is beta's count.
+  labels, found = clustering.merge_below(d, 2.5, "average", 1)
+  assert labels.tolist() == [0, 0, 0, 0] and found == 2
+  labels, found = clustering.merge_below(d, 0.5, "average", 4)
+  assert labels.tolist() == [0, 1, 2, 3] and found == 4
+
+
+def test_pacfl_angles_by_hand():
+  """One label each: client A's inputs along e1, client B's along the unit
+  vector at 30 degrees in the (e1, e2) plane; a third along e3."""
+  rng = np.random.default_rng(0)
+  t = np.radians(30.0)
+  u = np.array([np.cos(t), np.sin(t), 0.0])
+  xs = [rng.uniform(1, 2, (6, 1)) * v for v in (np.eye(3)[0], u, np.eye(3)[2])]
+  sig = [pacfl.signature(x, np.zeros(len(x), int), basis=1) for x in xs]
+  principal = pacfl.proximity(sig, "principal")
+  np.testing.assert_allclose(principal[0, 1], 30.0, atol=1e-6)
+  np.testing.assert_allclose(principal[0, 2], 90.0, atol=1e-6)
+  np.testing.assert_allclose(np.diag(principal), 0.0, atol=1e-4)
+  # The code's form: the angle between the two basis vectors as the SVD signs
+  # them (30 or 150 degrees: no absolute value).
+  code = pacfl.proximity(sig, "code")
+  assert min(abs(code[0, 1] - 30.0), abs(code[0, 1] - 150.0)) < 1e-6
+  # Two labels: per label p vectors side by side; a label with fewer examples
+  # than p keeps what it has.
+  x = rng.normal(size=(7, 4))
+  y = np.array([0, 0, 0, 0, 0, 1, 1])
+  s = pacfl.signature(x, y, basis=3)
+  assert s.shape == (4, 3 + 2)
+  np.testing.assert_allclose(s[:, :3].T @ s[:, :3], np.eye(3), atol=1e-10)
+  u0 = np.linalg.svd(x[y == 0].T, full_matrices=False)[0][:, :3]
+  np.testing.assert_allclose(np.abs(s[:, :3]), np.abs(u0), atol=1e-12)
+
+
+def test_pacfl_recovers_the_true_clusters_with_principal_angles(two_clusters):
+  """synthetic_clusters' clusters differ in their input distribution, which
+  PACFL's subspaces see: with principal angles, beta = 3 degrees falls
+  between the draw's largest within-cluster (2.18) and smallest
+  between-cluster (3.47) angle. (The code's element-wise angle depends on
+  the signs the SVD gives the basis vectors: on this draw two clients of one
+  cluster are 87 degrees apart by it, so no beta separates the clusters.)"""
+  task, data = two_clusters
+  driver = _driver(task, data, "pacfl", _config(), num_groups=4, pacfl_basis=3,
+                   pacfl_beta=3.0, pacfl_proximity="principal")
+  driver.setup()
+  assert driver.cluster_scores(driver.host.assignment)["ari"] == 1.0
+  assert driver.host.summary["pacfl_num_clusters"] == 2
+  # The summaries the runner computed are the signatures of the data.
+  sigs = driver.runner.client_summaries(functools.partial(pacfl.signature, basis=3), [0, 5])
+  np.testing.assert_array_equal(sigs[1], pacfl.signature(*data.train[data.client_ids[5]], 3))
+
+
+def test_pacfl_more_clusters_than_slots_merge_on_with_a_warning(two_clusters):
+  task, data = two_clusters
+  driver = _driver(task, data, "pacfl", _config(), num_groups=2, pacfl_basis=3,
+                   pacfl_beta=0.5, pacfl_proximity="principal")
+  with pytest.warns(UserWarning, match="merged on to 2"):
+    driver.setup()
+  assert driver.host.summary["pacfl_clusters_at_beta"] > 2
+  assert len(np.unique(driver.host.assignment)) == 2
+
+
+# --------------------------------------------------------------------------- #
+# FL+HC.
+
+
+def test_flhc_is_fedavg_before_its_round_then_clusters_from_the_global_model(two_clusters):
+  task, data = two_clusters
+  config = _config(rounds=3)
+  fedavg = _driver(task, data, "fedavg", config, client_weighting="samples")
+  flhc = _driver(task, data, "flhc", config, num_groups=3, flhc_round=3,
+                 flhc_threshold=0.8, flhc_metric="cosine", flhc_linkage="average")
+  rng_a, rng_b = np.random.default_rng(1), np.random.default_rng(1)
+  fedavg.setup()
+  flhc.setup()
+  for r in (1, 2):
+    sampled = np.sort(rng_a.choice(20, 8, replace=False))
+    assert (sampled == np.sort(rng_b.choice(20, 8, replace=False))).all()
+    a = fedavg.run_round(r, sampled)
+    b = flhc.run_round(r, sampled)
+    np.testing.assert_allclose(a["train_loss"], b["train_loss"], rtol=1e-6)
+  global_model = fedavg.model_weights()
+  for w, v in zip(flhc._models()[0], global_model):  # every client in cluster 0
+    np.testing.assert_allclose(w, v, rtol=1e-5, atol=1e-7)
+  # Round n: every client with training data trains; clusters from the
+  # updates; every cluster model restarts at the global model.
+  row = flhc.run_round(3, np.arange(8))
+  assert row["bytes_up"] == 20 * flhc.num_params * 4
+  for m in flhc._models():
+    for w, v in zip(m, global_model):
+      np.testing.assert_allclose(w, v, rtol=1e-5, atol=1e-7)
+  assert row["num_clusters"] == len(np.unique(flhc.host.assignment)) > 1
+  # Then FedAvg within the clusters (ClusterModelsDriver's rounds); no re-clustering.
+  before = flhc.host.assignment.copy()
+  flhc.run_round(4, np.arange(8))
+  np.testing.assert_array_equal(flhc.host.assignment, before)
+
+
+def test_flhc_recovers_the_true_clusters_by_the_directions_of_first_updates(two_clusters):
+  """Clustering in round 1 (updates from the initial model): the draw's
+  cosine distances are at most 0.64 within a cluster and at least 0.98
+  between, so a cut at 0.8 separates them."""
+  task, data = two_clusters
+  flhc = _driver(task, data, "flhc", _config(), num_groups=3, flhc_round=1,
+                 flhc_threshold=0.8, flhc_metric="cosine", flhc_linkage="average")
+  flhc.setup()
+  flhc.run_round(1, np.arange(8))
+  assert flhc.cluster_scores(flhc.host.assignment)["ari"] == 1.0
+  assert flhc.host.summary["flhc_clusters_at_threshold"] == 2
+
+
+def test_flhc_refuses_ward_with_another_metric(two_clusters):
+  task, data = two_clusters
+  with pytest.raises(ValueError, match="flhc_metric=cosine with --flhc_linkage=ward"):
+    _driver(task, data, "flhc", _config(), num_groups=2, flhc_metric="cosine")
+
+
+# --------------------------------------------------------------------------- #
+# HypCluster: IFCA's module with FedJAX's choices.
+
+
+def _specs(*shapes):
+  return [tf.TensorSpec(s, tf.float32) for s in shapes]
+
+
+def test_per_cluster_server_optimizer_by_hand():
+  """Heavy ball per cluster: m_j <- beta m_j + d_j, w_j <- w_j - eta m_j with
+  d_j = -(mean update of cluster j); a cluster without clients keeps its
+  model and its buffer; a non-trainable weight takes the plain mean."""
+  eta, beta = 0.5, 0.9
+  d = ifca.IFCADefinition(_specs((2,), (1,)), 1, 2, aggregation="uniform", loss_batches=0,
+                          server_optimizer=optimizers.server_heavy_ball(eta, beta))
+  w = [np.array([[1.0, 2.0], [3.0, 4.0]], np.float32), np.array([[0.5], [0.7]], np.float32)]
+  state = d.initial_state([[w[0][j], w[1][j]] for j in range(2)])
+  assert [b.shape for b in state["buffer"]] == [(2, 2)]
+  state["buffer"] = [np.array([[0.1, -0.1], [1.0, 1.0]], np.float32)]
+  # Two clients in cluster 0 with updates (1, 0), (0, 2) and stats 0.2, 0.4.
+  summed = collections.OrderedDict(
+      update_sums=[np.array([[1.0, 2.0], [0, 0]], np.float32),
+                   np.array([[0.6], [0.0]], np.float32)],
+      weight_sums=np.array([2.0, 0.0], np.float32))
+  new = d.server_update(state, summed, "train")
+  m0 = beta * np.array([0.1, -0.1]) + (-np.array([0.5, 1.0]))
+  np.testing.assert_allclose(new["buffer"][0][0], m0, rtol=1e-6)
+  np.testing.assert_allclose(new["models"][0][0], [1.0, 2.0] - eta * m0, rtol=1e-6)
+  np.testing.assert_allclose(new["models"][1][0], [0.8], rtol=1e-6)
+  np.testing.assert_array_equal(new["models"][0][1], w[0][1])  # no clients: kept
+  np.testing.assert_array_equal(new["buffer"][0][1], [1.0, 1.0])
+  np.testing.assert_array_equal(new["models"][1][1], w[1][1])
+  # Without a server optimizer: the mean update added (IFCA's rule).
+  plain = ifca.IFCADefinition(_specs((2,), (1,)), 1, 2, aggregation="uniform",
+                              loss_batches=0)
+  out = plain.server_update(plain.initial_state([[w[0][j], w[1][j]] for j in range(2)]),
+                            summed, "train")
+  np.testing.assert_allclose(out["models"][0][0], [1.5, 3.0])
+
+
+def test_kmeans_loss_start_is_farthest_by_lowest_loss(two_clusters):
+  """FedJAX's kmeans_init: each next centre is the candidate whose lowest
+  mean training loss over the centres so far is the largest; the centres are
+  the candidates' own trained models. Losses recomputed with an evaluator of
+  the training data (not the runner's assign call)."""
+  task, data = two_clusters
+  driver = _driver(task, data, "hypcluster", _config(clients_per_round=6), num_groups=3)
+  driver.setup()
+  ids = list(data.client_ids)
+  candidates = [ids.index(c) for c in driver.host.summary["kmeans_init_candidates"]]
+  chosen = [ids.index(c) for c in driver.host.summary["kmeans_init_clients"]]
+  single = driver.definition.initial_state(driver.w0)
+  models = {}
+  for c in candidates:
+    out = driver.train_clients("forced", single, [c], 1, keys=[0], persist=False,
+                               shuffle_round=ifca.KMEANS_SHUFFLE_BASE)
+    models[c] = [np.asarray(w)[0] for w in driver.runner.numpy_state(out.state)["models"]]
+  for j, c in enumerate(chosen):  # the cluster models are the chosen clients' models
+    for w, v in zip(driver._models()[j], models[c]):
+      np.testing.assert_array_equal(w, v)
+  evaluator = driver.make_evaluator("train")
+  losses = {c: evaluator.mean_losses(models[c])[candidates] for c in candidates}
+  for step in range(1, 3):
+    lowest = np.min([losses[c] for c in chosen[:step]], axis=0)
+    np.testing.assert_allclose(lowest.max(), lowest[candidates.index(chosen[step])],
+                               rtol=1e-4)
+
+
+def test_train_loss_evaluation_takes_each_clients_lowest_training_loss(two_clusters):
+  task, data = two_clusters
+  driver = _driver(task, data, "hypcluster", _config(), num_groups=2,
+                   hypcluster_init="random")
+  driver.setup()
+  driver.run_round(1, np.arange(8))
+  models, chosen = driver.eval_models()
+  evaluator = driver.make_evaluator("train")
+  expected = np.argmin(np.stack([evaluator.mean_losses(m) for m in models]), axis=0)
+  np.testing.assert_array_equal(chosen, expected)
+  # Clients 8.. were never sampled: chosen at evaluation all the same.
+  assert (driver.host.assignment[8:] == -1).all()
+
+
+def test_hypcluster_recovers_the_true_clusters(two_clusters):
+  task, data = two_clusters
+  config = _config(rounds=5, clients_per_round=10)
+  driver = _driver(task, data, "hypcluster", config, num_groups=2)
+  loop.run_training(task, data, config, driver, None, progress=False)
+  models, chosen = driver.eval_models()
+  assert driver.cluster_scores(chosen)["ari"] == 1.0
+
+
+# --------------------------------------------------------------------------- #
+# Per-example loss weights from frozen models (FedEM's and FedRC's part).
+
+
+def _np_losses(w, b, x, y):
+  z = x @ w + b
+  z = z - z.max(1, keepdims=True)
+  logp = z - np.log(np.exp(z).sum(1, keepdims=True))
+  return -logp[np.arange(len(y)), y]
+
+
+@pytest.mark.parametrize("trainer_kind", ["dataset", "padded", "functional"])
+def test_example_weights_weigh_each_loss_by_a_function_of_frozen_models(trainer_kind):
+  """Two steps with w_i = softmax_m(log pi_m - l_m(x_i, y_i))[0] over two
+  frozen models (FedEM's responsibility of component 0): each step's
+  gradient is sum_i w_i grad l_i / b, by hand; `example_sums` is
+  sum_i of the responsibilities of both components."""
+  from tff_cluster import models
+  from tff_cluster.learning import functional, schedule, trainers
+  rng = np.random.default_rng(0)
+  n, d, c, lr = 6, 4, 3, 0.5
+  x = rng.normal(size=(n, d)).astype(np.float32)
+  y = rng.integers(0, c, n).astype(np.int32)
+  model = models.mclr(d, c)
+  w0 = [rng.normal(size=(d, c)).astype(np.float32), rng.normal(size=c).astype(np.float32)]
+  frozen = [[rng.normal(size=(d, c)).astype(np.float32), rng.normal(size=c).astype(np.float32)]
+            for _ in range(2)]
+  log_pi = np.log(np.array([0.3, 0.7], np.float32))
+
+  def responsibilities(losses, labels):
+    del labels
+    return tf.nn.softmax(log_pi[:, None] - losses, axis=0)
+
+  first = trainers.ExampleWeights(frozen, lambda l, yy: responsibilities(l, yy)[0])
+  both = trainers.ExampleWeights(frozen, responsibilities, width=2)
+  work = schedule.LocalWork(3, steps=2)
+  if trainer_kind == "dataset":
+    trainer = trainers.DatasetTrainer(model, models.SPARSE_CE_LOGITS)
+    data = schedule.work_dataset(x, y, work, seed=1)
+  else:
+    data = schedule.PaddedBatches(*[tf.constant(t) for t in
+                                    schedule.padded_batches(n, 0, work, 1)])
+    if trainer_kind == "padded":
+      trainer = trainers.PaddedTrainer(model, models.SPARSE_CE_LOGITS, tf.constant(x),
+                                       tf.constant(y))
+    else:
+      trainer = functional.FunctionalTrainer(functional.stateless_model(model),
+                                             models.SPARSE_CE_LOGITS, tf.constant(x),
+                                             tf.constant(y))
+  out = tf.function(lambda: trainer.train(w0, data, lr, example_weights=first))()
+  sums, count = tf.function(lambda: trainer.example_sums(both, data, 0))()
+  order = [b["y"] for b in schedule.work_dataset(
+      np.zeros((n, 1), np.float32), np.arange(n, dtype=np.int32), work, 1).as_numpy_iterator()]
+  frozen64 = [[a.astype(np.float64) for a in f] for f in frozen]
+  lf = np.stack([_np_losses(*f, x, y) for f in frozen64])  # [2, n]
+  q = np.exp(log_pi[:, None] - lf)
+  q /= q.sum(0, keepdims=True)
+  w, b = [t.astype(np.float64) for t in w0]
+  for rows in order:
+    z = x[rows] @ w + b
+    p = np.exp(z - z.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    p[np.arange(len(rows)), y[rows]] -= 1.0
+    p *= q[0, rows][:, None]
+    w, b = w - lr * x[rows].T @ p / len(rows), b - lr * p.mean(0)
+  np.testing.assert_allclose(out.delta[0], w - w0[0], rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(out.delta[1], b - w0[1], rtol=1e-4, atol=1e-5)
+  seen = np.concatenate(order)
+  np.testing.assert_allclose(sums, q[:, seen].sum(1), rtol=1e-5)
+  assert float(count) == len(seen)
