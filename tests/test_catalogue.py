@@ -353,3 +353,215 @@ def test_example_weights_weigh_each_loss_by_a_function_of_frozen_models(trainer_
   seen = np.concatenate(order)
   np.testing.assert_allclose(sums, q[:, seen].sum(1), rtol=1e-5)
   assert float(count) == len(seen)
+
+
+# --------------------------------------------------------------------------- #
+# FedEM and FedRC: one round by hand.
+
+
+def _np_step(w, b, x, y, weights, lr):
+  """One weighted SGD step of softmax regression on the whole batch."""
+  z = x @ w + b
+  p = np.exp(z - z.max(1, keepdims=True))
+  p /= p.sum(1, keepdims=True)
+  p[np.arange(len(y)), y] -= 1.0
+  p *= weights[:, None]
+  return w - lr * x.T @ p / len(y), b - lr * p.mean(0)
+
+
+@pytest.fixture(scope="module")
+def three_clients():
+  task = tasks.get_task("synthetic_clusters")
+  data = task.load_data(DataOptions(seed=5, num_clients=3, extra={"num_clusters": 2}))
+  return task, data
+
+
+@pytest.mark.parametrize("algo", ["fedem", "fedrc"])
+def test_a_mixture_round_by_hand(algo, three_clients):
+  """Clients 0 and 2 of 3 sampled, one local step on the whole training set
+  (a batch larger than any client's data):
+    FedEM: q = softmax_m(log pi - l_m), pi = mean q, a q-weighted step per
+      component, theta_m + sum_{k sampled} (n_k / n) Delta_k,m (n: every
+      client's samples);
+    FedRC (uniform prior in round 1): the same weights, the n_k-weighted mean
+      over the sampled clients; the prior after the round is the clamped,
+      normalised sum of the clients' label masses sum_{i: y_i = c} q(i, m).
+  """
+  task, data = three_clients
+  lr, m_count = 0.3, 2
+  sizes = data.num_train_samples()
+  config = _config(rounds=1, clients_per_round=2, local_epochs=None, local_steps=1,
+                   batch_size=int(sizes.max()) + 1, client_lr=lr)
+  driver = _driver(task, data, algo, config, num_groups=m_count)
+  driver.setup()
+  start = [[np.asarray(w, np.float64) for w in m] for m in driver._models()]
+  sampled = np.array([0, 2])
+  driver.run_round(1, sampled)
+  new = driver._models()
+  expected = [[np.zeros_like(w) for w in m] for m in start]
+  masses, weights_sum = [], 0.0
+  for k in sampled:
+    x, y = data.train[data.client_ids[k]]
+    x = x.astype(np.float64)
+    losses = np.stack([_np_losses(*m, x, y) for m in start])
+    q = np.exp(np.log(0.5) - losses)
+    q /= q.sum(0, keepdims=True)
+    np.testing.assert_allclose(driver.host.pi[k], q.mean(1), rtol=1e-5)
+    share = sizes[k] / sizes.sum() if algo == "fedem" else sizes[k]
+    weights_sum += sizes[k]
+    for m in range(m_count):
+      w, b = _np_step(*start[m], x, y, q[m], lr)
+      expected[m][0] += share * (w - start[m][0])
+      expected[m][1] += share * (b - start[m][1])
+    masses.append(np.stack([[q[m][y == c].sum() for c in range(data.num_classes)]
+                            for m in range(m_count)]))
+  for m in range(m_count):
+    scale = 1.0 if algo == "fedem" else 1.0 / weights_sum
+    for layer in range(2):
+      np.testing.assert_allclose(new[m][layer], start[m][layer] + scale * expected[m][layer],
+                                 rtol=1e-4, atol=1e-6)
+  assert not driver.host.sampled[1] and np.allclose(driver.host.pi[1], 0.5)
+  if algo == "fedrc":
+    prior = np.maximum(np.sum(masses, axis=0), 1e-8)
+    prior /= prior.sum(1, keepdims=True)
+    got = driver.runner.numpy_state(driver.state)["log_prior"]
+    np.testing.assert_allclose(np.exp(got), prior, rtol=1e-5)
+
+
+def test_fedrc_weights_divide_by_the_label_prior():
+  from tff_cluster.algorithms import fedrc
+  from tff_cluster.spec.hparams import HParam  # noqa: F401
+  d = fedrc.FedRCDefinition(_specs((2, 3), (3,)), 2, 2, num_classes=3)
+  log_prior = np.log(np.array([[0.5, 0.25, 0.25], [0.1, 0.1, 0.8]], np.float32))
+  pi = np.array([0.4, 0.6], np.float32)
+  losses = np.array([[1.0, 2.0], [0.5, 0.1]], np.float32)
+  y = np.array([0, 2])
+  got = d.responsibilities({"log_prior": log_prior}, {"pi": pi})(losses, y).numpy()
+  num = pi[:, None] * np.exp(-losses) / np.exp(log_prior)[:, y]
+  np.testing.assert_allclose(got, num / num.sum(0), rtol=1e-5)
+  masses = np.zeros((3, 2, 3))
+  masses[0, 0, 1] = 2.0
+  prior = fedrc.label_prior(masses)
+  np.testing.assert_allclose(prior[0], [1e-8 / (2 + 2e-8), 2 / (2 + 2e-8), 1e-8 / (2 + 2e-8)])
+  np.testing.assert_allclose(prior[1], [1 / 3] * 3)
+
+
+def test_fedem_recovers_the_true_clusters(two_clusters):
+  """On an easy draw the components' responsibilities split the clients by
+  their true cluster (argmax pi)."""
+  task, data = two_clusters
+  config = _config(rounds=8, clients_per_round=20, client_lr=0.1)
+  driver = _driver(task, data, "fedem", config, num_groups=2)
+  loop.run_training(task, data, config, driver, None, progress=False)
+  assert driver.cluster_scores(driver.dominant())["ari"] == 1.0
+
+
+# --------------------------------------------------------------------------- #
+# StoCFL.
+
+
+def test_stocfl_merges_by_hand(two_clusters):
+  """Sampled clusters 0, 3, 5 (3 holds clients 3 and 4, 4 unsampled) with
+  directions e1, (1, 1)/sqrt2 ... : pairs by cosine, highest first, united
+  while >= tau; the merged cluster keeps the smaller id and the larger
+  cluster's model."""
+  task, data = two_clusters
+  driver = _driver(task, data, "stocfl", _config(), stocfl_tau=0.6)
+  host = driver.host
+  host.cluster_of[4] = 3  # cluster 3 = {3, 4}
+  host.psi = {0: np.array([1.0, 0.0]), 3: np.array([1.0, 1.0]), 5: np.array([0.0, 1.0]),
+              4: np.array([-5.0, 0.0])}
+  host.models = {3: ["model of 3"], 5: ["model of 5"]}
+  # cos(0, 3) = cos(3, 5) = 0.707 (row-major: (0, 3) first), cos(0, 5) = 0.
+  driver.merge(np.array([0, 3, 5]))
+  # (0, 3): cluster 0 (1 member, no model) < cluster 3 (2 members): 0 takes 3's
+  # model; (3, 5): 3 resolves to client 3's cluster, now 0: 0 (3 members)
+  # keeps its model, 5's is dropped; the (0, 5) pair is below tau.
+  assert host.cluster_of[[0, 3, 4, 5]].tolist() == [0, 0, 0, 0]
+  assert host.models == {0: ["model of 3"]} and host.merges == 2
+  # Stops at the first pair below tau.
+  driver = _driver(task, data, "stocfl", _config(), stocfl_tau=0.8)
+  driver.host.psi = {0: np.array([1.0, 0.0]), 3: np.array([1.0, 1.0]),
+                     5: np.array([0.0, 1.0])}
+  driver.merge(np.array([0, 3, 5]))
+  assert driver.host.merges == 0 and driver.host.cluster_of[[0, 3, 5]].tolist() == [0, 3, 5]
+
+
+@pytest.mark.parametrize("rule", ["chain", "parallel"])
+def test_stocfl_round_by_hand(rule, three_clients):
+  """Two fresh clients in round 1, one step on the whole training set: psi =
+  anchor - (anchor after obep=1 step); their two singleton clusters stay
+  apart (tau 1 is out of reach); each cluster model = w_g after one step of
+  CE + (mu/2)||w - w_g||^2 from a copy of w_g; the global model: chain,
+  client 0 from w_g then client 2 from client 0's result, their mean;
+  parallel, the mean of both from w_g."""
+  task, data = three_clients
+  lr, mu = 0.3, 0.5
+  sizes = data.num_train_samples()
+  batch = int(sizes.max()) + 1
+  config = _config(rounds=1, clients_per_round=2, local_epochs=None, local_steps=1,
+                   batch_size=batch, client_lr=lr)
+  driver = _driver(task, data, "stocfl", config, stocfl_tau=1.0, stocfl_mu=mu,
+                   stocfl_obep=1, stocfl_global=rule)
+  driver.setup()
+  g = [np.asarray(w, np.float64) for w in driver.w0]
+  driver.run_round(1, np.array([0, 2]))
+  ones = lambda k: np.ones(sizes[k])  # noqa: E731
+  trained = {}
+  for k in (0, 2):
+    x, y = data.train[data.client_ids[k]]
+    x = x.astype(np.float64)
+    w, b = _np_step(*g, x, y, ones(k), lr)
+    psi = np.concatenate([(g[0] - w).ravel(), (g[1] - b).ravel()])
+    np.testing.assert_allclose(driver.host.psi[k], psi, rtol=1e-4, atol=1e-6)
+    # The cluster step: the proximal term is 0 at the start (w = w_g).
+    for got, want in zip(driver.host.models[k], (w, b)):
+      np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+    trained[k] = (w, b)
+  if rule == "parallel":
+    expected = [(trained[0][i] + trained[2][i]) / 2 for i in range(2)]
+  else:
+    x, y = data.train[data.client_ids[2]]
+    second = _np_step(*trained[0], x.astype(np.float64), y, ones(2), lr)
+    expected = [(trained[0][i] + second[i]) / 2 for i in range(2)]
+  state = driver.runner.numpy_state(driver.state)
+  for got, want in zip(state["global"], expected):
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+  for got, want in zip(state["anchor"], driver.w0):  # the anchor never moves
+    np.testing.assert_array_equal(got, want)
+  assert driver.host.merges == 0
+
+
+def test_stocfl_proximal_pull_by_hand(three_clients):
+  """Round 2 of one client whose cluster model differs from w_g: one step of
+  g + mu (w - w_g)."""
+  task, data = three_clients
+  lr, mu = 0.3, 0.5
+  sizes = data.num_train_samples()
+  config = _config(rounds=2, clients_per_round=1, local_epochs=None, local_steps=1,
+                   batch_size=int(sizes.max()) + 1, client_lr=lr)
+  driver = _driver(task, data, "stocfl", config, stocfl_mu=mu, stocfl_obep=1,
+                   stocfl_global="parallel")
+  driver.setup()
+  driver.run_round(1, np.array([1]))
+  g = [np.asarray(w, np.float64) for w in driver.runner.numpy_state(driver.state)["global"]]
+  start = [np.asarray(w, np.float64) for w in driver.host.models[1]]
+  driver.host.models[1] = [np.asarray(w + 0.1, np.float32) for w in start]
+  start = [w + 0.1 for w in start]
+  driver.run_round(2, np.array([1]))
+  x, y = data.train[data.client_ids[1]]
+  w, b = _np_step(*start, x.astype(np.float64), y, np.ones(sizes[1]), lr)
+  w, b = w - lr * mu * (start[0] - g[0]), b - lr * mu * (start[1] - g[1])
+  for got, want in zip(driver.host.models[1], (w, b)):
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_stocfl_recovers_the_true_clusters_of_the_clients_it_has_seen(two_clusters):
+  task, data = two_clusters
+  config = _config(rounds=4, clients_per_round=8)
+  driver = _driver(task, data, "stocfl", config)
+  loop.run_training(task, data, config, driver, None, progress=False)
+  seen = driver.seen()
+  assert len(seen) >= 15
+  assert driver.cluster_scores(np.where(np.isin(np.arange(20), seen),
+                                        driver.host.cluster_of, -1))["ari"] == 1.0

@@ -30,7 +30,7 @@ from tff_cluster.spec.options import (
     FEDGROUPROX_HPARAMS, FEDGROUP_HPARAMS, FEDNAG_HPARAMS, FEDPROX_HPARAMS,
     FEDPROX_PLUS_HPARAMS, FEDRC_HPARAMS, FESEM_HPARAMS, FLHC_HPARAMS, HYPCLUSTER_HPARAMS,
     IFCA_HPARAMS, MIME_HPARAMS, PACFL_HPARAMS, PFEDMO_HPARAMS, SERVER_MOMENTUM_HPARAMS,
-    WECFL_HPARAMS, Options)
+    STOCFL_HPARAMS, WECFL_HPARAMS, Options)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,6 +137,9 @@ ALGORITHMS: Dict[str, AlgorithmSpec] = {
         AlgorithmSpec("fedrc", "FedRC: FedEM's mixture with robust weights "
                       "omega exp(-loss) / P_m(y) and a label prior refreshed each round",
                       "fedrc", hparams=FEDRC_HPARAMS),
+        AlgorithmSpec("stocfl", "StoCFL: clusters merged by the cosine of cached client "
+                      "representations; cluster models pulled toward a global model",
+                      "stocfl", hparams=STOCFL_HPARAMS),
     ]
 }
 

@@ -372,3 +372,22 @@ FEDRC_HPARAMS = _group(
            "mixture of the components' probabilities) or hard (its largest-omega "
            "component alone; the authors' --hard_cluster).", choices=("soft", "hard")),
 )
+
+STOCFL_HPARAMS = (
+    HParam("stocfl_tau", float, 0.3, "tau: two sampled clusters merge when the cosine "
+           "similarity of their directions is >= tau (the code's default; its CIFAR "
+           "command: 0.65).", low=-1, high=1, group="stocfl"),
+    HParam("stocfl_mu", float, 0.05, "mu: the cluster models' proximal pull (mu/2)||w - "
+           "w_g||^2 toward the global model.", low=0, group="stocfl"),
+    HParam("stocfl_obep", int, 10, "Local epochs of a client's one representation "
+           "training from the fixed anchor.", low=1, limit=hp.MAX_LOCAL_EPOCHS,
+           group="stocfl"),
+    HParam("stocfl_obbs", int, None, "Batch size of the representation training (default: "
+           "the client's whole training set in one batch, the code's).", low=1,
+           group="stocfl"),
+    HParam("stocfl_global", str, "chain", "The global model's training: chain (each sampled "
+           "client starts from the previous one's trained model; the new global model is "
+           "the mean of the chain's models: the authors' code) or parallel (every client "
+           "from w_g, the mean: the bi-level reading).", choices=("chain", "parallel"),
+           group="stocfl"),
+)
