@@ -565,3 +565,77 @@ def test_stocfl_recovers_the_true_clusters_of_the_clients_it_has_seen(two_cluste
   assert len(seen) >= 15
   assert driver.cluster_scores(np.where(np.isin(np.arange(20), seen),
                                         driver.host.cluster_of, -1))["ari"] == 1.0
+
+
+# --------------------------------------------------------------------------- #
+# FedSoft.
+
+
+def test_lowest_loss_counts_take_the_lowest_index_on_ties():
+  from tff_cluster.algorithms import fedsoft
+  # Columns are examples: [0.5, 0.1, 0.1] ties clusters 1 and 2 -> 1;
+  # [0.2, 0.2, 0.7] -> 0; [0.3, 0.9, 0.3] -> 0; [0.4, 0.3, 0.2] -> 2.
+  losses = tf.constant([[0.5, 0.2, 0.3, 0.4], [0.1, 0.2, 0.9, 0.3], [0.1, 0.7, 0.3, 0.2]])
+  got = fedsoft.lowest_loss_counts(3)(losses, None).numpy()
+  np.testing.assert_array_equal(got, [[0, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 1]])
+
+
+def test_proximal_mix_adds_each_clusters_pull():
+  coefs = tf.constant([0.2, 0.5])
+  anchors = [tf.constant([[1.0, 2.0], [3.0, -1.0]])]
+  t = optimizers.proximal_mix(coefs, anchors)
+  grads, _ = t.update([tf.constant([0.1, 0.1])], (), [tf.constant([2.0, 0.0])], 0.1, None)
+  np.testing.assert_allclose(grads[0], [0.1 + 0.2 * 1 + 0.5 * -1, 0.1 + 0.2 * -2 + 0.5 * 1])
+
+
+def test_fedsoft_round_by_hand(three_clients):
+  """S = 2, K = 2, one Adam step on the whole training set: u from each
+  sample's lowest-loss cluster (sigma where none); v per cluster; each
+  cluster draws K clients with probabilities v_s from the host's generator;
+  w_k = w0 after one Adam step on CE + sum_s (lambda/2) u_s ||w - c_s||^2;
+  c_s = the mean of its K selected clients' models."""
+  task, data = three_clients
+  lr, lam, sigma = 0.01, 0.5, 1e-4
+  sizes = data.num_train_samples()
+  config = _config(rounds=1, clients_per_round=3, local_epochs=None, local_steps=1,
+                   batch_size=int(sizes.max()) + 1, client_lr=lr)
+  driver = _driver(task, data, "fedsoft", config, num_groups=2, fedsoft_k=2,
+                   fedsoft_lambda=lam, fedsoft_sigma=sigma)
+  driver.setup()
+  clusters = [[np.asarray(w, np.float64) for w in m] for m in driver._models()]
+  rng = np.random.default_rng(np.random.SeedSequence([config.seed, 31]))
+  driver.run_round(1, np.arange(3))
+  u = np.zeros((3, 2))
+  for k in range(3):
+    x, y = data.train[data.client_ids[k]]
+    losses = np.stack([_np_losses(*c, x.astype(np.float64), y) for c in clusters])
+    counts = np.bincount(np.argmin(losses, axis=0), minlength=2)
+    u[k] = np.where(counts > 0, counts / sizes[k], sigma)
+  np.testing.assert_allclose(driver.host.u, u, rtol=1e-6)
+  v = u * sizes[:, None]
+  v /= v.sum(0)
+  picks = [rng.choice(3, 2, replace=False, p=v[:, s]) for s in range(2)]
+  w0 = [np.asarray(w, np.float64) for w in driver.w0]
+  local = {}
+  for k in sorted(set(np.concatenate(picks))):
+    x, y = data.train[data.client_ids[k]]
+    w, b = _np_step(*w0, x.astype(np.float64), y, np.ones(sizes[k]), 1.0)  # w - g
+    g = [w0[0] - w, w0[1] - b]
+    g = [g[i] + lam * sum(u[k, s] * (w0[i] - clusters[s][i]) for s in range(2))
+         for i in range(2)]
+    # Adam's first step: m = (1-b1) g, v = (1-b2) g^2, bias-corrected: g / (|g| + eps).
+    local[k] = [w0[i] - lr * g[i] / (np.abs(g[i]) + 1e-8) for i in range(2)]
+    for got, want in zip(driver.client_states[k]["model"], local[k]):
+      np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+  for s in range(2):
+    for i in range(2):
+      want = np.mean([local[int(k)][i] for k in picks[s]], axis=0)
+      np.testing.assert_allclose(driver._models()[s][i], want, rtol=1e-4, atol=1e-6)
+
+
+def test_fedsoft_recovers_the_true_clusters(two_clusters):
+  task, data = two_clusters
+  config = _config(rounds=3, client_lr=0.01)
+  driver = _driver(task, data, "fedsoft", config, num_groups=2, fedsoft_k=5)
+  loop.run_training(task, data, config, driver, None, progress=False)
+  assert driver.cluster_scores(driver.choice())["ari"] == 1.0

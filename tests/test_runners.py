@@ -105,6 +105,9 @@ PARITY_CASES = {
     "stocfl": [{"stocfl_tau": 0.3},
                {"stocfl_global": "parallel", "stocfl_obbs": 10, "stocfl_obep": 2,
                 "stocfl_mu": 0.5}],
+    # Cluster-wise selection with re-estimates every 2 rounds; every client.
+    "fedsoft": [{"num_groups": 2, "fedsoft_k": 5, "fedsoft_tau": 2, "fedsoft_lambda": 0.5},
+                {"num_groups": 3, "fedsoft_selection": "all", "fedsoft_eval": "local"}],
     "fedgrouprox": [{"num_groups": 3, "mu": 0.5, "pretrain_scale": 2.0, "pretrain_iters": 7,
                      "group_agg_lr": 0.1, "cold_start": "rac"}],
 }

@@ -28,9 +28,9 @@ from tff_cluster.spec.hparams import HParam
 from tff_cluster.spec.options import (
     CFL_HPARAMS, CFL_MGD_HPARAMS, FEDAVG_HPARAMS, FEDAVG_PLUS_HPARAMS, FEDEM_HPARAMS,
     FEDGROUPROX_HPARAMS, FEDGROUP_HPARAMS, FEDNAG_HPARAMS, FEDPROX_HPARAMS,
-    FEDPROX_PLUS_HPARAMS, FEDRC_HPARAMS, FESEM_HPARAMS, FLHC_HPARAMS, HYPCLUSTER_HPARAMS,
-    IFCA_HPARAMS, MIME_HPARAMS, PACFL_HPARAMS, PFEDMO_HPARAMS, SERVER_MOMENTUM_HPARAMS,
-    STOCFL_HPARAMS, WECFL_HPARAMS, Options)
+    FEDPROX_PLUS_HPARAMS, FEDRC_HPARAMS, FEDSOFT_HPARAMS, FESEM_HPARAMS, FLHC_HPARAMS,
+    HYPCLUSTER_HPARAMS, IFCA_HPARAMS, MIME_HPARAMS, PACFL_HPARAMS, PFEDMO_HPARAMS,
+    SERVER_MOMENTUM_HPARAMS, STOCFL_HPARAMS, WECFL_HPARAMS, Options)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,6 +140,9 @@ ALGORITHMS: Dict[str, AlgorithmSpec] = {
         AlgorithmSpec("stocfl", "StoCFL: clusters merged by the cosine of cached client "
                       "representations; cluster models pulled toward a global model",
                       "stocfl", hparams=STOCFL_HPARAMS),
+        AlgorithmSpec("fedsoft", "FedSoft: importance weights per client and cluster, "
+                      "cluster-wise selection, local models pulled toward every cluster",
+                      "fedsoft", hparams=FEDSOFT_HPARAMS),
     ]
 }
 

@@ -173,6 +173,19 @@ def proximal(mu: float, anchor: Optional[Sequence[tf.Tensor]] = None) -> Transfo
   return _stateless(unbound)._replace(bind=at)
 
 
+def proximal_mix(coefs, anchors: Sequence[tf.Tensor]) -> Transform:
+  """g <- g + sum_s coefs[s] (w - anchors_s), the gradient of
+  sum_s (coefs[s]/2)||w - anchors_s||^2 added (FedSoft's pull toward every
+  cluster model in proportion to the client's importance weights): `coefs`
+  [S] (a tensor: per client), `anchors` one [S, ...] stack per trainable
+  weight."""
+  coefs = tf.convert_to_tensor(coefs, tf.float32)
+  anchors = list(anchors)
+  return _stateless(lambda grads, weights, *_: [
+      g + tf.tensordot(coefs, w[None] - a, axes=1)
+      for g, w, a in zip(grads, weights, anchors)])
+
+
 def control_variate(point: Sequence[tf.Tensor]) -> Transform:
   """g <- g - g(point): the same batch's gradient at the trainable weights
   `point` subtracted (Mime's control variate)."""

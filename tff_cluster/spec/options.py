@@ -391,3 +391,24 @@ STOCFL_HPARAMS = (
            "from w_g, the mean: the bi-level reading).", choices=("chain", "parallel"),
            group="stocfl"),
 )
+
+FEDSOFT_HPARAMS = _group(
+    "fedsoft",
+    hp.NUM_GROUPS,
+    HParam("fedsoft_tau", int, 1, "tau: the importance weights are re-estimated every tau "
+           "rounds, from round 1 (the code's default; its CIFAR-10 run: 2).", low=1,
+           limit=hp.MAX_ROUNDS),
+    HParam("fedsoft_k", int, 30, "K: the clients each cluster selects a round (the code's "
+           "default; its CIFAR-10 run: 15).", low=1),
+    HParam("fedsoft_lambda", float, 0.1, "lambda: the local pull sum_s (lambda/2) u_s ||w - "
+           "c_s||^2 (the code's MNIST solver; CIFAR-10: 0.01).", low=0),
+    HParam("fedsoft_sigma", float, 1e-4, "sigma: a cluster no sample of a client chooses "
+           "gets u = sigma.", low=0, low_open=True, high=1),
+    HParam("fedsoft_selection", str, "clusters", "clusters: each cluster draws K clients "
+           "with probabilities v_s (the code's default), its model the mean of their "
+           "models; all: every client trains every round, c_s = sum_k v_sk w_k.",
+           choices=("clusters", "all")),
+    HParam("fedsoft_eval", str, "cluster", "Model a client is tested with: cluster (the "
+           "cluster model of its largest importance weight) or local (its own "
+           "personalised local model).", choices=("cluster", "local")),
+)
