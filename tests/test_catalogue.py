@@ -430,7 +430,6 @@ def test_a_mixture_round_by_hand(algo, three_clients):
 
 def test_fedrc_weights_divide_by_the_label_prior():
   from tff_cluster.algorithms import fedrc
-  from tff_cluster.spec.hparams import HParam  # noqa: F401
   d = fedrc.FedRCDefinition(_specs((2, 3), (3,)), 2, 2, num_classes=3)
   log_prior = np.log(np.array([[0.5, 0.25, 0.25], [0.1, 0.1, 0.8]], np.float32))
   pi = np.array([0.4, 0.6], np.float32)

@@ -155,11 +155,11 @@ def solver_for(algo, solver):
   return solver
 
 
-def _run(task, data, algo, options, runner, tmp_path, solver):
+def _run(task, data, algo, options, runner, tmp_path, solver, rounds=ROUNDS):
   solver = solver_for(algo, solver)
   options = dict(options)
   config = loop.TrainingConfig(**{
-      "rounds": ROUNDS, "batch_size": 10, "client_lr": 0.02,
+      "rounds": rounds, "batch_size": 10, "client_lr": 0.02,
       "clients_per_round": data.num_clients if algo in ALL_CLIENTS else 8,
       "seed": 1, "runner": runner, **solver, **options.pop("_config", {})})
   driver = registry.get_algorithm(algo).make_driver(task, data, config, **options)
@@ -172,7 +172,7 @@ def _run(task, data, algo, options, runner, tmp_path, solver):
 
 
 def _assert_same_rows(rows_a, rows_b):
-  assert len(rows_a) == len(rows_b) == ROUNDS
+  assert len(rows_a) == len(rows_b)
   for a, b in zip(rows_a, rows_b):
     assert set(a) == set(b)
     for key in a:
@@ -214,6 +214,7 @@ def test_runners_give_the_same_numbers(algo, case, solver, cluster_data, tmp_pat
   out = {r: _run(task, data, algo, options, r, tmp_path, SOLVER_CASES[solver])
          for r in ("tff", "local")}
   assert_same_run(out["tff"], out["local"])
+  assert len(out["tff"][0]) == ROUNDS
   # The run trained: the models moved away from their start.
   rows_tff = out["tff"][0]
   assert rows_tff[-1]["train_loss"] < rows_tff[0]["train_loss"] * 1.5
