@@ -38,7 +38,7 @@ from tff_cluster.algorithms import wecfl
 from tff_cluster.spec.options import FLHC_HPARAMS, Options, options_of
 
 
-class FLHCDriver(wecfl.ClusterModelsDriver):
+class FLHCDriver(wecfl.FixedClustersDriver):
   """FL+HC's host side (see the module docstring)."""
 
   def __init__(self, task, data, config: driver.TrainingConfig, options: Options):
@@ -48,11 +48,9 @@ class FLHCDriver(wecfl.ClusterModelsDriver):
     if self.linkage == "ward" and self.metric != "euclidean":
       raise ValueError(f"invalid --flhc_metric={self.metric} with --flhc_linkage=ward; "
                        "valid: --flhc_metric=euclidean, or another --flhc_linkage")
-    super().__init__(task, data, config, num_groups=options.num_groups, mu=0.0,
-                     min_round_clients=1)
+    super().__init__(task, data, config, options.num_groups)
     self.host.summary.update(flhc_round=self.n, flhc_threshold=self.threshold,
                              flhc_metric=self.metric, flhc_linkage=self.linkage)
-    self.extra_columns = [*self.extra_columns, "num_clusters"]
 
   def run_round(self, round_num, sampled):
     if round_num != self.n:
@@ -85,18 +83,7 @@ class FLHCDriver(wecfl.ClusterModelsDriver):
                              flhc_num_clusters=int(labels.max() + 1))
     return labels
 
-  def choose(self, round_num, sampled, trained, models):
-    return self.host.assignment[sampled]  # clusters change only in round n
-
-  def round_extras(self):
-    assignment = self.host.assignment
-    return {"num_clusters": int(len(np.unique(assignment[assignment >= 0])))}
-
-
-def make_definition(weights_spec, num_trainable: int, options: Options,
-                    **solver) -> wecfl.ClusterModelsDefinition:
-  return wecfl.ClusterModelsDefinition(weights_spec, num_trainable, options.num_groups,
-                                       mu=0.0, **solver)
+make_definition = wecfl.fixed_clusters_definition
 
 
 def make_driver(task, data, config: driver.TrainingConfig, options=None, **values):

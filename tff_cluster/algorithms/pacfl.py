@@ -76,16 +76,14 @@ def proximity(signatures, form: str) -> np.ndarray:
   return a
 
 
-class PACFLDriver(wecfl.ClusterModelsDriver):
+class PACFLDriver(wecfl.FixedClustersDriver):
   """PACFL's host side (see the module docstring)."""
 
   def __init__(self, task, data, config: driver.TrainingConfig, options: Options):
     self.options = options
-    super().__init__(task, data, config, num_groups=options.num_groups, mu=0.0,
-                     min_round_clients=1)
+    super().__init__(task, data, config, options.num_groups)
     self.host.summary.update({k: options[k] for k in (
         "pacfl_basis", "pacfl_beta", "pacfl_linkage", "pacfl_proximity")})
-    self.extra_columns = [*self.extra_columns, "num_clusters"]
 
   def setup(self):
     out = super().setup()
@@ -103,18 +101,7 @@ class PACFLDriver(wecfl.ClusterModelsDriver):
                              pacfl_num_clusters=int(labels.max() + 1))
     return out
 
-  def choose(self, round_num, sampled, trained, models):
-    return self.host.assignment[sampled]  # one-shot clustering
-
-  def round_extras(self):
-    assignment = self.host.assignment
-    return {"num_clusters": int(len(np.unique(assignment[assignment >= 0])))}
-
-
-def make_definition(weights_spec, num_trainable: int, options: Options,
-                    **solver) -> wecfl.ClusterModelsDefinition:
-  return wecfl.ClusterModelsDefinition(weights_spec, num_trainable, options.num_groups,
-                                       mu=0.0, **solver)
+make_definition = wecfl.fixed_clusters_definition
 
 
 def make_driver(task, data, config: driver.TrainingConfig, options=None, **values):

@@ -275,6 +275,29 @@ class ClusterModelsDriver(driver.Driver):
     return out
 
 
+class FixedClustersDriver(ClusterModelsDriver):
+  """Cluster models whose clusters a host step sets once (FL+HC, PACFL): the
+  rounds keep every client's cluster; `num_clusters` counts those in use."""
+
+  def __init__(self, task, data, config: driver.TrainingConfig, num_groups: int):
+    super().__init__(task, data, config, num_groups=num_groups, mu=0.0, min_round_clients=1)
+    self.extra_columns = [*self.extra_columns, "num_clusters"]
+
+  def choose(self, round_num, sampled, trained, models):
+    return self.host.assignment[sampled]
+
+  def round_extras(self):
+    assignment = self.host.assignment
+    return {"num_clusters": int(len(np.unique(assignment[assignment >= 0])))}
+
+
+def fixed_clusters_definition(weights_spec, num_trainable: int, options: Options,
+                              **solver) -> ClusterModelsDefinition:
+  """FL+HC's and PACFL's definition: cluster models, no proximal term."""
+  return ClusterModelsDefinition(weights_spec, num_trainable, options.num_groups, mu=0.0,
+                                 **solver)
+
+
 class WeCFLDriver(ClusterModelsDriver):
   """WeCFL / FeSEM (see the module docstring)."""
 
