@@ -157,8 +157,8 @@ class FedSoftDriver(driver.Driver):
     self.s = int(options.num_groups)
     rows = (len(self.training) if options.fedsoft_selection == "all"
             else min(self.s * self.k_sel, len(self.training)))
-    super().__init__(task, data, config, lambda specs, nt, **solver: FedSoftDefinition(
-        specs, nt, self.s, rows=rows, lam=options.fedsoft_lambda, **solver))
+    super().__init__(task, data, config, lambda specs, nt, **solver: make_definition(
+        specs, nt, options, rows=rows, **solver))
     n = data.num_clients
     self.host = FedSoftHost(u=np.zeros((n, self.s)), trained=np.zeros(n, bool),
                             rng=np.random.default_rng(np.random.SeedSequence([config.seed, 31])),
@@ -260,6 +260,14 @@ class FedSoftDriver(driver.Driver):
                                for cid, u in zip(self.data.client_ids, self.host.u)}
     out["num_groups"] = self.s
     return out
+
+
+def make_definition(weights_spec, num_trainable: int, options: Options, *, rows: int,
+                    **solver) -> FedSoftDefinition:
+  """`rows`: the most clients of a round (S x K with selection, else every
+  client with training data)."""
+  return FedSoftDefinition(weights_spec, num_trainable, options.num_groups, rows=rows,
+                           lam=options.fedsoft_lambda, **solver)
 
 
 def make_driver(task, data, config: driver.TrainingConfig, options=None, **values):
