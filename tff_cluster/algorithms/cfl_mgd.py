@@ -35,10 +35,10 @@ option I, gradient averaging (`--cfl_mgd_option=gradient`, eqs. (3), (5), (9)):
   buffer); `server`: the client starts from its cluster's u_p instead.
 
 Initialisation and evaluation are IFCA's (`tff_cluster.algorithms.ifca`):
-`--ifca_init=random|good_init|fedavg_warm` (with `--ifca_warm_rounds`,
+`--ifca_init=random|good_init|fedavg_warm|kmeans_loss` (with `--ifca_warm_rounds`,
 `--ifca_forced_rounds`, `--ifca_good_init_threshold`; fedavg_warm's warm-up
 trains one model by this definition's own rule, cluster 0, and round 1 starts
-with zero buffers) and `--ifca_eval=assigned|test_loss`. On the rotated tasks
+with zero buffers) and `--ifca_eval=assigned|test_loss|train_loss`. On the rotated tasks
 the training clients hold no test data and the test-only clients choose by
 test loss (the paper's test clients), so both evaluations agree there.
 """
