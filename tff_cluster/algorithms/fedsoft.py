@@ -61,6 +61,9 @@ def lowest_loss_counts(num_clusters: int):
   return fn
 
 
+DEFAULT_K = 30  # the code's ServerSolver default
+
+
 class FedSoftDefinition(Definition):
   """FedSoft's calls (see the module docstring). State: `models` [S, ...],
   and the round's rows of importance weights `u_rows` and aggregation
@@ -149,8 +152,9 @@ class FedSoftDriver(driver.Driver):
   def __init__(self, task, data, config: driver.TrainingConfig, options: Options):
     self.options = options
     driver.check_num_groups(options.num_groups, data)
-    self.k_sel = int(options.fedsoft_k)
     self.training = data.training_clients()
+    self.k_sel = (int(options.fedsoft_k) if options.fedsoft_k is not None
+                  else min(DEFAULT_K, len(self.training)))
     if options.fedsoft_selection == "clusters" and self.k_sel > len(self.training):
       raise ValueError(f"invalid --fedsoft_k={self.k_sel}; valid: 1..{len(self.training)} "
                        "(each cluster draws K distinct clients with training data)")
@@ -172,8 +176,8 @@ class FedSoftDriver(driver.Driver):
     draws = [driver.initial_weights(self.model, int(np.random.SeedSequence(
         [self.config.seed, 37, s]).generate_state(1)[0] & 0x7FFFFFFF)) for s in range(self.s)]
     self.state = self.runner.put_state(self.definition.initial_state(draws))
-    self.host.summary.update({k: self.options[k] for k in (
-        "fedsoft_tau", "fedsoft_k", "fedsoft_lambda", "fedsoft_sigma", "fedsoft_selection",
+    self.host.summary.update(fedsoft_k=self.k_sel, **{k: self.options[k] for k in (
+        "fedsoft_tau", "fedsoft_lambda", "fedsoft_sigma", "fedsoft_selection",
         "fedsoft_eval")}, num_parameters=self.num_params)
     return {}
 

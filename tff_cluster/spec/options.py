@@ -398,8 +398,9 @@ FEDSOFT_HPARAMS = _group(
     HParam("fedsoft_tau", int, 1, "tau: the importance weights are re-estimated every tau "
            "rounds, from round 1 (the code's default; its CIFAR-10 run: 2).", low=1,
            limit=hp.MAX_ROUNDS),
-    HParam("fedsoft_k", int, 30, "K: the clients each cluster selects a round (the code's "
-           "default; its CIFAR-10 run: 15).", low=1),
+    HParam("fedsoft_k", int, None, "K: the clients each cluster selects a round (default "
+           "30, the code's, or every client with training data when fewer; its CIFAR-10 "
+           "run: 15).", low=1),
     HParam("fedsoft_lambda", float, 0.1, "lambda: the local pull sum_s (lambda/2) u_s ||w - "
            "c_s||^2 (the code's MNIST solver; CIFAR-10: 0.01).", low=0),
     HParam("fedsoft_sigma", float, 1e-4, "sigma: a cluster no sample of a client chooses "
