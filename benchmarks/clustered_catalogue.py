@@ -20,7 +20,7 @@ final round's pooled test accuracy, the clients' data-weighted mean
 true ones, the mean bytes a round moves (down + up) and the median seconds of
 a round (training, no evaluation), on this machine's CPU.
 
-  python benchmarks/clustered_catalogue.py --project            # time 2 rounds per cell
+  python benchmarks/clustered_catalogue.py --project            # time 4 rounds per cell
   python benchmarks/clustered_catalogue.py --tasks=synthetic_clusters --seeds=0,1,2
   python benchmarks/clustered_catalogue.py --table_only --record
 Each run is `run_experiment.py` in its own directory under `--out` with
@@ -50,6 +50,7 @@ TASKS = {
 ALGOS = ("fedavg", "ifca", "hypcluster", "cfl_mgd", "wecfl", "fesem", "cfl", "fedgroup",
          "fedgrouprox", "flhc", "pacfl", "fedem", "fedrc", "stocfl", "fedsoft")
 OWN_SOLVER = ("cfl_mgd", "fedem", "fedrc", "stocfl", "fedsoft")
+PROJECT_ROUNDS = 4
 RECORD_KEY = ("algo", "task", "seed")
 RECORD_FIELDS = RECORD_KEY + ("rounds", "accuracy", "accuracy_clientavg", "ari", "purity",
                               "bytes_per_round", "seconds_per_round", "note")
@@ -102,7 +103,7 @@ def main(argv=None):
                  help="the cut: clients per round of every cell")
   p.add_argument("--out", default=os.path.join(REPO_ROOT, "results", "clustered_catalogue"))
   p.add_argument("--project", action="store_true",
-                 help="time 2 rounds of each (task, algorithm) and project the plan")
+                 help="time 4 rounds of each (task, algorithm) and project the plan")
   p.add_argument("--table_only", action="store_true")
   p.add_argument("--record", action="store_true",
                  help="add the finished runs to benchmarks/recorded/clustered_catalogue.csv")
@@ -137,18 +138,21 @@ def main(argv=None):
 
 
 def project(jobs, args, extra):
-  """Times 2 rounds of each (task, algorithm) and projects the plan's CPU time."""
+  """Times `PROJECT_ROUNDS` rounds of each (task, algorithm) and projects the
+  plan's CPU time: that run's wall time plus the rest at its median round."""
   total, seen = 0.0, {}
   for algo, task, _ in jobs:
     if (algo, task) not in seen:
       with tempfile.TemporaryDirectory() as tmp:
         flags = flags_for(algo, task, clients_per_round(task, args.clients_per_round))
+        run = os.path.join(tmp, "run")
         s = run_one(flags + [f for f in extra if not f.startswith("--rounds=")]
-                    + ["--rounds=2"], os.path.join(tmp, "run"), 0, "local", 2)
-      per_round = (s["total_seconds"] - s["setup_seconds"]) / 2
+                    + [f"--rounds={PROJECT_ROUNDS}"], run, 0, "local", PROJECT_ROUNDS)
+        # The median round: the first one's compilation left out of the rate.
+        per_round = median_round_seconds(run)
       from tff_cluster import tasks
       rounds = args.rounds or int(tasks.get_task(task).defaults["rounds"])
-      seen[(algo, task)] = s["wall_seconds"] + (rounds - 2) * per_round
+      seen[(algo, task)] = s["wall_seconds"] + (rounds - PROJECT_ROUNDS) * per_round
       print(f"{task} {algo}: {per_round:.2f} s/round -> {seen[(algo, task)] / 60:.1f} min "
             f"for {rounds} rounds", flush=True)
     total += seen[(algo, task)]
