@@ -41,41 +41,69 @@ from _sweep import (REPO_ROOT, SHARED, completed_summary, median_round_seconds, 
                     registered_algorithms, run_one, save_recorded, truncated)
 from tff_cluster.io import rundir  # (_sweep put the repository on sys.path)
 
+# The cut, written before any table run (see docs/reproductions/clustered_catalogue.md):
+# each task's clients per round and seeds; its rounds are FedAvg's: the first
+# round from which FedAvg (seed 0, the same cut, the task's default rounds)
+# stays within 1 point of its final test accuracy, rounded up to a multiple of
+# 10 (`--converge` measures it; the number is written here before the table
+# runs).
 TASKS = {
-    "synthetic_clusters": dict(k=5, flags=[]),
-    "rotated_mnist": dict(k=4, flags=[f"--data_dir={os.path.join(SHARED, 'mnist')}"]),
+    "synthetic_clusters": dict(k=5, flags=[], clients_per_round=20, seeds="0,1,2",
+                               rounds=200),  # FedAvg within 1 point from round 197
+    "rotated_mnist": dict(k=4, flags=[f"--data_dir={os.path.join(SHARED, 'mnist')}"],
+                          clients_per_round=48, seeds="0", rounds=None),
     "fmnist_clusterwise_dir": dict(k=10, flags=[
-        f"--data_dir={os.path.join(SHARED, 'fashion_mnist')}"]),
+        f"--data_dir={os.path.join(SHARED, 'fashion_mnist')}"], clients_per_round=20,
+        seeds="0", rounds=None),
 }
+EVAL_EVERY = 5  # and the last round: the table reads the final round only
 ALGOS = ("fedavg", "ifca", "hypcluster", "cfl_mgd", "wecfl", "fesem", "cfl", "fedgroup",
          "fedgrouprox", "flhc", "pacfl", "fedem", "fedrc", "stocfl", "fedsoft")
 OWN_SOLVER = ("cfl_mgd", "fedem", "fedrc", "stocfl", "fedsoft")
 PROJECT_ROUNDS = 4
+# The one setting of a new algorithm's paper or code that fits offline (the
+# catalogue spec's section 18), beside the number its authors published where
+# one could be read. FedEM's README (omarfoq/FedEM @ 996fadd): FEMNIST (LEAF
+# writers, a 15 % sample, 80/20 split, its CNN), M = 3, every client every
+# round, one epoch of batch 128, lr 0.03, plain SGD, 200 rounds. Offline: the
+# shared LEAF sample (51 writers, LEAF's 90/10 split) and the task's MLP.
+FEDEM_FEMNIST = ["--task=femnist", f"--data_dir={os.path.join(SHARED, 'femnist_leaf')}",
+                 "--clients_per_round=51", "--local_epochs=1", "--batch_size=128",
+                 "--client_lr=0.03", "--client_momentum=0", "--rounds=200",
+                 "--checkpoint_every=10", "--eval_every=5"]
+PAPER_ROWS = {  # label: (flags, seeds, the README's number, in %)
+    "fedem_femnist": (["--algo=fedem", "--num_groups=3", *FEDEM_FEMNIST], (0, 1, 2), 79.9),
+    "fedavg_femnist": (["--algo=fedavg", *FEDEM_FEMNIST], (0, 1, 2), 78.6),
+}
+PAPER_FIELDS = ("row", "seed", "rounds", "accuracy", "accuracy_clientavg", "paper",
+                "seconds_per_round", "note")
 RECORD_KEY = ("algo", "task", "seed")
 RECORD_FIELDS = RECORD_KEY + ("rounds", "accuracy", "accuracy_clientavg", "ari", "purity",
                               "bytes_per_round", "seconds_per_round", "note")
 
 
-def flags_for(algo: str, task: str, clients_per_round: int) -> List[str]:
+def flags_for(algo: str, task: str, cpr: int) -> List[str]:
   k = TASKS[task]["k"]
   flags = [f"--algo={algo}", f"--task={task}", *TASKS[task]["flags"],
-           "--checkpoint_every=10"]
+           f"--clients_per_round={cpr}", "--checkpoint_every=10"]
   if algo not in ("fedavg", "stocfl"):
     flags.append(f"--num_groups={k}")
   if algo == "pacfl":
     flags.append("--pacfl_beta=0")
   if algo == "fedsoft":
-    flags.append(f"--fedsoft_k={max(1, clients_per_round // k)}")
+    flags.append(f"--fedsoft_k={max(1, cpr // k)}")
   if algo in OWN_SOLVER:
     flags.append("--client_momentum=0")
   return flags
 
 
-def clients_per_round(task: str, override: Optional[int]) -> int:
-  if override:
-    return override
-  from tff_cluster import tasks
-  return int(tasks.get_task(task).defaults["clients_per_round"])
+def cut(task: str, args) -> Dict[str, object]:
+  """The task's clients per round, seeds and rounds: the written cut unless a
+  flag overrides it."""
+  c = TASKS[task]
+  return {"clients_per_round": args.clients_per_round or c["clients_per_round"],
+          "seeds": [int(x) for x in (args.seeds or c["seeds"]).split(",")],
+          "rounds": args.rounds or c["rounds"]}
 
 
 def score(directory: str) -> Optional[Dict[str, object]]:
@@ -93,17 +121,39 @@ def score(directory: str) -> Optional[Dict[str, object]]:
           "seconds_per_round": truncated(median_round_seconds(directory), 3)}
 
 
+def one_point_round(directory: str) -> int:
+  """The first evaluated round from which the run's test accuracy stays within
+  1 point (0.01) of its final round's."""
+  _, rows = rundir.read_metrics(directory)
+  acc = [(int(r["round"]), float(r["test_accuracy"])) for r in rows
+         if r.get("test_accuracy") not in (None, "")]
+  final = acc[-1][1]
+  first = acc[-1][0]
+  for rnd, a in reversed(acc):
+    if abs(a - final) > 0.01:
+      break
+    first = rnd
+  return first
+
+
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--tasks", default=",".join(TASKS))
   p.add_argument("--algos", default=",".join(ALGOS))
-  p.add_argument("--seeds", default="0,1,2")
-  p.add_argument("--rounds", type=int, default=None, help="the cut: rounds of every cell")
+  p.add_argument("--seeds", default=None, help="override the cut's seeds")
+  p.add_argument("--rounds", type=int, default=None, help="override the cut's rounds")
   p.add_argument("--clients_per_round", type=int, default=None,
-                 help="the cut: clients per round of every cell")
+                 help="override the cut's clients per round")
   p.add_argument("--out", default=os.path.join(REPO_ROOT, "results", "clustered_catalogue"))
   p.add_argument("--project", action="store_true",
                  help="time 4 rounds of each (task, algorithm) and project the plan")
+  p.add_argument("--converge", action="store_true",
+                 help="run FedAvg (seed 0, the cut, the task's default rounds) and print "
+                      "the round from which it stays within 1 point of its final accuracy")
+  p.add_argument("--paper_rows", action="store_true",
+                 help="run the per-paper rows (PAPER_ROWS); with --record, record them")
+  p.add_argument("--shard", default="0/1", help="i/n: run every n-th job from the i-th "
+                 "(two processes on two cores)")
   p.add_argument("--table_only", action="store_true")
   p.add_argument("--record", action="store_true",
                  help="add the finished runs to benchmarks/recorded/clustered_catalogue.csv")
@@ -116,47 +166,97 @@ def main(argv=None):
   missing = [a for a in args.algos.split(",") if a not in registered_algorithms()]
   if missing:
     raise SystemExit(f"clustered_catalogue.py: error: --algo={missing[0]} is not registered")
-  jobs = [(a, t, int(s)) for t in args.tasks.split(",") for s in args.seeds.split(",")
-          for a in args.algos.split(",")]
-  extra = ([f"--rounds={args.rounds}"] if args.rounds else []) + (
-      [f"--clients_per_round={args.clients_per_round}"] if args.clients_per_round else [])
+  tasks = args.tasks.split(",")
+  if args.paper_rows:
+    return paper_rows(args)
+  if args.converge:
+    return converge(tasks, args)
   if args.project:
-    return project(jobs, args, extra)
+    return project(tasks, args)
+  unset = [t for t in tasks if cut(t, args)["rounds"] is None]
+  if unset:
+    raise SystemExit(f"clustered_catalogue.py: error: {unset[0]} has no rounds in its cut "
+                     "yet: run --converge and write them into TASKS (or pass --rounds)")
+  # Seed 0 of every task first, then the further seeds.
+  seeds = sorted({s for t in tasks for s in cut(t, args)["seeds"]})
+  jobs = [(a, t, s) for s in seeds for t in tasks if s in cut(t, args)["seeds"]
+          for a in args.algos.split(",")]
+  i, n = (int(x) for x in args.shard.split("/"))
   t0 = time.perf_counter()
   records = []
-  for algo, task, seed in jobs:
+  for j, (algo, task, seed) in enumerate(jobs):
+    c = cut(task, args)
     d = os.path.join(args.out, task, algo, f"seed{seed}")
-    if not args.table_only:
-      run_one(flags_for(algo, task, clients_per_round(task, args.clients_per_round)) + extra,
-              d, seed, "local", args.rounds)
+    if not args.table_only and j % n == i:
+      try:
+        run_one(flags_for(algo, task, c["clients_per_round"])
+                + [f"--eval_every={EVAL_EVERY}"], d, seed, "local", c["rounds"])
+      except RuntimeError as e:  # one failed cell does not stop the table
+        print(f"FAILED {task} {algo} seed {seed}: {e}", flush=True)
+        continue
     got = score(d)
     print(f"[{time.perf_counter() - t0:7.0f} s] {task} {algo} seed {seed}: {got}", flush=True)
     if got is not None:
-      records.append({"algo": algo, "task": task, "seed": seed, "note": "", **got})
+      note = "test-only clients choose by their own test loss (IFCA's protocol)" if (
+          task == "rotated_mnist" and algo != "fedavg") else ""
+      records.append({"algo": algo, "task": task, "seed": seed, "note": note, **got})
   if args.record and records:
     save_recorded("clustered_catalogue", records, RECORD_KEY, RECORD_FIELDS)
 
 
-def project(jobs, args, extra):
+def paper_rows(args):
+  records = []
+  for label, (flags, seeds, paper) in PAPER_ROWS.items():
+    for seed in seeds:
+      d = os.path.join(args.out, "_paper_rows", label, f"seed{seed}")
+      if not args.table_only:
+        run_one(flags, d, seed, "local", None)
+      got = score(d)
+      print(f"{label} seed {seed}: {got} (README: {paper})", flush=True)
+      if got is not None:
+        records.append({"row": label, "seed": seed, "rounds": got["rounds"],
+                        "accuracy": got["accuracy"],
+                        "accuracy_clientavg": got["accuracy_clientavg"], "paper": paper,
+                        "seconds_per_round": got["seconds_per_round"],
+                        "note": "not comparable: 51-writer LEAF sample, MLP, 90/10 split"})
+  if args.record and records:
+    save_recorded("clustered_catalogue_papers", records, ("row", "seed"), PAPER_FIELDS)
+
+
+def converge(tasks, args):
+  from tff_cluster import tasks as registry
+  for task in tasks:
+    c = cut(task, args)
+    rounds = int(registry.get_task(task).defaults["rounds"])
+    d = os.path.join(args.out, "_fedavg_converge", task)
+    run_one(flags_for("fedavg", task, c["clients_per_round"]), d, 0, "local", rounds)
+    r = one_point_round(d)
+    print(f"{task}: FedAvg within 1 point of its round-{rounds} accuracy from round {r} "
+          f"-> rounds {min(rounds, -(-r // 10) * 10)}", flush=True)
+
+
+def project(tasks, args):
   """Times `PROJECT_ROUNDS` rounds of each (task, algorithm) and projects the
   plan's CPU time: that run's wall time plus the rest at its median round."""
-  total, seen = 0.0, {}
-  for algo, task, _ in jobs:
-    if (algo, task) not in seen:
+  from tff_cluster import tasks as registry
+  total, runs = 0.0, 0
+  for task in tasks:
+    c = cut(task, args)
+    rounds = c["rounds"] or int(registry.get_task(task).defaults["rounds"])
+    for algo in args.algos.split(","):
       with tempfile.TemporaryDirectory() as tmp:
-        flags = flags_for(algo, task, clients_per_round(task, args.clients_per_round))
         run = os.path.join(tmp, "run")
-        s = run_one(flags + [f for f in extra if not f.startswith("--rounds=")]
+        s = run_one(flags_for(algo, task, c["clients_per_round"])
                     + [f"--rounds={PROJECT_ROUNDS}"], run, 0, "local", PROJECT_ROUNDS)
         # The median round: the first one's compilation left out of the rate.
         per_round = median_round_seconds(run)
-      from tff_cluster import tasks
-      rounds = args.rounds or int(tasks.get_task(task).defaults["rounds"])
-      seen[(algo, task)] = s["wall_seconds"] + (rounds - PROJECT_ROUNDS) * per_round
-      print(f"{task} {algo}: {per_round:.2f} s/round -> {seen[(algo, task)] / 60:.1f} min "
-            f"for {rounds} rounds", flush=True)
-    total += seen[(algo, task)]
-  print(f"projected total: {total / 3600:.2f} h for {len(jobs)} runs")
+      one = s["wall_seconds"] + (rounds - PROJECT_ROUNDS) * per_round
+      total += one * len(c["seeds"])
+      runs += len(c["seeds"])
+      print(f"{task} {algo}: {per_round:.2f} s/round -> {one / 60:.1f} min for {rounds} "
+            f"rounds x {len(c['seeds'])} seeds", flush=True)
+  print(f"projected total: {total / 3600:.2f} h for {runs} runs (training; evaluation "
+        f"every {EVAL_EVERY} rounds not included)")
 
 
 if __name__ == "__main__":
