@@ -198,6 +198,33 @@ def test_a_training_client_is_scored_with_its_assignment_not_its_test_labels(ifc
     np.testing.assert_array_equal(client_model, [0, 0, -1])  # c1 re-chooses: unsampled
 
 
+def test_a_round_without_evaluation_leaves_the_never_sampled_clients_argmin_out(monkeypatch):
+  """After a round that is not evaluated (`--eval_every`), what groups.csv
+  shows (`round_models`) is the cluster each sampled client trained and -1
+  for the others: the argmin of every never-sampled client's training loss
+  (on a task of thousands of clients it costs more than the round) is left to
+  the evaluated rounds, which still show it."""
+  from tff_cluster.host import loop, round as host_round
+  from tff_cluster.learning.evaluation import Evaluator
+  task, data, favour = _two_class_task()
+  config = loop.TrainingConfig(rounds=2, clients_per_round=1, local_epochs=1,
+                                     batch_size=6, client_lr=1e-6, seed=0, runner="local")
+  driver = ifca.make_driver(task, data, config, num_groups=2)
+  driver.setup()
+  driver.state = driver.runner.put_state(driver.definition.initial_state(favour))
+  made = []
+  real = driver.make_evaluator
+  monkeypatch.setattr(driver, "make_evaluator",
+                      lambda *a, **k: made.append(a) or real(*a, **k))
+  out = host_round.run_round(driver, 1, np.array([0]))
+  np.testing.assert_array_equal(out.client_model, [0, -1, -1])
+  assert made == []  # no client's training loss was scored
+  out = host_round.run_round(driver, 2, np.array([0]),
+                             evaluator=Evaluator(task.model_fn, task.loss, data))
+  np.testing.assert_array_equal(out.client_model, [0, 1, -1])  # c1's argmin
+  assert made == [("train",)]
+
+
 @pytest.mark.tff
 def test_round_outputs_are_server_placed_and_read_back_in_client_order():
   """The round computation returns everything at SERVER (the per-client

@@ -247,7 +247,8 @@ class IFCADriver(driver.Driver):
 
   groups.csv shows the model each client is scored with, a never-sampled
   client's argmin included (no -1 for "no assignment yet": the default
-  `group_assignment`)."""
+  `group_assignment`); in a round without evaluation a never-sampled client
+  shows -1 (`round_models`)."""
 
   def __init__(self, task, data, config: driver.TrainingConfig, options: Options):
     num_groups = options.num_groups
@@ -394,6 +395,13 @@ class IFCADriver(driver.Driver):
     if self.eval_mode == "test_loss":
       return models, driver.CHOOSE_BY_TEST_LOSS
     return models, self._scored
+
+  def round_models(self):
+    """After a round without evaluation: the cluster each client last trained,
+    -1 for a client never sampled (its argmin over all clients is the
+    evaluation's work: on a task of thousands of clients it costs more than
+    the round)."""
+    return self._models(), self.host.assignment.copy()
 
   def assigned_models(self, models) -> np.ndarray:
     """Each client's assigned model now: the cluster it last trained, or for a

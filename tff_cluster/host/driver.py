@@ -106,7 +106,8 @@ class Driver:
   `setup()` once before round 1 (e.g. cold start; returns summary extras);
   `run_round()` per round on the sampled clients (returns at least
   `train_loss`, `bytes_down`, `bytes_up`); `eval_models()` for the candidate
-  weights and which one each client would receive now; `round_eval_metrics()`
+  weights and which one each client would receive now (`round_models()`
+  after a round that is not evaluated); `round_eval_metrics()`
   for algorithm metrics at evaluation time; `summary()` at the end.
   `extra_columns` names its additional per-round metrics.
 
@@ -311,6 +312,14 @@ class Driver:
 
   def eval_models(self):
     raise NotImplementedError
+
+  def round_models(self):
+    """The models and each client's model after a round that is not
+    evaluated (the divergence check and groups.csv read them): by default
+    `eval_models()`. A driver whose `eval_models` computes a choice for every
+    client not yet assigned (IFCA's argmin over the candidates) returns -1 for
+    those here, so that a round without evaluation does not pay for it."""
+    return self.eval_models()
 
   def round_eval_metrics(self, result) -> Dict[str, Any]:
     del result
