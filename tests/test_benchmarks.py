@@ -13,6 +13,7 @@ from tests.conftest import REPO_ROOT
 
 sys.path.insert(0, os.path.join(REPO_ROOT, "benchmarks"))
 import cflmgd_table2  # noqa: E402
+import clustered_catalogue  # noqa: E402
 import _sweep  # noqa: E402
 import pfedmo_table2  # noqa: E402
 import wecfl_table2  # noqa: E402
@@ -34,6 +35,15 @@ def test_recorded_files_name_known_methods_and_fractions():
     assert row["method"] in cflmgd_table2.METHODS
     if not row.get("diverged_round"):
       assert 0 < float(row["final_accuracy"]) <= 1
+  for row in _sweep.load_recorded("clustered_catalogue"):
+    assert row["task"] in clustered_catalogue.TASKS and row["algo"] in clustered_catalogue.ALGOS
+    assert row["algo"] not in clustered_catalogue.LEFT_OUT.get(row["task"], ())
+    assert int(row["rounds"]) == clustered_catalogue.TASKS[row["task"]]["rounds"]
+    assert 0 < float(row["accuracy"]) <= 1 and 0 < float(row["accuracy_clientavg"]) <= 1
+    if row["ari"]:
+      assert -1 <= float(row["ari"]) <= 1 and 0 < float(row["purity"]) <= 1
+  for row in _sweep.load_recorded("clustered_catalogue_papers"):
+    assert row["row"] in clustered_catalogue.PAPER_ROWS and 0 < float(row["accuracy"]) <= 1
   for row in _sweep.load_recorded("pfedmo_table2"):
     assert row["setting"] in pfedmo_table2.SETTINGS and row["method"] in pfedmo_table2.METHODS
     if not row.get("diverged_round"):
@@ -482,3 +492,26 @@ def test_gpu_hlo_round_grouped_cnn_prototype_equals_the_sequential_round():
   for got, want in zip(update, out.summed["update"]):
     assert np.linalg.norm(want) > 0
     assert np.linalg.norm(got.numpy() - want) <= 1e-2 * np.linalg.norm(want)
+
+
+def test_clustered_catalogue_rounds_are_where_fedavg_stays_within_a_point(tmp_path):
+  """The cut's rounds: the first evaluated round from which the test accuracy
+  stays within 0.01 of the final one (a later dip past it moves the round)."""
+  def write(accuracies):
+    with open(tmp_path / "metrics.csv", "w") as f:
+      f.write("round,train_loss,test_accuracy\n")
+      for r, a in enumerate(accuracies):
+        f.write(f"{r + 1},0.1,{'' if a is None else a}\n")
+  write([0.5, 0.80, 0.895, None, 0.91, 0.90])
+  assert clustered_catalogue.one_point_round(str(tmp_path)) == 3
+  write([0.5, 0.80, 0.895, 0.85, 0.91, 0.90])
+  assert clustered_catalogue.one_point_round(str(tmp_path)) == 5
+
+
+def test_clustered_catalogue_gives_each_clustered_algorithm_the_true_clusters():
+  for task, spec in clustered_catalogue.TASKS.items():
+    for algo in clustered_catalogue.ALGOS:
+      flags = clustered_catalogue.flags_for(algo, task, spec["clients_per_round"])
+      given = f"--num_groups={spec['k']}" in flags
+      assert given == (algo not in ("fedavg", "stocfl")), (task, algo)
+      assert ("--client_momentum=0" in flags) == (algo in clustered_catalogue.OWN_SOLVER)
