@@ -240,16 +240,16 @@ def markdown() -> str:
         continue
       ari = [num(r, "ari") for r in mine if num(r, "ari") is not None]
       sec = float(np.median([num(r, "seconds_per_round") for r in mine]))
-      ratio = f"{sec / base_s:.1f}" if base_s else "–"
-      ari_cell = (f"{np.mean(ari):.2f}" + (f" ± {np.std(ari, ddof=1):.2f}" if len(ari) > 1
-                                           else "")) if ari else "–"
+      ratio = truncated(sec / base_s, 1) if base_s else "–"
+      ari_cell = (truncated(np.mean(ari), 2) + (f" ± {truncated(np.std(ari, ddof=1), 2)}"
+                                                if len(ari) > 1 else "")) if ari else "–"
       out.append(
           f"| `{algo}` | {','.join(r['seed'] for r in mine)} "
           f"| {mean_std([num(r, 'accuracy') for r in mine])} "
           f"| {mean_std([num(r, 'accuracy_clientavg') for r in mine])} | {ari_cell} "
           f"| {mean_std([num(r, 'purity') for r in mine], digits=1)} "
-          f"| {np.mean([num(r, 'bytes_per_round') for r in mine]) / 1e6:.2f} "
-          f"| {sec:.2f} | {ratio} |")
+          f"| {truncated(np.mean([num(r, 'bytes_per_round') for r in mine]) / 1e6, 2)} "
+          f"| {truncated(sec, 2)} | {ratio} |")
     out.append("")
   papers = load_recorded("clustered_catalogue_papers")
   if papers:
@@ -262,7 +262,7 @@ def markdown() -> str:
             f"| `{label}` | {','.join(r['seed'] for r in mine)} | {mine[0]['rounds']} "
             f"| {mean_std([num(r, 'accuracy') for r in mine])} "
             f"| {mean_std([num(r, 'accuracy_clientavg') for r in mine])} | {mine[0]['paper']} "
-            f"| {np.median([num(r, 'seconds_per_round') for r in mine]):.2f} "
+            f"| {truncated(np.median([num(r, 'seconds_per_round') for r in mine]), 2)} "
             f"| {mine[0]['note']} |")
     out.append("")
   return "\n".join(out)
