@@ -109,6 +109,24 @@ def test_pacfl_angles_by_hand():
   np.testing.assert_allclose(np.abs(s[:, :3]), np.abs(u0), atol=1e-12)
 
 
+def test_pacfl_proximity_equals_its_pairwise_definition_on_both_forms():
+  """The blocked, upper-triangle forms equal the pairwise definitions: the
+  code's min over the element-wise angles of U_i^T U_j, and the smallest
+  principal angle (from the largest singular value of Q_i^T Q_j)."""
+  rng = np.random.default_rng(0)
+  sig = [pacfl.signature(rng.normal(size=(12, 6)), rng.integers(0, k, 12), 2)
+         for k in (1, 2, 3, 2, 1)]
+  code = pacfl.proximity(sig, "code")
+  principal = pacfl.proximity(sig, "principal")
+  q = [np.linalg.qr(u)[0] for u in sig]
+  for i in range(5):
+    for j in range(5):
+      want = np.degrees(np.min(np.arccos(np.clip(sig[i].T @ sig[j], -1, 1))))
+      assert code[i, j] == pytest.approx(want, abs=1e-9)
+      s_max = np.linalg.svd(q[i].T @ q[j], compute_uv=False)[0]
+      assert principal[i, j] == pytest.approx(np.degrees(np.arccos(min(s_max, 1.0))), abs=1e-6)
+
+
 def test_pacfl_recovers_the_true_clusters_with_principal_angles(two_clusters):
   """synthetic_clusters' clusters differ in their input distribution, which
   PACFL's subspaces see: with principal angles, beta = 3 degrees falls

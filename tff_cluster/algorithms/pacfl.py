@@ -61,19 +61,27 @@ def signature(x, y, basis: int) -> np.ndarray:
 
 def proximity(signatures, form: str) -> np.ndarray:
   """[n, n] angles in degrees between the clients' signatures (see the module
-  docstring)."""
+  docstring). Both forms are symmetric, so the upper triangle is computed and
+  mirrored; the code's form as one product of each client's signature with all
+  later ones (max of the cosines = min of the angles, arccos decreasing)."""
   n = len(signatures)
+  a = np.zeros((n, n))
   if form == "principal":
     signatures = [np.linalg.qr(u)[0] for u in signatures]
-  a = np.zeros((n, n))
-  for i in range(n):
-    for j in range(n):
-      m = signatures[i].T @ signatures[j]
-      if form == "code":
-        a[i, j] = np.degrees(np.min(np.arccos(np.clip(m, -1.0, 1.0))))
-      else:
+    for i in range(n):
+      for j in range(i, n):
+        m = signatures[i].T @ signatures[j]
         a[i, j] = np.degrees(np.arccos(min(np.linalg.svd(m, compute_uv=False)[0], 1.0)))
-  return a
+  else:
+    widths = np.array([u.shape[1] for u in signatures])
+    starts = np.concatenate([[0], np.cumsum(widths)[:-1]])
+    stacked = np.concatenate(signatures, axis=1)
+    for i in range(n):
+      m = signatures[i].T @ stacked[:, starts[i]:]  # [w_i, columns of clients i..n-1]
+      best = np.maximum.reduceat(m.max(axis=0), starts[i:] - starts[i])
+      a[i, i:] = np.degrees(np.arccos(np.clip(best, -1.0, 1.0)))
+  upper = np.triu(a)
+  return upper + np.triu(a, 1).T
 
 
 class PACFLDriver(wecfl.FixedClustersDriver):
