@@ -80,8 +80,7 @@ def proximity(signatures, form: str) -> np.ndarray:
       m = signatures[i].T @ stacked[:, starts[i]:]  # [w_i, columns of clients i..n-1]
       best = np.maximum.reduceat(m.max(axis=0), starts[i:] - starts[i])
       a[i, i:] = np.degrees(np.arccos(np.clip(best, -1.0, 1.0)))
-  upper = np.triu(a)
-  return upper + np.triu(a, 1).T
+  return a + np.triu(a, 1).T  # (a holds the upper triangle only)
 
 
 class PACFLDriver(wecfl.FixedClustersDriver):

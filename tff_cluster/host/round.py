@@ -76,9 +76,8 @@ def run_round(driver: Driver, round_num: int, sampled: np.ndarray,
   row: Dict[str, Any] = {"round": round_num}
   row.update(driver.run_round(round_num, sampled))
   row["round_seconds"] = time.perf_counter() - t0
-  # (A driver written without `Driver`'s `round_models` is read by eval_models.)
   weights, client_model = (driver.eval_models() if evaluator is not None
-                           else getattr(driver, "round_models", driver.eval_models)())
+                           else driver.round_models())
   if loss_ratio is not None:
     check_round(round_num, row, weights, sampled, loss_ratio)
   outcome = RoundOutcome(row, weights, client_model)
