@@ -405,10 +405,15 @@ KERAS3_RUN_MODELS = {"conv_batchnorm_lstm_dropout": _conv_bn_lstm, "lstm": _lstm
 # IFCA's keys, persistent momentum and client states, CFL-MGD's gradients
 # and losses.
 ADAM_OR_NO_BATCHNORM = ("mime", "fedsoft")
+# The personalized methods' client functions are two: FedPer's, LG-FedAvg's and
+# FedBN's are FedRep's split definition in its one-phase mode, local-only's
+# is Ditto's without the global model; fedrep and ditto stand for them here
+# (CI's time; their own side-by-side runs are CASES above).
+SAME_CLIENT_CODE = ("fedper", "lg_fedavg", "fedbn", "local_only")
 KERAS3_RUN_CASES = [
     ("lstm" if algo in ADAM_OR_NO_BATCHNORM else "conv_batchnorm_lstm_dropout", algo, 0,
      solver)
-    for algo, solver in CASES] + [
+    for algo, solver in CASES if algo not in SAME_CLIENT_CODE] + [
     ("cnn_batchnorm_dropout", "ifca", 1, "steps_momentum_persist_decay"),
     ("cnn_batchnorm_dropout", "cfl_mgd", 1, "epochs")]
 
@@ -426,6 +431,7 @@ def test_cnn_and_lstm_side_by_side_give_the_sequential_numbers(model, algo, case
   runs = []
   for batching in ("sequential", "parallel"):
     options = dict(test_runners.PARITY_CASES[algo][case])
+    options.pop("_model", None)  # this test's model instead
     options["_config"] = dict(options.get("_config", {}), client_batching=batching,
                               client_chunk=3)
     runs.append(test_runners._run(task, data, algo, options, "local", tmp_path / batching,

@@ -183,6 +183,10 @@ def test_two_round_run_writes_both_columns(tmp_path):
     acc.append(np.mean(pred == y))
   assert last["test_macro_f1"] == pytest.approx(np.dot(w, f1), abs=1e-9)
   assert last["test_accuracy_clientavg"] == pytest.approx(np.dot(w, acc), abs=1e-9)
+  # Every client once, and the spread over clients (each client has test data here).
+  assert last["test_accuracy_client_mean"] == pytest.approx(np.mean(acc), abs=1e-12)
+  for q in (10, 50, 90):
+    assert last[f"test_accuracy_p{q}"] == pytest.approx(np.percentile(acc, q), abs=1e-12)
   for name in ("test_macro_f1", "test_accuracy_clientavg"):
     assert summary[f"final_{name}"] == last[name]
     assert summary[f"max_{name}"] == max(r[name] for r in writer.rows)

@@ -15,6 +15,7 @@ from tff_cluster.host import driver as driver_module
 from tff_cluster.host import loop
 from tff_cluster.algorithms import cfl, fedgroup, ifca, wecfl
 from tff_cluster.data.synthetic import generate_synthetic
+from tff_cluster.learning import evaluation
 from tff_cluster.learning.evaluation import Evaluator
 from tff_cluster.host import round as host_round
 from tff_cluster.host.model_spec import ModelSpec
@@ -218,9 +219,13 @@ class _FakeDriver:
     return {"mine": result.accuracy * 2}
 
 
-class _FakeResult:
-  accuracy, loss, accuracy_clientavg, macro_f1 = 0.75, 0.4, 0.7, 0.6
-  client_model = np.zeros(3, np.int64)
+def _FakeResult():
+  # Four clients, the third without test data: accuracies 3/4, 1/4 and 9/10.
+  return evaluation.EvalResult(
+      0.75, 0.4, per_client_correct=np.array([3.0, 1.0, 0.0, 9.0]),
+      per_client_count=np.array([4, 4, 0, 10]), per_client_loss_sum=np.zeros(4),
+      client_model=np.zeros(4, np.int64), per_client_f1=np.array([0.6, 0.2, 0.0, 0.8]),
+      client_weight=np.array([0.5, 0.25, 0.0, 0.25]))
 
 
 class _FakeEvaluator:
@@ -244,11 +249,20 @@ def test_a_round_with_evaluation_writes_its_row_in_order():
   assert list(out.row) == ["round", "train_loss", "bytes_down", "round_seconds", "loss_ratio",
                            *host_round.EVAL_METRICS, "mine", "eval_seconds"]
   assert out.row["round"] == 4 and out.row["loss_ratio"] == 2.0
-  assert [out.row[k] for k in host_round.EVAL_METRICS] == [0.75, 0.4, 0.7, 0.6]
+  # clientavg 0.5*0.75 + 0.25*0.25 + 0.25*0.9; F1 0.5*0.6 + 0.25*0.2 + 0.25*0.8; the
+  # client mean (0.75 + 0.25 + 0.9) / 3; percentiles of the sorted 0.25, 0.75, 0.9
+  # at positions 0.2, 1 and 1.8: 0.25 + 0.2*0.5, 0.75, 0.75 + 0.8*0.15.
+  expected = [0.75, 0.4, 0.6625, 0.55, 1.9 / 3, 0.35, 0.75, 0.87]
+  assert [out.row[k] for k in host_round.EVAL_METRICS] == pytest.approx(expected, abs=1e-12)
   assert out.row["mine"] == 1.5 and out.row["bytes_down"] == 16
-  assert out.metrics == {"train_loss": 0.5, "bytes_down": 16, "loss_ratio": 2.0,
-                         "test_accuracy": 0.75, "test_loss": 0.4,
-                         "test_accuracy_clientavg": 0.7, "test_macro_f1": 0.6, "mine": 1.5}
+  assert out.metrics == pytest.approx(
+      {"train_loss": 0.5, "bytes_down": 16, "loss_ratio": 2.0, "mine": 1.5,
+       **dict(zip(host_round.EVAL_METRICS, expected))}, abs=1e-12)
+
+
+def test_the_client_spread_of_an_evaluation_without_test_data_is_nan():
+  result = evaluation.EvalResult(0.0, 0.0, np.zeros(2), np.zeros(2, np.int64), np.zeros(2))
+  assert np.isnan(result.accuracy_client_mean) and np.isnan(result.accuracy_percentile(50))
 
 
 def test_a_round_without_evaluation_or_check():

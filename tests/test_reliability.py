@@ -23,7 +23,7 @@ from tests.helpers import (SMALL_ARGS, assert_one_line_error, assert_workers_gon
                            main_in_process,
                            metrics_rows_written, read_metrics_csv, run_watching_workers)
 from tests.test_fedprox_nist import write_leaf
-from tests.test_runners import ALL_CLIENTS, OWN_MOMENTUM, PARITY_CASES
+from tests.test_runners import ALL_CLIENTS, OWN_MOMENTUM, PARITY_CASES, with_case_model
 from tests.test_sent140_csv import CLI_CASES as SENT140_CLI_CASES
 from tff_cluster import interrupts, registry
 from tff_cluster.io import checkpoint
@@ -61,7 +61,8 @@ def _config(rounds, runner):
 
 
 def _train(task, data, algo, runner, rounds, run_dir, resume=None):
-  options = {k: v for k, v in PARITY_CASES[algo][0].items() if k != "_config"}
+  task, options = with_case_model(task, {k: v for k, v in PARITY_CASES[algo][0].items()
+                                         if k != "_config"})
   config = _config(rounds, runner)
   if algo in OWN_MOMENTUM:
     config = dataclasses.replace(config, client_momentum=0.0)
@@ -78,8 +79,19 @@ def _train(task, data, algo, runner, rounds, run_dir, resume=None):
   return writer.rows, summary, driver.eval_models()
 
 
-@pytest.mark.parametrize("runner", ["tff", "local"])
-@pytest.mark.parametrize("algo", sorted(registry.ALGORITHMS))
+# Every algorithm resumes on the local runner; on the tff runner, whose
+# resume goes through the same driver snapshot (the server state as numpy,
+# the client states kept in this process), one algorithm of each kind of
+# state: plain, a server optimizer's buffer, keys and cluster stacks, modes
+# and host steps, splits, an [N, ...] server state, per-client mixtures, a
+# personal model, and two modes a round with personal weights (CI's time).
+TFF_RESUME = ("fedavg", "fedavgm", "ifca", "fedgroup", "cfl", "pfedmo", "fedem", "ditto",
+              "fedrep")
+
+
+@pytest.mark.parametrize("algo,runner", [
+    (a, r) for a in sorted(registry.ALGORITHMS) for r in ("tff", "local")
+    if r == "local" or a in TFF_RESUME])
 def test_resume_from_a_checkpoint_gives_the_same_run(algo, runner, small_clusters, tmp_path):
   task, data = small_clusters
   rows, summary, (weights, client_model) = _train(task, data, algo, runner, 4,
@@ -100,6 +112,10 @@ def test_resume_from_a_checkpoint_gives_the_same_run(algo, runner, small_cluster
   assert summary2["completed"] and summary2.get("final_assignment") == \
       summary.get("final_assignment")
   assert checkpoint.rounds(str(tmp_path / "split")) == [2, 4]  # the last two kept
+
+
+def test_the_tff_resume_set_names_registered_algorithms():
+  assert set(TFF_RESUME) <= set(registry.ALGORITHMS)
 
 
 def test_checkpoints_are_atomic_and_fall_back_when_damaged(tmp_path):

@@ -24,7 +24,8 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The lists the derivations replace, as they were written out by hand.
 OLD_GROUP_TAGS = re.compile(r"^(group_|cfl_)|^(num_clusters|ari|purity|num_changed|"
                             r"num_assigned|num_cold_clients|kmeans_objective)$")
-OLD_MAXIMIZED = ("test_accuracy_assigned", "test_accuracy_clientavg", "test_macro_f1")
+OLD_MAXIMIZED = ("test_accuracy_assigned", "test_accuracy_client_mean", "test_accuracy_clientavg",
+                 "test_accuracy_p10", "test_accuracy_p50", "test_accuracy_p90", "test_macro_f1")
 OLD_HPARAM_KEYS = ("algo", "task", "model", "seed", "rounds", "clients_per_round",
                    "batch_size", "client_lr", "local_epochs", "local_steps", "lr_decay",
                    "client_momentum", "client_state", "eval_every", "num_clients", "runner",
@@ -80,7 +81,7 @@ def _old_run_settings(config):
 def algorithm_columns():
   """{algo: its metrics columns}, from a driver of each registered algorithm
   (its first parity case's options) on a task with true clusters."""
-  from tests.test_runners import ALL_CLIENTS, PARITY_CASES
+  from tests.test_runners import ALL_CLIENTS, PARITY_CASES, with_case_model
   from tff_cluster import tasks
   from tff_cluster.host import loop
   from tff_cluster.spec.task import DataOptions
@@ -88,12 +89,12 @@ def algorithm_columns():
   data = task.load_data(DataOptions(seed=2, num_clients=12, extra={"num_clusters": 3}))
   out = {}
   for algo in registry.ALGORITHMS:
-    options = dict(PARITY_CASES[algo][0])
+    algo_task, options = with_case_model(task, PARITY_CASES[algo][0])
     config = loop.TrainingConfig(**{
         "rounds": 2, "batch_size": 10, "client_lr": 0.02, "local_epochs": 1,
         "clients_per_round": data.num_clients if algo in ALL_CLIENTS else 4, "seed": 1,
         "runner": "local", **options.pop("_config", {})})
-    driver = registry.get_algorithm(algo).make_driver(task, data, config, **options)
+    driver = registry.get_algorithm(algo).make_driver(algo_task, data, config, **options)
     out[algo] = [*loop.BASE_COLUMNS, *driver.extra_columns]
   return out
 

@@ -110,6 +110,14 @@ PARITY_CASES = {
                 {"num_groups": 3, "fedsoft_selection": "all", "fedsoft_eval": "local"}],
     "fedgrouprox": [{"num_groups": 3, "mu": 0.5, "pretrain_scale": 2.0, "pretrain_iters": 7,
                      "group_agg_lr": 0.1, "cold_start": "rac"}],
+    # The personalized methods; `_model`: the model they run instead of the
+    # task's MCLR (a body and a head need two layers, FedBN a BatchNorm).
+    "ditto": [{"ditto_lambda": 0.5}],
+    "fedper": [{"_model": "mlp", "head_layers": 1}],
+    "fedrep": [{"_model": "mlp", "fedrep_head_epochs": 1}],
+    "lg_fedavg": [{"_model": "mlp", "client_weighting": "samples"}],
+    "fedbn": [{"_model": "mlp_bn"}],
+    "local_only": [{}],
 }
 # Local-solver settings every algorithm shares, run on both runners too.
 SOLVER_CASES = {
@@ -149,6 +157,16 @@ OWN_MOMENTUM = {a for a in registry.ALGORITHMS if _own_momentum(a)}
 ALL_CLIENTS = {a for a, spec in registry.ALGORITHMS.items() if spec.all_clients}
 
 
+def with_case_model(task, options):
+  """(task, options) with a case's `_model` (if any) in place of the task's
+  model and taken out of the options."""
+  options = dict(options)
+  name = options.pop("_model", None)
+  if name is None:
+    return task, options
+  return task.with_model(name), options
+
+
 def solver_for(algo, solver):
   if algo in OWN_MOMENTUM:
     return {k: v for k, v in solver.items() if k not in ("client_momentum", "client_state")}
@@ -157,7 +175,7 @@ def solver_for(algo, solver):
 
 def _run(task, data, algo, options, runner, tmp_path, solver, rounds=ROUNDS):
   solver = solver_for(algo, solver)
-  options = dict(options)
+  task, options = with_case_model(task, options)
   config = loop.TrainingConfig(**{
       "rounds": rounds, "batch_size": 10, "client_lr": 0.02,
       "clients_per_round": data.num_clients if algo in ALL_CLIENTS else 8,

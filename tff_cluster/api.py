@@ -89,7 +89,8 @@ class ProcessOutput:
 
   state: the new state; metrics: the round's training metrics (train_loss,
   bytes, the algorithm's own) and, when evaluated, test_accuracy, test_loss,
-  test_accuracy_clientavg, test_macro_f1; client_results: client id ->
+  test_accuracy_clientavg, test_macro_f1, test_accuracy_client_mean and
+  test_accuracy_p10/_p50/_p90 (`host.round.EVAL_METRICS`); client_results: client id ->
   {'model': the index of the model (cluster/group) it uses now, -1 if none}
   for every client of the data.
   """

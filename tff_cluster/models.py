@@ -91,6 +91,18 @@ def mlp(input_dim: int, hidden: int, num_classes: int,
   return tf.keras.Model(inputs, logits, name=name)
 
 
+def mlp_bn(input_dim: int, hidden: int, num_classes: int,
+           name: str = "mlp_bn") -> tf.keras.Model:
+  """`mlp` with a BatchNorm layer between the hidden layer and its ReLU (a
+  small model with batch statistics, e.g. for FedBN on the synthetic tasks)."""
+  inputs = tf.keras.Input(shape=(input_dim,), dtype=tf.float32)
+  h = tf.keras.layers.Dense(hidden, name="hidden")(inputs)
+  h = tf.keras.layers.BatchNormalization(name="bn")(h)
+  h = tf.keras.layers.ReLU(name="relu")(h)
+  logits = tf.keras.layers.Dense(num_classes, name="logits")(h)
+  return tf.keras.Model(inputs, logits, name=name)
+
+
 def fmnist_cnn(input_shape: Tuple[int, ...] = (784,), name: str = "fmnist_cnn",
                bn_momentum: float = 0.99, bn_epsilon: float = 1e-3) -> tf.keras.Model:
   """FMNIST CNN: 2 x (conv5x5 'same' + BatchNorm + ReLU + maxpool2), dense 10.

@@ -26,10 +26,11 @@ from typing import Dict, Tuple
 
 from tff_cluster.spec.hparams import HParam
 from tff_cluster.spec.options import (
-    CFL_HPARAMS, CFL_MGD_HPARAMS, FEDAVG_HPARAMS, FEDAVG_PLUS_HPARAMS, FEDEM_HPARAMS,
-    FEDGROUPROX_HPARAMS, FEDGROUP_HPARAMS, FEDNAG_HPARAMS, FEDPROX_HPARAMS,
-    FEDPROX_PLUS_HPARAMS, FEDRC_HPARAMS, FEDSOFT_HPARAMS, FESEM_HPARAMS, FLHC_HPARAMS,
-    HYPCLUSTER_HPARAMS, IFCA_HPARAMS, MIME_HPARAMS, PACFL_HPARAMS, PFEDMO_HPARAMS,
+    CFL_HPARAMS, CFL_MGD_HPARAMS, DITTO_HPARAMS, FEDAVG_HPARAMS, FEDAVG_PLUS_HPARAMS,
+    FEDBN_HPARAMS, FEDEM_HPARAMS, FEDGROUPROX_HPARAMS, FEDGROUP_HPARAMS, FEDNAG_HPARAMS,
+    FEDPER_HPARAMS, FEDPROX_HPARAMS, FEDPROX_PLUS_HPARAMS, FEDRC_HPARAMS, FEDREP_HPARAMS,
+    FEDSOFT_HPARAMS, FESEM_HPARAMS, FLHC_HPARAMS, HYPCLUSTER_HPARAMS, IFCA_HPARAMS,
+    LG_FEDAVG_HPARAMS, LOCAL_ONLY_HPARAMS, MIME_HPARAMS, PACFL_HPARAMS, PFEDMO_HPARAMS,
     SERVER_MOMENTUM_HPARAMS, STOCFL_HPARAMS, WECFL_HPARAMS, Options)
 
 
@@ -143,6 +144,19 @@ ALGORITHMS: Dict[str, AlgorithmSpec] = {
         AlgorithmSpec("fedsoft", "FedSoft: importance weights per client and cluster, "
                       "cluster-wise selection, local models pulled toward every cluster",
                       "fedsoft", hparams=FEDSOFT_HPARAMS),
+        # Personalized: every client tested with its own model.
+        AlgorithmSpec("ditto", "Ditto: FedAvg, and a personal model per client pulled "
+                      "toward the round's global model", "ditto", hparams=DITTO_HPARAMS),
+        AlgorithmSpec("fedper", "FedPer: a shared body averaged by FedAvg, a personal head "
+                      "per client, trained together", "fedper", hparams=FEDPER_HPARAMS),
+        AlgorithmSpec("fedrep", "FedRep: a shared body, a personal head; head epochs, then "
+                      "body epochs", "fedrep", hparams=FEDREP_HPARAMS),
+        AlgorithmSpec("lg_fedavg", "LG-FedAvg: a personal body per client, a shared head "
+                      "averaged by FedAvg", "lg_fedavg", hparams=LG_FEDAVG_HPARAMS),
+        AlgorithmSpec("fedbn", "FedBN: FedAvg with every BatchNorm layer kept by its "
+                      "client", "fedbn", hparams=FEDBN_HPARAMS),
+        AlgorithmSpec("local_only", "Local-only: each client trains its own model, "
+                      "nothing is shared", "local_only", hparams=LOCAL_ONLY_HPARAMS),
     ]
 }
 

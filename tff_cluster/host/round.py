@@ -22,14 +22,20 @@ from tff_cluster.host.driver import Diverged, Driver, LossRatio, _all_finite
 from tff_cluster.learning.evaluation import EvalResult, Evaluator
 
 # The test metrics of every evaluation, in the order rows hold them.
-EVAL_METRICS = ("test_accuracy", "test_loss", "test_accuracy_clientavg", "test_macro_f1")
+# test_accuracy: pooled (weighted by test examples); _clientavg: weighted by
+# training examples (the WeCFL paper's); _client_mean: every client with test
+# data once; _p10/_p50/_p90: the spread of the clients' accuracies.
+EVAL_METRICS = ("test_accuracy", "test_loss", "test_accuracy_clientavg", "test_macro_f1",
+                "test_accuracy_client_mean", "test_accuracy_p10", "test_accuracy_p50",
+                "test_accuracy_p90")
 # What a row holds besides the metrics: the round and its timings.
 BOOKKEEPING = ("round", "round_seconds", "eval_seconds")
 
 
 def eval_metrics(result: EvalResult) -> Dict[str, float]:
   """`EVAL_METRICS` of an evaluation, by name."""
-  values = (result.accuracy, result.loss, result.accuracy_clientavg, result.macro_f1)
+  values = (result.accuracy, result.loss, result.accuracy_clientavg, result.macro_f1,
+            result.accuracy_client_mean, *(result.accuracy_percentile(q) for q in (10, 50, 90)))
   return dict(zip(EVAL_METRICS, values))
 
 

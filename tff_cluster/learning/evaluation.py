@@ -4,6 +4,11 @@ Accuracy = total correct / total test examples over all clients (a fraction in
 [0, 1]); `per_client_correct`/`per_client_count` let callers report per-group
 numbers. Plain TensorFlow: one Keras model, weights swapped per distinct model.
 
+Per-client spread (the personalized protocol): acc_i = correct_i / n_i^test
+over the clients with test data, reported as their unweighted mean
+(`accuracy_client_mean`: every client counts once, LG-FedAvg's and PACFL's
+score) and as percentiles over clients (`accuracy_percentile`).
+
 Client-averaged metrics (the WeCFL paper's way of reporting): with
 w_i = n_i^train / sum_j n_j^train over the clients that have test data,
   accuracy_clientavg = sum_i w_i * acc_i,   macro_f1 = sum_i w_i * F1_i,
@@ -134,6 +139,29 @@ class EvalResult:
       return float("nan")
     acc = self.per_client_correct / np.maximum(self.per_client_count, 1)
     return float(np.dot(self.client_weight, acc))
+
+  @property
+  def per_client_accuracy(self) -> np.ndarray:
+    """acc_i of every client with test data (clients without any are left
+    out), in client order."""
+    tested = self.per_client_count > 0
+    return self.per_client_correct[tested] / self.per_client_count[tested]
+
+  @property
+  def accuracy_client_mean(self) -> float:
+    """The unweighted mean of acc_i over the clients with test data (every
+    client counts once; NaN when none has test data)."""
+    acc = self.per_client_accuracy
+    return float(acc.mean()) if len(acc) else float("nan")
+
+  def accuracy_percentile(self, q: float) -> float:
+    """The q-th percentile (0..100) of acc_i over the clients with test data,
+    numpy's linear interpolation between the order statistics: with the m
+    accuracies sorted a_0 <= ... <= a_{m-1}, position p = q/100 (m - 1),
+    a_floor(p) + (p - floor(p)) (a_ceil(p) - a_floor(p)). NaN when no client
+    has test data."""
+    acc = self.per_client_accuracy
+    return float(np.percentile(acc, q)) if len(acc) else float("nan")
 
   @property
   def macro_f1(self) -> float:

@@ -413,3 +413,29 @@ FEDSOFT_HPARAMS = _group(
            "cluster model of its largest importance weight) or local (its own "
            "personalised local model).", choices=("cluster", "local")),
 )
+
+# The personalized methods (tff_cluster.algorithms.personal): which layers
+# form the head, Ditto's pull, FedRep's head epochs, unseen clients.
+HEAD_LAYERS = HParam("head_layers", int, 1, "The head: the model's last K layers that "
+                     "hold weights (the body: the layers below); refused where the model "
+                     "has fewer than K + 1.", low=1, limit=1000, group="personalized")
+HEAD_NAMES = HParam("head_names", str, "", "The head by layer names (comma-separated; "
+                    "given, it replaces --head_layers). An unknown name is refused with "
+                    "the model's layers listed.", group="personalized")
+HEAD = (HEAD_LAYERS, HEAD_NAMES)
+FEDPER_HPARAMS = (*HEAD, CLIENT_WEIGHTING)
+FEDREP_HPARAMS = (*HEAD, HParam(
+    "fedrep_head_epochs", int, 10, "Epochs of head-only training before the body's (the "
+    "authors' code: E - E_rep = 10 in every setting); the body then trains for the run's "
+    "local work.", low=1, limit=hp.MAX_LOCAL_EPOCHS, group="fedrep"), CLIENT_WEIGHTING)
+LG_FEDAVG_HPARAMS = (*HEAD, CLIENT_WEIGHTING)
+FEDBN_HPARAMS = (CLIENT_WEIGHTING,)
+DITTO_HPARAMS = (*_group(
+    "ditto",
+    HParam("ditto_lambda", float, 1.0, "lambda: the personal model's pull (lambda/2)||v - "
+           "w_t||^2 toward the round's global model (the authors' FMNIST script: 1; 0: "
+           "independent local models).", low=0),
+    HParam("ditto_unseen", str, "initial", "A client never sampled is tested with: initial "
+           "(its v_k's start w_0, as the authors' code) or global (the current global "
+           "model, as a new client).", choices=("initial", "global"))), CLIENT_WEIGHTING)
+LOCAL_ONLY_HPARAMS: tuple = ()

@@ -1,4 +1,6 @@
-"""Synthetic(alpha, beta) and Synthetic-IID with the MCLR model (60 -> 10).
+"""Synthetic(alpha, beta) and Synthetic-IID with the MCLR model (60 -> 10);
+`--model=mlp` (60 -> 32 -> 10, ReLU) and `mlp_bn` (the same with BatchNorm) for
+methods that need layers to split or batch statistics.
 
 Defaults follow the FedGroup paper (Duan et al., Section 5.1: 100 clients, 20
 clients per round, E = 20 local epochs, batch 10, lr 0.01) and FedProx's mu = 1
@@ -28,6 +30,17 @@ DEFAULTS = dict(rounds=200, clients_per_round=20, local_epochs=20, batch_size=10
 
 def _mclr():
   return models.mclr(NUM_FEATURES, NUM_CLASSES)
+
+
+def _mlp():
+  return models.mlp(NUM_FEATURES, 32, NUM_CLASSES)
+
+
+def _mlp_bn():
+  return models.mlp_bn(NUM_FEATURES, 32, NUM_CLASSES)
+
+
+OTHER_MODELS = {"mlp": _mlp, "mlp_bn": _mlp_bn}
 
 
 def _load(options: DataOptions, iid: bool):
@@ -75,18 +88,21 @@ TASKS = [
         name="synthetic",
         description="Synthetic(alpha, beta) (default (1, 1)), FedProx recipe, MCLR 60->10",
         load_data=lambda options: _load(options, iid=False), task_args=(SAMPLES_PER_CLIENT,),
-        model_fn=_mclr, model_name="mclr", loss=models.SPARSE_CE_LOGITS, defaults=DEFAULTS,
+        model_fn=_mclr, model_name="mclr", other_models=OTHER_MODELS,
+        loss=models.SPARSE_CE_LOGITS, defaults=DEFAULTS,
         source="FedGroup (Duan et al.) synthetic setting; FedProx generator"),
     TaskSpec(
         name="synthetic_iid",
         description="Synthetic-IID: one shared model and input distribution, MCLR 60->10",
         load_data=lambda options: _load(options, iid=True), task_args=(SAMPLES_PER_CLIENT,),
-        model_fn=_mclr, model_name="mclr", loss=models.SPARSE_CE_LOGITS, defaults=DEFAULTS,
+        model_fn=_mclr, model_name="mclr", other_models=OTHER_MODELS,
+        loss=models.SPARSE_CE_LOGITS, defaults=DEFAULTS,
         source="FedProx synthetic IID generator"),
     TaskSpec(
         name="synthetic_clusters",
         description="Synthetic with 5 true clusters (clients of a cluster share model and inputs), MCLR",
         load_data=_load_clusters, task_args=(NUM_CLUSTERS, SAMPLES_PER_CLIENT),
-        model_fn=_mclr, model_name="mclr", loss=models.SPARSE_CE_LOGITS, defaults=DEFAULTS,
+        model_fn=_mclr, model_name="mclr", other_models=OTHER_MODELS,
+        loss=models.SPARSE_CE_LOGITS, defaults=DEFAULTS,
         source="cluster-structured variant of the FedProx generator (ground truth for ARI)"),
 ]

@@ -1,0 +1,259 @@
+"""The personalized methods' rules: FedPer, FedRep, LG-FedAvg, FedBN, Ditto and
+local-only, and the parts they are written on (the split by layer, personal
+client state, each client tested with its own model).
+
+Each rule is checked on one full-batch SGD step per client (`--local_steps=1`,
+a batch larger than any client's data) against a reference written here from
+the rule with a GradientTape. Runner parity and resume are
+`tests/test_runners.py`'s and `tests/test_reliability.py`'s, from each
+algorithm's PARITY_CASES entry."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tff_cluster import models, registry
+from tff_cluster.core import personal as parts
+from tff_cluster.data.federated import FederatedData
+from tff_cluster.host import loop
+from tff_cluster.spec.task import TaskSpec
+
+LR = 0.5
+
+
+def _mlp():
+  return models.mlp(5, 4, 3)
+
+
+def _bn_mlp():
+  inputs = tf.keras.Input((5,))
+  h = tf.keras.layers.Dense(4, name="d0")(inputs)
+  h = tf.keras.layers.BatchNormalization(name="bn")(h)
+  h = tf.keras.layers.ReLU()(h)
+  return tf.keras.Model(inputs, tf.keras.layers.Dense(3, name="out")(h), name="bn_mlp")
+
+
+def _task(model_fn):
+  rng = np.random.default_rng(7)
+  ids = ["a", "b", "c"]
+  sizes = {"a": 4, "b": 6, "c": 5}
+  train = {c: (rng.normal(size=(n, 5)).astype(np.float32),
+               rng.integers(0, 3, n).astype(np.int32)) for c, n in sizes.items()}
+  test = {c: (rng.normal(size=(3, 5)).astype(np.float32),
+              rng.integers(0, 3, 3).astype(np.int32)) for c in ids}
+  data = FederatedData(ids, train, test, 3, description="tiny")
+  return TaskSpec(name="tiny", description="", load_data=lambda o: data, model_fn=model_fn,
+                  loss=models.SPARSE_CE_LOGITS, defaults={}), data
+
+
+def _run(algo, model_fn=_mlp, rounds=1, sampled=2, **options):
+  """`algo` for `rounds` rounds of one full-batch step on 2 of the 3 clients."""
+  task, data = _task(model_fn)
+  config = loop.TrainingConfig(rounds=rounds, clients_per_round=sampled, local_epochs=None,
+                               local_steps=1, batch_size=64, client_lr=LR, seed=3,
+                               runner="local")
+  driver = registry.get_algorithm(algo).make_driver(task, data, config, **options)
+  w0 = [np.array(w) for w in driver.w0]
+  sampled_clients = []
+  original = driver.run_round
+
+  def record(round_num, clients):
+    sampled_clients.append(list(clients))
+    return original(round_num, clients)
+  driver.run_round = record
+  loop.run_training(task, data, config, driver, progress=False)
+  return driver, data, w0, sampled_clients
+
+
+def _step(model_fn, weights, x, y, frozen=(), pull=None, lam=0.0):
+  """One full-batch SGD step of the model at `weights` on (x, y): the
+  trainable weights whose index is in `frozen` stay; `pull` adds lam (w -
+  pull) to the gradient. BatchNorm statistics move as Keras' training call
+  moves them."""
+  model = model_fn()
+  models.set_weights(model, weights)
+  with tf.GradientTape() as tape:
+    logits = model(x, training=True)
+    loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(
+        y, logits, from_logits=True))
+  grads = tape.gradient(loss, model.trainable_variables)
+  n = len(model.trainable_variables)
+  after = [np.array(w) for w in models.get_weights(model)]  # moving statistics updated
+  out = [np.array(w, np.float64) for w in weights]
+  for i in range(n):
+    if i in frozen:
+      continue
+    g = grads[i].numpy().astype(np.float64)
+    if pull is not None:
+      g = g + lam * (out[i] - pull[i])
+    out[i] = out[i] - LR * g
+  out[n:] = after[n:]
+  return [o.astype(np.float32) for o in out]
+
+
+def _close(a, b):
+  for x, y in zip(a, b):
+    np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+
+
+# --------------------------------------------------------------------------- #
+# The split by layer.
+
+
+def test_the_head_is_the_last_layers_or_the_named_ones():
+  model = _mlp()  # dense (5x4, 4), dense_1 (4x3, 3): weights k0, b0, k1, b1
+  assert parts.head_indices(model, 1) == [2, 3]
+  names = [name for name, _ in parts.weight_layers(model)]
+  assert parts.head_indices(model, 0, head_names=names[0]) == [0, 1]
+  bn = _bn_mlp()  # trainable d0 k, b, bn gamma, beta, out k, b; then moving mean, variance
+  assert [n for n, _ in parts.weight_layers(bn)] == ["d0", "bn", "out"]
+  assert parts.head_indices(bn, 2) == [2, 3, 4, 5, 6, 7]
+  assert parts.batchnorm_indices(bn) == [2, 3, 6, 7]
+  w = list(range(8))
+  assert parts.merge([0, 1, 4, 5], [2, 3, 6, 7], [2, 3, 6, 7]) == w
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(head_layers=1), r"--algo=fedper splits the model into a body and a head, but model "
+                          r"'mclr' has 1 layer\(s\) with weights: logits \(60x10, 10\); valid"),
+    (dict(head_layers=2), r"invalid --head_layers=2: model 'mlp\w*' has 2 layer"),
+    (dict(head_layers=1, head_names="nope"), r"invalid --head_names=nope: .*valid: "
+                                             r"comma-separated names"),
+])
+def test_a_split_that_does_not_fit_is_refused_naming_the_layers(kw, message):
+  model = models.mclr(60, 10) if "mclr" in message else _mlp()
+  with pytest.raises(ValueError, match=message):
+    parts.head_indices(model, kw["head_layers"], kw.get("head_names", ""), "fedper")
+  with pytest.raises(ValueError, match="has none"):
+    parts.batchnorm_indices(_mlp(), "fedbn")
+
+
+# --------------------------------------------------------------------------- #
+# The rules, one round by hand.
+
+
+def _client_arrays(data, k):
+  return data.train[data.client_ids[k]]
+
+
+@pytest.mark.parametrize("algo", ["fedper", "lg_fedavg"])
+def test_fedper_and_lg_fedavg_average_one_part_and_keep_the_other(algo):
+  driver, data, w0, sampled = _run(algo)
+  clients = sampled[0]
+  head = [2, 3]
+  personal = head if algo == "fedper" else [0, 1]
+  shared = [i for i in range(4) if i not in personal]
+  stepped = {k: _step(_mlp, w0, *_client_arrays(data, k)) for k in clients}
+  n = {k: len(_client_arrays(data, k)[1]) for k in clients}  # examples processed
+  glob = driver.global_model()
+  for i in shared:  # the weighted mean of the clients' shared weights
+    want = sum(n[k] * stepped[k][i] for k in clients) / sum(n.values())
+    np.testing.assert_allclose(glob[i], want, rtol=1e-5, atol=1e-6)
+  for i in personal:  # the server never moves a personal weight
+    np.testing.assert_array_equal(glob[i], w0[i])
+  weights, index = driver.eval_models()
+  for k in range(3):
+    model = weights[index[k]]
+    for i in shared:
+      np.testing.assert_array_equal(model[i], glob[i])
+    for i in personal:  # its own, or the initial one if never sampled
+      np.testing.assert_allclose(model[i], stepped[k][i] if k in clients else w0[i],
+                                 rtol=1e-5, atol=1e-6)
+  row_bytes = driver.training_row({"loss_sum": 0.0, "num_examples": 1.0}, 2,
+                                  models_down=driver.shared_fraction())["bytes_down"]
+  assert row_bytes == 2 * 4 * (4 * 3 + 3 if algo == "lg_fedavg" else 5 * 4 + 4)
+
+
+def test_fedrep_trains_the_head_then_the_body():
+  driver, data, w0, sampled = _run("fedrep", fedrep_head_epochs=1)
+  clients = sampled[0]
+  glob = driver.global_model()
+  n = {k: len(_client_arrays(data, k)[1]) for k in clients}
+  after = {}
+  for k in clients:
+    x, y = _client_arrays(data, k)
+    # Head phase: one epoch = one full batch here, body frozen ...
+    w = _step(_mlp, w0, x, y, frozen=(0, 1))
+    np.testing.assert_array_equal(w[0], w0[0])
+    # ... then the body's step at the new head, head frozen.
+    after[k] = _step(_mlp, w, x, y, frozen=(2, 3))
+  for i in (0, 1):
+    want = sum(n[k] * after[k][i] for k in clients) / sum(n.values())
+    np.testing.assert_allclose(glob[i], want, rtol=1e-5, atol=1e-6)
+  weights, index = driver.eval_models()
+  for k in clients:
+    _close(weights[index[k]][2:], after[k][2:])
+
+
+def test_ditto_pulls_the_personal_model_toward_the_rounds_global_model():
+  lam = 0.7
+  driver, data, w0, sampled = _run("ditto", rounds=2, ditto_lambda=lam)
+  # Round 1 from w0; round 2 from the mean after round 1.
+  v = {k: w0 for k in range(3)}
+  w = w0
+  for clients in sampled:
+    n = {k: len(_client_arrays(data, k)[1]) for k in clients}
+    trained = {k: _step(_mlp, w, *_client_arrays(data, k)) for k in clients}
+    for k in clients:
+      v[k] = _step(_mlp, v[k], *_client_arrays(data, k), pull=w, lam=lam)
+    w = [sum(n[k] * trained[k][i] for k in clients) / sum(n.values()) for i in range(4)]
+  _close(driver.global_model(), w)
+  weights, index = driver.eval_models()
+  seen = set(sampled[0]) | set(sampled[1])
+  for k in range(3):
+    _close(weights[index[k]], v[k] if k in seen else w0)
+
+
+def test_ditto_without_pull_is_local_only_and_unseen_clients_can_take_the_global_model():
+  ditto, _, _, sampled = _run("ditto", ditto_lambda=0.0, ditto_unseen="global")
+  local, _, w0, sampled_local = _run("local_only")
+  assert sampled == sampled_local
+  a, ia = ditto.eval_models()
+  b, ib = local.eval_models()
+  unseen = [k for k in range(3) if k not in sampled[0]]
+  for k in sampled[0]:
+    _close(a[ia[k]], b[ib[k]])
+  for k in unseen:
+    _close(a[ia[k]], ditto.global_model())
+    _close(b[ib[k]], w0)
+  # local-only sends nothing and its server model never moves.
+  _close(local.global_model(), w0)
+  assert local.shared_fraction() == 0.0
+
+
+def test_fedbn_keeps_every_batchnorm_weight_on_its_client():
+  driver, data, w0, sampled = _run("fedbn", model_fn=_bn_mlp)
+  clients = sampled[0]
+  bn = [2, 3, 6, 7]
+  stepped = {k: _step(_bn_mlp, w0, *_client_arrays(data, k)) for k in clients}
+  n = {k: len(_client_arrays(data, k)[1]) for k in clients}
+  glob = driver.global_model()
+  for i in range(8):
+    if i in bn:
+      np.testing.assert_array_equal(glob[i], w0[i])
+    else:
+      want = sum(n[k] * stepped[k][i] for k in clients) / sum(n.values())
+      np.testing.assert_allclose(glob[i], want, rtol=1e-5, atol=1e-6)
+  weights, index = driver.eval_models()
+  for k in clients:  # its own scale, offset and moving statistics
+    for i in bn:
+      np.testing.assert_allclose(weights[index[k]][i], stepped[k][i], rtol=1e-5, atol=1e-6)
+  a, b = clients
+  assert not np.allclose(weights[index[a]][6], weights[index[b]][6])
+
+
+def test_a_split_method_on_a_one_layer_model_is_refused_by_the_cli(tmp_path):
+  import subprocess
+  import sys
+  from tests.conftest import REPO_ROOT
+  out = subprocess.run(
+      [sys.executable, "run_experiment.py", "--algo=fedper", "--task=synthetic",
+       "--rounds=1", f"--output_dir={tmp_path / 'r'}", "--progress=false"],
+      cwd=REPO_ROOT, capture_output=True, text=True)
+  assert out.returncode != 0
+  lines = [l for l in out.stderr.strip().splitlines() if l.strip()]
+  assert "Traceback" not in out.stderr
+  assert "splits the model into a body and a head" in lines[-1]
+  assert "mclr" in lines[-1] and not (tmp_path / "r").exists()

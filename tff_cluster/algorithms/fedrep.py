@@ -1,0 +1,38 @@
+"""FedRep (Collins et al., "Exploiting Shared Representations for
+Personalized Federated Learning", ICML 2021): a shared representation (the
+body) and a personal head, trained one after the other.
+
+Rule (the authors' code, lgcollins/FedRep `models/Update.py`,
+`LocalUpdate.train`, and `main_fedrep.py`): a sampled client loads the global
+body and its own head, trains the **head only** for `--fedrep_head_epochs`
+epochs (the code's E - E_rep, 10 in every setting), then the **body only** for
+the run's local work (the code's E_rep epochs), and sends the body; the server
+averages the bodies (`--client_weighting`; the code weighs 1 on CIFAR/MNIST,
+n_k on FEMNIST/Sent140). Here each phase is one runner call (mode `head`,
+then `body`), each with a fresh optimizer (the code builds a new SGD every
+round), the other part frozen by the optimizer's mask. Each client is tested
+with the global body and its own head; one never sampled holds the initial
+head.
+
+Left out: the code's last round, where every client trains its head for
+max(10, E - E_rep) epochs before the final test, and its headline, the mean
+over the last 10 rounds; the score here is the final round's.
+"""
+
+from __future__ import annotations
+
+from tff_cluster.algorithms import personal
+from tff_cluster.core import personal as parts
+from tff_cluster.host import driver
+from tff_cluster.learning import schedule
+from tff_cluster.spec.options import FEDREP_HPARAMS, options_of
+
+
+def make_driver(task, data, config: driver.TrainingConfig, options=None, **values):
+  options = options_of(FEDREP_HPARAMS, options, **values)
+  head_work = schedule.LocalWork(config.batch_size, epochs=options.fedrep_head_epochs)
+  return personal.make_split_driver(
+      task, data, config, options,
+      lambda model: parts.head_indices(model, options.head_layers, options.head_names,
+                                       "fedrep"),
+      modes=("head", "body"), phases=(("head", head_work), ("body", None)))
