@@ -26,7 +26,7 @@ def data():
 
 
 def _options(algo):
-  return {k: v for k, v in PARITY_CASES[algo][0].items() if k not in ("_config", "_model")}
+  return {k: v for k, v in PARITY_CASES[algo][0].items() if not k.startswith("_")}
 
 
 def _model_fn(algo):

@@ -257,3 +257,27 @@ def test_a_split_method_on_a_one_layer_model_is_refused_by_the_cli(tmp_path):
   assert "Traceback" not in out.stderr
   assert "splits the model into a body and a head" in lines[-1]
   assert "mclr" in lines[-1] and not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("kw", [dict(ft_epochs=2), dict(ft_epochs=2, ft_mu=0.8),
+                                dict(ft_epochs=1, ft_layers="head")])
+def test_fedavg_ft_tests_each_client_with_its_fine_tuned_copy(kw):
+  driver, data, w0, sampled = _run("fedavg_ft", **kw)
+  clients = sampled[0]
+  n = {k: len(_client_arrays(data, k)[1]) for k in clients}
+  stepped = {k: _step(_mlp, w0, *_client_arrays(data, k)) for k in clients}
+  w = [sum(n[k] * stepped[k][i] for k in clients) / sum(n.values()) for i in range(4)]
+  _close(driver.global_model() if hasattr(driver, "global_model") else driver.model_weights(), w)
+  weights, index = driver.eval_models()
+  frozen = (0, 1) if kw.get("ft_layers") == "head" else ()
+  for k in range(3):  # every client with training data, sampled or not
+    v = w
+    for _ in range(kw["ft_epochs"]):  # one full batch an epoch, pulled toward w
+      v = _step(_mlp, v, *_client_arrays(data, k), frozen=frozen, pull=w,
+                lam=kw.get("ft_mu", 0.0))
+    _close(weights[index[k]], v)
+  # The global model is not changed by the fine-tuning, and a round without
+  # evaluation tests with it.
+  _close(driver.model_weights(), w)
+  models_, idx = driver.round_models()
+  assert len(models_) == 1 and not idx.any()

@@ -91,7 +91,8 @@ def test_ray_gives_the_local_runners_numbers(algo, ray_instance, uneven_data, tm
   options["_config"] = {**options.get("_config", {}), "jit": "off"}
   with_workers = dict(options, _config={**options["_config"], "ray_workers": 2})
   assert_same_run(_run(task, data, algo, options, "local", tmp_path, SOLVER_CASES[SOLVER]),
-                  _run(task, data, algo, with_workers, "ray", tmp_path, SOLVER_CASES[SOLVER]))
+                  _run(task, data, algo, with_workers, "ray", tmp_path, SOLVER_CASES[SOLVER]),
+                  options.get("_weights_atol", ATOL))
 
 
 @needs_isolation

@@ -118,6 +118,11 @@ PARITY_CASES = {
     "lg_fedavg": [{"_model": "mlp", "client_weighting": "samples"}],
     "fedbn": [{"_model": "mlp_bn"}],
     "local_only": [{}],
+    # `_weights_atol`: its final weights are every client's fine-tuned copy (24
+    # clients, a whole epoch each; under momentum 0.9 the runners' float32
+    # rounding reached 1.2e-5 in 2 of 600 weights of a copy); its rows are
+    # held at the usual tolerance.
+    "fedavg_ft": [{"ft_epochs": 1, "ft_mu": 0.5, "_weights_atol": 5e-5}],
 }
 # Local-solver settings every algorithm shares, run on both runners too.
 SOLVER_CASES = {
@@ -161,6 +166,7 @@ def with_case_model(task, options):
   """(task, options) with a case's `_model` (if any) in place of the task's
   model and taken out of the options."""
   options = dict(options)
+  options.pop("_weights_atol", None)
   name = options.pop("_model", None)
   if name is None:
     return task, options
@@ -205,9 +211,9 @@ def _assert_same_rows(rows_a, rows_b):
         np.testing.assert_allclose(a[key], b[key], rtol=RTOL, atol=ATOL, err_msg=key)
 
 
-def assert_same_run(a, b):
+def assert_same_run(a, b, weights_atol=ATOL):
   """Two `_run` results: the same rows, group assignments and final
-  assignment, weights within RTOL / ATOL."""
+  assignment, weights within RTOL / `weights_atol`."""
   rows_a, summary_a, weights_a, model_a = a
   rows_b, summary_b, weights_b, model_b = b
   _assert_same_rows(rows_a, rows_b)
@@ -219,7 +225,7 @@ def assert_same_run(a, b):
     assert summary_a["final_assignment"] == summary_b["final_assignment"]
   for wa, wb in zip(weights_a, weights_b):
     for x, y in zip(wa, wb):
-      np.testing.assert_allclose(x, y, rtol=RTOL, atol=ATOL)
+      np.testing.assert_allclose(x, y, rtol=RTOL, atol=weights_atol)
 
 
 @pytest.mark.parametrize("solver", sorted(SOLVER_CASES))
@@ -231,7 +237,7 @@ def test_runners_give_the_same_numbers(algo, case, solver, cluster_data, tmp_pat
   options = PARITY_CASES[algo][case]
   out = {r: _run(task, data, algo, options, r, tmp_path, SOLVER_CASES[solver])
          for r in ("tff", "local")}
-  assert_same_run(out["tff"], out["local"])
+  assert_same_run(out["tff"], out["local"], options.get("_weights_atol", ATOL))
   assert len(out["tff"][0]) == ROUNDS
   # The run trained: the models moved away from their start.
   rows_tff = out["tff"][0]

@@ -26,7 +26,8 @@ from typing import Dict, Tuple
 
 from tff_cluster.spec.hparams import HParam
 from tff_cluster.spec.options import (
-    CFL_HPARAMS, CFL_MGD_HPARAMS, DITTO_HPARAMS, FEDAVG_HPARAMS, FEDAVG_PLUS_HPARAMS,
+    CFL_HPARAMS, CFL_MGD_HPARAMS, DITTO_HPARAMS, FEDAVG_FT_HPARAMS, FEDAVG_HPARAMS,
+    FEDAVG_PLUS_HPARAMS,
     FEDBN_HPARAMS, FEDEM_HPARAMS, FEDGROUPROX_HPARAMS, FEDGROUP_HPARAMS, FEDNAG_HPARAMS,
     FEDPER_HPARAMS, FEDPROX_HPARAMS, FEDPROX_PLUS_HPARAMS, FEDRC_HPARAMS, FEDREP_HPARAMS,
     FEDSOFT_HPARAMS, FESEM_HPARAMS, FLHC_HPARAMS, HYPCLUSTER_HPARAMS, IFCA_HPARAMS,
@@ -153,6 +154,9 @@ ALGORITHMS: Dict[str, AlgorithmSpec] = {
                       "body epochs", "fedrep", hparams=FEDREP_HPARAMS),
         AlgorithmSpec("lg_fedavg", "LG-FedAvg: a personal body per client, a shared head "
                       "averaged by FedAvg", "lg_fedavg", hparams=LG_FEDAVG_HPARAMS),
+        AlgorithmSpec("fedavg_ft", "FedAvg + fine-tuning: before every evaluation each "
+                      "client fine-tunes a copy of the global model", "fedavg_ft",
+                      hparams=FEDAVG_FT_HPARAMS),
         AlgorithmSpec("fedbn", "FedBN: FedAvg with every BatchNorm layer kept by its "
                       "client", "fedbn", hparams=FEDBN_HPARAMS),
         AlgorithmSpec("local_only", "Local-only: each client trains its own model, "

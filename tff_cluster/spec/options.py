@@ -439,3 +439,13 @@ DITTO_HPARAMS = (*_group(
            "(its v_k's start w_0, as the authors' code) or global (the current global "
            "model, as a new client).", choices=("initial", "global"))), CLIENT_WEIGHTING)
 LOCAL_ONLY_HPARAMS: tuple = ()
+FEDAVG_FT_HPARAMS = (CLIENT_WEIGHTING, *_group(
+    "fedavg_ft",
+    HParam("ft_epochs", int, 1, "Epochs each client fine-tunes a copy of the global model on its "
+           "training data before every evaluation (FedEM's --locally_tune_clients: 1).", low=1,
+           limit=hp.MAX_LOCAL_EPOCHS),
+    HParam("ft_layers", str, "all", "The layers fine-tuned: all (FedEM's) or head (FedRep's "
+           "FedAvg baseline; the head as --head_layers/--head_names choose it).",
+           choices=("all", "head")),
+    HParam("ft_mu", float, 0.0, "mu: a pull (mu/2)||v - w||^2 toward the global model w while "
+           "fine-tuning (Ditto's fine-tuning baseline; 0: none, FedEM's).", low=0)), *HEAD)
