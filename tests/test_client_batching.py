@@ -412,6 +412,7 @@ ADAM_OR_NO_BATCHNORM = ("mime", "fedsoft")
 # second training of a copy; fedrep and ditto stand for them here (CI's time;
 # their own side-by-side runs are CASES above).
 SAME_CLIENT_CODE = ("fedper", "lg_fedavg", "fedbn", "local_only", "fedavg_ft")
+# (pFedMe's own step runs with the CNN and LSTM below.)
 KERAS3_RUN_CASES = [
     ("lstm" if algo in ADAM_OR_NO_BATCHNORM else "conv_batchnorm_lstm_dropout", algo, 0,
      solver)

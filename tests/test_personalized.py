@@ -281,3 +281,42 @@ def test_fedavg_ft_tests_each_client_with_its_fine_tuned_copy(kw):
   _close(driver.model_weights(), w)
   models_, idx = driver.round_models()
   assert len(models_) == 1 and not idx.any()
+
+
+def _grad(model_fn, weights, x, y):
+  model = model_fn()
+  models.set_weights(model, weights)
+  with tf.GradientTape() as tape:
+    loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(
+        y, model(x, training=True), from_logits=True))
+  return [g.numpy().astype(np.float64) for g in tape.gradient(loss, model.trainable_variables)]
+
+
+@pytest.mark.parametrize("train", ["all", "sampled"])
+def test_pfedme_by_hand(train):
+  lam, plr, k, beta, mu = 2.0, 0.3, 2, 1.5, 0.01
+  driver, data, w0, sampled = _run("pfedme", pfedme_lambda=lam, pfedme_personal_lr=plr,
+                                   pfedme_k=k, pfedme_beta=beta, pfedme_weight_decay=mu,
+                                   pfedme_train=train)
+  clients = sampled[0]
+  trained = range(3) if train == "all" else clients
+  theta, local = {}, {}
+  w = [np.asarray(a, np.float64) for a in w0]
+  for c in trained:
+    x, y = _client_arrays(data, c)
+    t = list(w)
+    for _ in range(k):  # the inner steps on the one batch, anchored at w_i = w
+      g = _grad(_mlp, [a.astype(np.float32) for a in t], x, y)
+      t = [a - plr * (gi + lam * (a - b) + mu * a) for a, gi, b in zip(t, g, w)]
+    theta[c] = t
+    local[c] = [b - LR * lam * (b - a) for b, a in zip(w, t)]
+  n = {c: len(_client_arrays(data, c)[1]) for c in clients}
+  mean = [sum(n[c] * local[c][i] for c in clients) / sum(n.values()) for i in range(4)]
+  _close(driver.global_model(), [(1 - beta) * a + beta * m for a, m in zip(w, mean)])
+  weights, index = driver.eval_models()
+  for c in range(3):
+    _close(weights[index[c]], theta[c] if c in trained else driver.global_model())
+  spec = registry.get_algorithm("pfedme")
+  with pytest.raises(ValueError, match="invalid --client_momentum for pfedme"):
+    spec.load().PFedMeDefinition(models.weights_type_spec(_mlp()), 4, momentum=0.9,
+                                 options=spec.options(), keyed=False)

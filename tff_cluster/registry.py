@@ -31,7 +31,8 @@ from tff_cluster.spec.options import (
     FEDBN_HPARAMS, FEDEM_HPARAMS, FEDGROUPROX_HPARAMS, FEDGROUP_HPARAMS, FEDNAG_HPARAMS,
     FEDPER_HPARAMS, FEDPROX_HPARAMS, FEDPROX_PLUS_HPARAMS, FEDRC_HPARAMS, FEDREP_HPARAMS,
     FEDSOFT_HPARAMS, FESEM_HPARAMS, FLHC_HPARAMS, HYPCLUSTER_HPARAMS, IFCA_HPARAMS,
-    LG_FEDAVG_HPARAMS, LOCAL_ONLY_HPARAMS, MIME_HPARAMS, PACFL_HPARAMS, PFEDMO_HPARAMS,
+    LG_FEDAVG_HPARAMS, LOCAL_ONLY_HPARAMS, MIME_HPARAMS, PACFL_HPARAMS, PFEDME_HPARAMS,
+    PFEDMO_HPARAMS,
     SERVER_MOMENTUM_HPARAMS, STOCFL_HPARAMS, WECFL_HPARAMS, Options)
 
 
@@ -159,6 +160,9 @@ ALGORITHMS: Dict[str, AlgorithmSpec] = {
                       hparams=FEDAVG_FT_HPARAMS),
         AlgorithmSpec("fedbn", "FedBN: FedAvg with every BatchNorm layer kept by its "
                       "client", "fedbn", hparams=FEDBN_HPARAMS),
+        AlgorithmSpec("pfedme", "pFedMe: personal models from K Moreau-envelope steps per "
+                      "batch; local models pulled toward them, the server mixes by beta",
+                      "pfedme", hparams=PFEDME_HPARAMS),
         AlgorithmSpec("local_only", "Local-only: each client trains its own model, "
                       "nothing is shared", "local_only", hparams=LOCAL_ONLY_HPARAMS),
     ]

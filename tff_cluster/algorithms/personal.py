@@ -234,6 +234,8 @@ class PersonalDriver(driver.Driver):
     d = self.definition
     if isinstance(d, FullPersonalDefinition):
       return 1.0 if d.federated else 0.0
+    if not hasattr(d, "shared"):  # a definition that sends the whole model
+      return 1.0
     size = [int(np.prod(s.shape)) for s in d.weights_spec]
     return float(sum(size[i] for i in d.shared)) / float(sum(size))
 

@@ -204,6 +204,29 @@ def mask(trainable_flags: Sequence[bool]) -> Transform:
                                        for g, keep in zip(grads, flags)])
 
 
+def moreau_step(personal_lr: float, lam: float, inner_steps: int,
+                weight_decay: float = 0.0) -> Transform:
+  """pFedMe's local step (Dinh et al., 2020; the authors' `pFedMeOptimizer`
+  and `userpFedMe.train`), a step transform whose state is the personal
+  model theta (starting at the start weights): on the step's batch,
+  `inner_steps` times theta <- theta - personal_lr (g(theta) + lam (theta - w)
+  + weight_decay theta), with g(theta) the batch's gradient at theta; then
+  w <- w - lr lam (w - theta). The step's own gradient at w is not used."""
+  personal_lr, lam, decay = float(personal_lr), float(lam), float(weight_decay)
+  inner_steps = int(inner_steps)
+
+  def update(grads, theta, weights, lr, gradient_at):
+    del grads
+    theta = list(theta)
+    for _ in range(inner_steps):
+      g = gradient_at(theta)
+      theta = [t - personal_lr * (gt + lam * (t - w) + decay * t)
+               for t, gt, w in zip(theta, g, weights)]
+    return [w - lr * lam * (w - t) for w, t in zip(weights, theta)], theta
+
+  return Transform(lambda start: [tf.identity(w) for w in start], update, is_step=True)
+
+
 def _tuples(structure):
   """`structure` with every list made a tuple (loop carries keep one shape)."""
   if isinstance(structure, (list, tuple)):

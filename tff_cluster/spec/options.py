@@ -449,3 +449,18 @@ FEDAVG_FT_HPARAMS = (CLIENT_WEIGHTING, *_group(
            choices=("all", "head")),
     HParam("ft_mu", float, 0.0, "mu: a pull (mu/2)||v - w||^2 toward the global model w while "
            "fine-tuning (Ditto's fine-tuning baseline; 0: none, FedEM's).", low=0)), *HEAD)
+PFEDME_HPARAMS = (CLIENT_WEIGHTING, *_group(
+    "pfedme",
+    HParam("pfedme_lambda", float, 15.0, "lambda: the personal model's pull toward the local "
+           "model in the Moreau envelope (the authors' MNIST README: 15).", low=0, low_open=True),
+    HParam("pfedme_personal_lr", float, 0.1, "The personal model's learning rate in the inner "
+           "steps (README MNIST: 0.1).", low=0, low_open=True),
+    HParam("pfedme_k", int, 5, "K: inner steps on each batch (README: 5).", low=1, limit=1000),
+    HParam("pfedme_beta", float, 1.0, "beta: w <- (1 - beta) w + beta mean of the clients' local "
+           "models (README's same-parameter runs and FL-bench: 1; tuned MNIST: 2).", low=0,
+           low_open=True),
+    HParam("pfedme_weight_decay", float, 0.001, "mu: the weight decay the authors' optimizer adds "
+           "to the inner steps (0.001, its default; 0: off).", low=0),
+    HParam("pfedme_train", str, "all", "Which clients train a round: all (the authors' code: every "
+           "client trains, the sampled ones are averaged) or sampled.",
+           choices=("all", "sampled"))))
