@@ -42,7 +42,33 @@ from tff_cluster.host import driver
 from tff_cluster.learning import optimizers, schedule
 
 
-class SplitDefinition(Definition):
+class PersonalStateDefinition(Definition):
+  """What the definitions below share: the server state `{'model': the full
+  weight list}` and a client state `personal` (the weights of
+  `personal_spec()`, starting at `initial_personal`), with `weight` for
+  `--client_weighting=samples` and `velocity` for a persisted momentum."""
+
+  initial_personal: List[np.ndarray]
+  weighting: str
+
+  def personal_spec(self) -> List[tf.TensorSpec]:
+    raise NotImplementedError
+
+  def client_state_spec(self, mode):
+    spec = collections.OrderedDict(super().client_state_spec(mode) or {})
+    spec["personal"] = self.personal_spec()
+    return with_weight_spec(spec, self.weighting)
+
+  def initial_client_state(self, mode):
+    state = super().initial_client_state(mode)
+    state["personal"] = [np.array(w) for w in self.initial_personal]
+    return state
+
+  def initial_state(self, initial_weights):
+    return collections.OrderedDict(model=[np.asarray(w) for w in initial_weights])
+
+
+class SplitDefinition(PersonalStateDefinition):
   """Shared and personal weights (see the module docstring).
 
   State: `{'model': the full weight list}` (its personal entries stay at
@@ -75,18 +101,8 @@ class SplitDefinition(Definition):
         "head": optimizers.chain(optimizers.mask(trainable), self.local_step),
         "body": optimizers.chain(optimizers.mask(~trainable), self.local_step)}
 
-  def client_state_spec(self, mode):
-    spec = collections.OrderedDict(super().client_state_spec(mode) or {})
-    spec["personal"] = [self.weights_spec[i] for i in self.indices]
-    return with_weight_spec(spec, self.weighting)
-
-  def initial_client_state(self, mode):
-    state = super().initial_client_state(mode)
-    state["personal"] = [np.array(w) for w in self.initial_personal]
-    return state
-
-  def initial_state(self, initial_weights):
-    return collections.OrderedDict(model=[np.asarray(w) for w in initial_weights])
+  def personal_spec(self):
+    return [self.weights_spec[i] for i in self.indices]
 
   def broadcast(self, state, params, mode):
     return collections.OrderedDict(shared=[state["model"][i] for i in self.shared],
@@ -130,7 +146,7 @@ class SplitDefinition(Definition):
     return self.client_model(global_model, {"personal": self.initial_personal})
 
 
-class FullPersonalDefinition(Definition):
+class FullPersonalDefinition(PersonalStateDefinition):
   """A personal copy v_k of the whole model (see the module docstring).
 
   State: `{'model': w}`. Client state: `personal` (v_k, every weight),
@@ -148,18 +164,8 @@ class FullPersonalDefinition(Definition):
     self.federated = bool(federated)
     self.initial_personal = [np.asarray(w) for w in initial_weights]
 
-  def client_state_spec(self, mode):
-    spec = collections.OrderedDict(super().client_state_spec(mode) or {})
-    spec["personal"] = list(self.weights_spec)
-    return with_weight_spec(spec, self.weighting)
-
-  def initial_client_state(self, mode):
-    state = super().initial_client_state(mode)
-    state["personal"] = [np.array(w) for w in self.initial_personal]
-    return state
-
-  def initial_state(self, initial_weights):
-    return collections.OrderedDict(model=[np.asarray(w) for w in initial_weights])
+  def personal_spec(self):
+    return list(self.weights_spec)
 
   def broadcast(self, state, params, mode):
     if not self.federated:

@@ -27,14 +27,14 @@ import numpy as np
 import tensorflow as tf
 
 from tff_cluster.algorithms import personal
-from tff_cluster.algorithms.fedavg import client_weight, with_weight_spec
-from tff_cluster.core.definition import ClientOutput, Definition
+from tff_cluster.algorithms.fedavg import client_weight
+from tff_cluster.core.definition import ClientOutput
 from tff_cluster.host import driver
 from tff_cluster.learning import optimizers
 from tff_cluster.spec.options import PFEDME_HPARAMS, Options, options_of
 
 
-class PFedMeDefinition(Definition):
+class PFedMeDefinition(personal.PersonalStateDefinition):
   """State: `{'model': w}`. Client state: `personal` (theta_i, with the local
   model's non-trainable weights), `weight` for `--client_weighting=samples`.
   With `keyed` (every client trains), a client's key is 1 when it was sampled
@@ -50,6 +50,9 @@ class PFedMeDefinition(Definition):
     super().__init__(weights_spec, num_trainable, **solver)
     self.keyed = bool(keyed)
     self.weighting = options.client_weighting
+    # Never read: theta starts at w every round; a client without a theta is
+    # tested with w (`unseen_model`).
+    self.initial_personal = [np.zeros(s.shape, s.dtype.as_numpy_dtype) for s in self.weights_spec]
     self.beta = float(options.pfedme_beta)
     self.client_optimizer = optimizers.chain(optimizers.moreau_step(
         options.pfedme_personal_lr, options.pfedme_lambda, options.pfedme_k,
@@ -58,12 +61,8 @@ class PFedMeDefinition(Definition):
   def num_keys(self, mode):
     return 2 if self.keyed else 0
 
-  def client_state_spec(self, mode):
-    spec = collections.OrderedDict(personal=list(self.weights_spec))
-    return with_weight_spec(spec, self.weighting)
-
-  def initial_state(self, initial_weights):
-    return collections.OrderedDict(model=[np.asarray(w) for w in initial_weights])
+  def personal_spec(self):
+    return list(self.weights_spec)
 
   def broadcast(self, state, params, mode):
     return collections.OrderedDict(model=list(state["model"]), lr=params["lr"])
