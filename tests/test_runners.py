@@ -168,7 +168,8 @@ ALL_CLIENTS = {a for a, spec in registry.ALGORITHMS.items() if spec.all_clients}
 
 def with_case_model(task, options):
   """(task, options) with a case's `_model` (if any) in place of the task's
-  model and taken out of the options."""
+  model, and the options without `_model` and `_weights_atol` (the test's
+  own keys)."""
   options = dict(options)
   options.pop("_weights_atol", None)
   name = options.pop("_model", None)
