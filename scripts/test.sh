@@ -19,8 +19,8 @@
 #   pip     `pip install '.[legacy-keras]'` into a fresh Python 3.12 venv
 #           (today's TensorFlow from PyPI, no TFF), then the same checks
 #
-# tff and today run side by side on a machine of two or more cores
-# (TFF_CLUSTER_SERIAL=1: one after the other).
+# The phases run one after the other: run side by side on two cores, tff and
+# today each took longer than both in a row.
 #
 # Usage: scripts/test.sh [PHASE ...]   (default: all five). Environments are
 # built from uv.lock with uv (installed with pip when missing): .venv-tff,
@@ -165,29 +165,8 @@ maybe_phase() {
   wants "$1" || return 0
   if [ -z "$2" ]; then skip "$1" "$3"; else phase "$1" "$1_phase"; fi
 }
-# The two longest phases side by side where both run and the machine has two
-# or more cores (their tests are single-threaded for most of their time; the
-# networked ones run in loopback-only namespaces of their own): tff in the
-# background, its output printed after today's. TFF_CLUSTER_SERIAL=1 runs
-# them one after the other.
-if wants tff && wants today && [ -n "$PY_TFF" ] && [ -n "$PY_TODAY" ] &&
-   [ "$(nproc)" -ge 2 ] && [ -z "${TFF_CLUSTER_SERIAL:-}" ]; then
-  echo "== tff: side by side with today (its output follows today's)"
-  tff_start=$(date +%s)
-  ( tff_phase > "$REPORTS/tff.log" 2>&1; echo $? > "$REPORTS/tff.rc"
-    echo $(( $(date +%s) - tff_start )) > "$REPORTS/tff.seconds" ) &
-  tff_pid=$!
-  phase today today_phase
-  wait "$tff_pid"
-  cat "$REPORTS/tff.log"
-  rc=$(cat "$REPORTS/tff.rc" 2>/dev/null || echo 1)
-  record tff "$([ "$rc" -eq 0 ] && echo passed || echo "failed (exit $rc)")" \
-    "$(cat "$REPORTS/tff.seconds" 2>/dev/null || echo 0)"
-  echo "== tff: $([ "$rc" -eq 0 ] && echo passed || echo "FAILED (exit $rc)") in $(cat "$REPORTS/tff.seconds" 2>/dev/null) s (beside today)"
-else
-  maybe_phase tff "$PY_TFF" "no Python 3.10/3.11 interpreter: TFF 0.87 installs on those only"
-  maybe_phase today "$PY_TODAY" "no Python 3.10-3.13 interpreter"
-fi
+maybe_phase tff "$PY_TFF" "no Python 3.10/3.11 interpreter: TFF 0.87 installs on those only"
+maybe_phase today "$PY_TODAY" "no Python 3.10-3.13 interpreter"
 maybe_phase keras2 "$PY_TODAY" "no Python 3.10-3.13 interpreter"
 maybe_phase colab "$PY_COLAB" "no Python 3.13 interpreter (Colab's)"
 maybe_phase pip "$PY_PIP" "no Python 3.12/3.13 interpreter"

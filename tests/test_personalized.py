@@ -206,6 +206,16 @@ def test_ditto_pulls_the_personal_model_toward_the_rounds_global_model():
     _close(weights[index[k]], v[k] if k in seen else w0)
 
 
+def test_each_kept_client_state_owns_its_memory():
+  """A client's state is copied out of its round's stacked arrays: a view
+  would keep the whole round's states alive while any one of them is kept
+  (FedSoft's 2,400 client models on rotated_mnist grew past 22 GB)."""
+  driver, *_ = _run("ditto", rounds=2)
+  leaves = [a for k in driver.client_states
+            for a in tf.nest.flatten(driver.client_states[k])]
+  assert leaves and all(isinstance(a, np.ndarray) and a.base is None for a in leaves)
+
+
 def test_ditto_without_pull_is_local_only_and_unseen_clients_can_take_the_global_model():
   ditto, _, _, sampled = _run("ditto", ditto_lambda=0.0, ditto_unseen="global")
   local, _, w0, sampled_local = _run("local_only")

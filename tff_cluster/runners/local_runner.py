@@ -543,13 +543,17 @@ class LocalRunner(ServerSide):
       else:
         total, results, new_states = self._round_fn(mode, args)(
             *args, tf.constant(count) if dynamic else None)
+    # Each client's slice is copied out of the round's stacked arrays: a view
+    # would keep all of them alive for as long as any one client's state is
+    # kept (with model-size client states, memory grew with the rounds).
     results = to_numpy(results)
-    per_client = [tf.nest.map_structure(lambda a, i=i: a[i], results) for i in range(count)]
+    per_client = [tf.nest.map_structure(lambda a, i=i: a[i].copy(), results)
+                  for i in range(count)]
     if client_states is None:
       return to_numpy(total), per_client, None
     new_states = to_numpy(new_states)
     return to_numpy(total), per_client, [
-        tf.nest.map_structure(lambda a, i=i: a[i], new_states) for i in range(count)]
+        tf.nest.map_structure(lambda a, i=i: a[i].copy(), new_states) for i in range(count)]
 
 
 def output_specs(one, args):
