@@ -37,6 +37,14 @@ def shared_data(name: str) -> pathlib.Path:
     pytest.skip(f"needs the real data {path} (../shared/data beside the checkout), "
                 "absent here")
   return path
+
+
+def exhaustive() -> bool:
+  """TFF_CLUSTER_EXHAUSTIVE=1: the tests that CI runs on a representative set
+  of algorithms (for its time) run on every algorithm."""
+  return os.environ.get("TFF_CLUSTER_EXHAUSTIVE", "") not in ("", "0")
+
+
 TFF_PROBLEM = stack.tff_problem()
 
 # The test files whose outcome depends on the TensorFlow / Keras version

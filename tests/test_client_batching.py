@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from tests import test_runners
-from tests.conftest import shared_data
+from tests.conftest import exhaustive, shared_data
 from tests.helpers import assert_one_line_error, main_in_process
 from tff_cluster import models
 from tff_cluster.host import loop
@@ -30,25 +30,32 @@ CASES = [(algo, SOLVERS[i % len(SOLVERS)])
          for i, algo in enumerate(sorted(test_runners.PARITY_CASES))]
 
 
-def _run(cluster_data, algo, solver, batching, tmp_path, case=0, chunk=3):
+def _run(cluster_data, algo, solver, batching, tmp_path, case=0, chunk=3, rounds=2):
   task, data = cluster_data
   options = dict(test_runners.PARITY_CASES[algo][case])
   options["_config"] = dict(options.get("_config", {}), client_batching=batching,
                             client_chunk=chunk)
   return test_runners._run(task, data, algo, options, "local", tmp_path / batching,
-                           test_runners.SOLVER_CASES[solver])
+                           test_runners.SOLVER_CASES[solver], rounds=rounds)
 
 
 def test_every_algorithm_is_covered():
   assert {a for a, _ in CASES} == set(test_runners.PARITY_CASES)
 
 
+# The cases whose later modes come after round 2 (CFL's splits, FL+HC's
+# clustering round, FedSoft's second estimate) run the parity test's rounds;
+# the others 2 rounds (CI's time), each of its modes run.
+LATER_MODES = ("cfl", "flhc", "fedsoft")
+
+
 @pytest.mark.parametrize("algo,solver", CASES)
 def test_parallel_clients_give_the_sequential_numbers(algo, solver, cluster_data, tmp_path):
   """Identical assignments and accuracies, losses and weights within rtol
   1e-4 / atol 1e-6 (the runner parity tolerance)."""
-  sequential = _run(cluster_data, algo, solver, "sequential", tmp_path)
-  parallel = _run(cluster_data, algo, solver, "parallel", tmp_path)
+  rounds = test_runners.ROUNDS if algo in LATER_MODES or exhaustive() else 2
+  sequential = _run(cluster_data, algo, solver, "sequential", tmp_path, rounds=rounds)
+  parallel = _run(cluster_data, algo, solver, "parallel", tmp_path, rounds=rounds)
   test_runners.assert_same_run(sequential, parallel, test_runners.PARITY_CASES[algo][0].get(
       "_weights_atol", test_runners.ATOL))
   assert sequential[0][-1]["train_loss"] < sequential[0][0]["train_loss"] * 1.5
@@ -406,19 +413,29 @@ KERAS3_RUN_MODELS = {"conv_batchnorm_lstm_dropout": _conv_bn_lstm, "lstm": _lstm
 # IFCA's keys, persistent momentum and client states, CFL-MGD's gradients
 # and losses.
 ADAM_OR_NO_BATCHNORM = ("mime", "fedsoft")
-# The personalized methods' client functions are two: FedPer's, LG-FedAvg's and
-# FedBN's are FedRep's split definition in its one-phase mode, local-only's
-# is Ditto's without the global model, FedAvg + FT's fine-tuning is Ditto's
-# second training of a copy; fedrep and ditto stand for them here (CI's time;
-# their own side-by-side runs are CASES above).
-SAME_CLIENT_CODE = ("fedper", "lg_fedavg", "fedbn", "local_only", "fedavg_ft")
-# (pFedMe's own step runs with the CNN and LSTM below.)
+# With these layers, one algorithm of each kind of client function (CI's
+# time; every algorithm's own side-by-side run is CASES above, with the
+# parity model): plain and proximal SGD, IFCA's keys and cluster models,
+# CFL-MGD's gradients and losses, FedGroup's modes, Mime's server statistics,
+# FedSoft's Adam, FedEM's per-example weights, pFedMo, Ditto's personal model,
+# FedRep's masked phases and pFedMe's own step. The others run one of these
+# client functions (FedPer, LG-FedAvg and FedBN FedRep's split definition in
+# one phase; local-only Ditto's without the global model; FedAvg + FT Ditto's
+# second training of a copy; the FedAvg family, WeCFL, FeSEM, CFL, FL+HC,
+# PACFL, StoCFL and HypCluster FedAvg's or IFCA's with other server steps).
+# TFF_CLUSTER_EXHAUSTIVE=1 runs every algorithm here.
+KERAS3_ALGOS = ("fedavg", "fedprox", "ifca", "cfl_mgd", "fedgroup", "mime", "fedsoft", "fedem",
+                "pfedmo", "ditto", "fedrep", "pfedme")
 KERAS3_RUN_CASES = [
     ("lstm" if algo in ADAM_OR_NO_BATCHNORM else "conv_batchnorm_lstm_dropout", algo, 0,
      solver)
-    for algo, solver in CASES if algo not in SAME_CLIENT_CODE] + [
+    for algo, solver in CASES if algo in KERAS3_ALGOS or exhaustive()] + [
     ("cnn_batchnorm_dropout", "ifca", 1, "steps_momentum_persist_decay"),
     ("cnn_batchnorm_dropout", "cfl_mgd", 1, "epochs")]
+
+
+def test_the_keras3_cases_name_registered_algorithms():
+  assert set(KERAS3_ALGOS) <= {a for a, _ in CASES}
 
 
 @pytest.mark.parametrize("model,algo,case,solver", KERAS3_RUN_CASES)
