@@ -139,6 +139,18 @@ def test_flags_an_algorithm_ignores_are_reported_not_silently_dropped(capsys):
   assert capsys.readouterr().err == ""
 
 
+def test_a_tasks_client_momentum_does_not_apply_to_an_algorithms_own_solver(capsys):
+  """The WeCFL FMNIST tasks' default momentum 0.9 is FedAvg's, not the local
+  solver of FedEM (plain SGD) or pFedMe (its own steps); given, it is refused
+  at the driver, naming the solver."""
+  fmnist = ["--task=fmnist_clientwise_class", "--data_dir=/nonexistent"]
+  assert _resolve(["--algo=fedavg", *fmnist])["client_momentum"] == 0.9
+  for algo in ("fedem", "pfedme", "cfl_mgd"):
+    assert _resolve([f"--algo={algo}", *fmnist])["client_momentum"] == 0.0
+  assert _resolve(["--algo=fedem", "--client_momentum=0.5", *fmnist])["client_momentum"] == 0.5
+  capsys.readouterr()
+
+
 def test_help_lists_every_algorithm_and_task(capsys):
   code, out, _ = _main(["--help"], capsys)
   assert code == 0

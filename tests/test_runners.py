@@ -162,6 +162,14 @@ def _own_momentum(algo):
 # Algorithms whose momentum is their own (CFL-MGD's beta): --client_momentum
 # is refused for them, the rest of a solver case applies.
 OWN_MOMENTUM = {a for a in registry.ALGORITHMS if _own_momentum(a)}
+
+
+def test_the_registry_names_the_algorithms_with_their_own_solver():
+  """`AlgorithmSpec.own_momentum` (read by the CLI, which imports no
+  TensorFlow) says what the definitions say."""
+  assert {a for a, spec in registry.ALGORITHMS.items() if spec.own_momentum} == OWN_MOMENTUM
+
+
 # Algorithms where every client takes part in every round (cross-silo).
 ALL_CLIENTS = {a for a, spec in registry.ALGORITHMS.items() if spec.all_clients}
 

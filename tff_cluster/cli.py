@@ -89,8 +89,11 @@ def _resolve_declared(values, algo, task) -> dict:
             else "local_epochs")
   other = "local_steps" if work == "local_epochs" else "local_epochs"
   training = [d for d in hp.TRAINING if d.name != other]
+  task_defaults = dict(task.defaults)
+  if algo.own_momentum:  # the task's local momentum is not this solver's
+    task_defaults.pop("client_momentum", None)
   try:
-    settings.update(hp.resolve(training, given, task.name, task.defaults))
+    settings.update(hp.resolve(training, given, task.name, task_defaults))
     settings.update(hp.resolve(RUNNER_HPARAMS, given, task.name))
     settings.update(hp.resolve(algo.hparams, given, task.name, task.defaults))
     for name in ("num_clients", "synthetic_alpha", "synthetic_beta"):

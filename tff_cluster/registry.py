@@ -50,12 +50,16 @@ class AlgorithmSpec:
       shared concepts use the shared declarations of `tff_cluster.spec.hparams`.
     all_clients: every client takes part in every round (cross-silo); the
       CLI's --clients_per_round then defaults to all of them.
+    own_momentum: its local solver is its own (its definition's
+      `own_momentum`): a task's default --client_momentum does not apply to
+      it (a --client_momentum given is refused, naming the solver).
   """
   name: str
   description: str
   module: str
   hparams: Tuple[HParam, ...] = ()
   all_clients: bool = False
+  own_momentum: bool = False
 
   def load(self):
     if "." in self.module:
@@ -92,7 +96,7 @@ ALGORITHMS: Dict[str, AlgorithmSpec] = {
                       "one and train it", "ifca", hparams=IFCA_HPARAMS),
         AlgorithmSpec("cfl_mgd", "CFL-MGD: IFCA's cluster estimates with momentum "
                       "(option II: local momentum steps; option I: averaged buffers)",
-                      "cfl_mgd", hparams=CFL_MGD_HPARAMS),
+                      "cfl_mgd", hparams=CFL_MGD_HPARAMS, own_momentum=True),
         AlgorithmSpec("wecfl", "WeCFL: clients train their cluster model; weighted "
                       "K-Means on the trained models; weighted cluster means", "wecfl",
                       hparams=WECFL_HPARAMS),
@@ -112,16 +116,16 @@ ALGORITHMS: Dict[str, AlgorithmSpec] = {
                       "slowmo", hparams=SERVER_MOMENTUM_HPARAMS),
         AlgorithmSpec("mime_lite", "MimeLite: local steps with the server's fixed momentum "
                       "(TFF's build_weighted_mime_lite with SGDM)", "mime_lite",
-                      hparams=MIME_HPARAMS),
+                      hparams=MIME_HPARAMS, own_momentum=True),
         AlgorithmSpec("mime", "Mime: MimeLite's steps with a control variate (an extra "
                       "exchange of full-batch gradients every round)", "mime",
-                      hparams=MIME_HPARAMS),
+                      hparams=MIME_HPARAMS, own_momentum=True),
         AlgorithmSpec("pfedmo", "pFedMo: local NAG; a representation model trained on "
                       "public data personalises each worker's model and momentum",
-                      "pfedmo", hparams=PFEDMO_HPARAMS, all_clients=True),
+                      "pfedmo", hparams=PFEDMO_HPARAMS, all_clients=True, own_momentum=True),
         AlgorithmSpec("fednag", "FedNAG: local NAG, weighted means of models and look-ahead "
                       "points (pFedMo with pi = 0)", "fednag",
-                      hparams=FEDNAG_HPARAMS, all_clients=True),
+                      hparams=FEDNAG_HPARAMS, all_clients=True, own_momentum=True),
         AlgorithmSpec("cfl", "CFL: a cluster tree, bipartitions by the cosine "
                       "similarity of the members' updates (--num_groups: most clusters)",
                       "cfl", hparams=CFL_HPARAMS),
@@ -136,16 +140,16 @@ ALGORITHMS: Dict[str, AlgorithmSpec] = {
                       hparams=PACFL_HPARAMS),
         AlgorithmSpec("fedem", "FedEM: M component models, each client's mixture weights "
                       "and per-example responsibilities (EM), components trained weighted",
-                      "fedem", hparams=FEDEM_HPARAMS),
+                      "fedem", hparams=FEDEM_HPARAMS, own_momentum=True),
         AlgorithmSpec("fedrc", "FedRC: FedEM's mixture with robust weights "
                       "omega exp(-loss) / P_m(y) and a label prior refreshed each round",
-                      "fedrc", hparams=FEDRC_HPARAMS),
+                      "fedrc", hparams=FEDRC_HPARAMS, own_momentum=True),
         AlgorithmSpec("stocfl", "StoCFL: clusters merged by the cosine of cached client "
                       "representations; cluster models pulled toward a global model",
-                      "stocfl", hparams=STOCFL_HPARAMS),
+                      "stocfl", hparams=STOCFL_HPARAMS, own_momentum=True),
         AlgorithmSpec("fedsoft", "FedSoft: importance weights per client and cluster, "
                       "cluster-wise selection, local models pulled toward every cluster",
-                      "fedsoft", hparams=FEDSOFT_HPARAMS),
+                      "fedsoft", hparams=FEDSOFT_HPARAMS, own_momentum=True),
         # Personalized: every client tested with its own model.
         AlgorithmSpec("ditto", "Ditto: FedAvg, and a personal model per client pulled "
                       "toward the round's global model", "ditto", hparams=DITTO_HPARAMS),
@@ -162,7 +166,7 @@ ALGORITHMS: Dict[str, AlgorithmSpec] = {
                       "client", "fedbn", hparams=FEDBN_HPARAMS),
         AlgorithmSpec("pfedme", "pFedMe: personal models from K Moreau-envelope steps per "
                       "batch; local models pulled toward them, the server mixes by beta",
-                      "pfedme", hparams=PFEDME_HPARAMS),
+                      "pfedme", hparams=PFEDME_HPARAMS, own_momentum=True),
         AlgorithmSpec("local_only", "Local-only: each client trains its own model, "
                       "nothing is shared", "local_only", hparams=LOCAL_ONLY_HPARAMS),
     ]

@@ -53,6 +53,14 @@ def client_weight(out, client_state, weighting: str):
   return out.num_examples
 
 
+def add_mean_update(weights, updates, weight, scale: float = 1.0) -> list:
+  """w + scale u / weight for each weight and its summed update (the
+  weighted mean of the clients' deltas, `scale` the server's step on it);
+  the weights unchanged where no client had weight (`weight` 0)."""
+  safe = tf.where(weight > 0, weight, 1.0)
+  return [tf.where(weight > 0, w + scale * u / safe, w) for w, u in zip(weights, updates)]
+
+
 class FedAvgDefinition(Definition):
   """State: `{'model': weights}`, and `buffer` (trainable weights) when the
   server optimizer keeps state. Every client receives the model and the

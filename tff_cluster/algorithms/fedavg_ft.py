@@ -75,12 +75,10 @@ class FineTuneDriver(fedavg.FedAvgDriver):
   copy (`eval_models`), a round without one with the global model."""
 
   def __init__(self, task, data, config: driver.TrainingConfig, options: Options):
-    head = None
-    if options.ft_layers == "head" or options.head_names:  # a head given is checked
-      head = parts.head_indices(driver.ModelSpec.of(task).model_fn(), options.head_layers,
-                                options.head_names, "fedavg_ft")
-    if options.ft_layers == "all":
-      head = None
+    model = driver.ModelSpec.of(task).model_fn()
+    # A head is checked where given, and fine-tuned alone with --ft_layers=head.
+    head = parts.head_indices(model, options.head_layers, options.head_names, "fedavg_ft") \
+        if options.ft_layers == "head" else parts.check_head_names(model, options.head_names)
     driver.Driver.__init__(self, task, data, config, lambda specs, n, **solver:
                            FineTuneDefinition(specs, n, head=head, ft_mu=options.ft_mu,
                                               weighting=options.client_weighting, **solver))

@@ -35,7 +35,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
-from tff_cluster.algorithms.fedavg import client_weight, with_weight_spec
+from tff_cluster.algorithms.fedavg import add_mean_update, client_weight, with_weight_spec
 from tff_cluster.core import personal
 from tff_cluster.core.definition import ClientOutput, Definition
 from tff_cluster.host import driver
@@ -125,10 +125,9 @@ class SplitDefinition(PersonalStateDefinition):
     if mode == "head":
       return collections.OrderedDict(model=list(state["model"]))
     model = list(state["model"])
-    weight = summed["weight"]
-    safe = tf.where(weight > 0, weight, 1.0)
-    for u, i in zip(summed["update"], self.shared):
-      model[i] = tf.where(weight > 0, model[i] + u / safe, model[i])
+    moved = add_mean_update([model[i] for i in self.shared], summed["update"], summed["weight"])
+    for i, w in zip(self.shared, moved):
+      model[i] = w
     return collections.OrderedDict(model=model)
 
   def client_model(self, global_model, client_state) -> list:
@@ -198,10 +197,8 @@ class FullPersonalDefinition(PersonalStateDefinition):
     model = list(state["model"])
     if not self.federated:
       return collections.OrderedDict(model=model)
-    weight = summed["weight"]
-    safe = tf.where(weight > 0, weight, 1.0)
-    return collections.OrderedDict(model=[tf.where(weight > 0, w + u / safe, w)
-                                          for w, u in zip(model, summed["update"])])
+    return collections.OrderedDict(model=add_mean_update(model, summed["update"],
+                                                         summed["weight"]))
 
   def client_model(self, global_model, client_state) -> list:
     del global_model

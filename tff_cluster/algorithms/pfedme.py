@@ -27,7 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from tff_cluster.algorithms import personal
-from tff_cluster.algorithms.fedavg import client_weight
+from tff_cluster.algorithms.fedavg import add_mean_update, client_weight
 from tff_cluster.core.definition import ClientOutput
 from tff_cluster.host import driver
 from tff_cluster.learning import optimizers
@@ -82,11 +82,8 @@ class PFedMeDefinition(personal.PersonalStateDefinition):
     return ClientOutput(summed, result, state)
 
   def server_update(self, state, summed, mode):
-    weight = summed["weight"]
-    safe = tf.where(weight > 0, weight, 1.0)
-    return collections.OrderedDict(model=[
-        tf.where(weight > 0, w + self.beta * u / safe, w)
-        for w, u in zip(state["model"], summed["update"])])
+    return collections.OrderedDict(model=add_mean_update(
+        list(state["model"]), summed["update"], summed["weight"], self.beta))
 
   def client_model(self, global_model, client_state) -> list:
     del global_model

@@ -79,6 +79,13 @@ def head_indices(model: tf.keras.Model, head_layers: int, head_names: str = "",
   return sorted(i for idx in picked for i in idx)
 
 
+def check_head_names(model: tf.keras.Model, head_names: str) -> None:
+  """Refuses `--head_names` that name no head of `model` (one line, as
+  `head_indices`); nothing when none are given."""
+  if head_names:
+    head_indices(model, 1, head_names)
+
+
 def batchnorm_indices(model: tf.keras.Model, algo: str = "") -> List[int]:
   """The indices of every BatchNorm layer's weights (scale, offset, moving
   mean and variance)."""
