@@ -330,3 +330,88 @@ def test_pfedme_by_hand(train):
   with pytest.raises(ValueError, match="invalid --client_momentum for pfedme"):
     spec.load().PFedMeDefinition(models.weights_type_spec(_mlp()), 4, momentum=0.9,
                                  options=spec.options(), keyed=False)
+
+
+def _mixed_grads(v, w, alpha, x, y):
+  """Gradients at v and at w of the mean cross-entropy of alpha v(x) +
+  (1 - alpha) w(x), from two models."""
+  mv, mw = _mlp(), _mlp()
+  models.set_weights(mv, [a.astype(np.float32) for a in v])
+  models.set_weights(mw, [a.astype(np.float32) for a in w])
+  with tf.GradientTape(persistent=True) as tape:
+    z = alpha * mv(x, training=True) + (1.0 - alpha) * mw(x, training=True)
+    loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(y, z,
+                                                                          from_logits=True))
+  return ([g.numpy().astype(np.float64) for g in tape.gradient(loss, mv.trainable_variables)],
+          [g.numpy().astype(np.float64) for g in tape.gradient(loss, mw.trainable_variables)])
+
+
+def _apfl_step(mix, w, v, alpha, x, y):
+  """One APFL step of the rule (adaptive, the round's first step) from the
+  client's w, v, alpha [4]: (w, v, alpha) after it."""
+  g = _grad(_mlp, [a.astype(np.float32) for a in w], x, y)
+  if mix == "outputs":
+    w1 = [a - LR * gi for a, gi in zip(w, g)]
+    a = float(alpha[0])
+    g_v, g_w = _mixed_grads(v, w1, a, x, y)
+    v1 = [b - LR * gi for b, gi in zip(v, g_v)]
+    inner = sum(float(np.sum((p - q) * (a * gv + (1 - a) * gw)))
+                for p, q, gv, gw in zip(v1, w1, g_v, g_w))
+    return w1, v1, np.full(4, np.clip(a - LR * (inner + 0.02 * a), 0.0, 1.0))
+  mixed = [alpha[i] * v[i] + (1 - alpha[i]) * w[i] for i in range(4)]
+  g_bar = _grad(_mlp, [a.astype(np.float32) for a in mixed], x, y)
+  new_alpha = np.clip([alpha[i] - LR * np.sum((v[i] - w[i]) * g_bar[i]) for i in range(4)],
+                      0.0, 1.0)
+  return ([a - LR * gi for a, gi in zip(w, g)], [b - LR * gi for b, gi in zip(v, g_bar)],
+          new_alpha)
+
+
+@pytest.mark.parametrize("mix", ["outputs", "params"])
+def test_apfl_by_hand(mix):
+  """Two rounds, one full-batch step each, adaptive alpha from 0.4: the
+  global model (uniform mean), each client's v and alpha, and the mixture
+  each client is tested with."""
+  driver, data, w0, sampled = _run("apfl", rounds=2, apfl_mix=mix, apfl_adaptive=True,
+                                   apfl_alpha=0.4)
+  w = [np.asarray(a, np.float64) for a in w0]
+  v = {k: list(w) for k in range(3)}
+  alpha = {k: np.full(4, 0.4) for k in range(3)}
+  for clients in sampled:
+    trained = {}
+    for k in clients:
+      trained[k], v[k], alpha[k] = _apfl_step(mix, w, v[k], alpha[k], *_client_arrays(data, k))
+    w = [sum(trained[k][i] for k in clients) / len(clients) for i in range(4)]
+  _close(driver.global_model(), w)
+  seen = set(sampled[0]) | set(sampled[1])
+  for k in seen:
+    state = driver.client_states[k]
+    _close(state["personal"], v[k])
+    np.testing.assert_allclose(state["alpha"], alpha[k], rtol=1e-4, atol=1e-6)
+  weights, client_model = driver.eval_models()
+  if mix == "params":
+    for k in range(3):
+      expected = ([alpha[k][i] * v[k][i] + (1 - alpha[k][i]) * w[i] for i in range(4)]
+                  if k in seen else w)
+      _close(weights[client_model[k]], expected)
+  else:
+    # Each client's test prediction: its alpha mixes its v's logits with w's.
+    result = loop.Evaluator(_mlp, models.SPARSE_CE_LOGITS, data).evaluate(weights, client_model)
+    for k in range(3):
+      x, y = data.test[data.client_ids[k]]
+      mv, mw = _mlp(), _mlp()
+      models.set_weights(mw, [a.astype(np.float32) for a in w])
+      z = mw(x).numpy()
+      if k in seen:
+        models.set_weights(mv, [a.astype(np.float32) for a in v[k]])
+        z = alpha[k][0] * mv(x).numpy() + (1 - alpha[k][0]) * z
+      assert result.per_client_correct[k] == np.sum(np.argmax(z, axis=1) == y)
+
+
+def test_apfl_refuses_momentum_and_keeps_alpha_without_adaptation():
+  driver, *_ = _run("apfl", rounds=2, apfl_alpha=0.3)
+  assert all(np.all(np.asarray(s["alpha"]) == np.float32(0.3))
+             for s in driver.client_states.values())
+  spec = registry.get_algorithm("apfl")
+  with pytest.raises(ValueError, match="invalid --client_momentum for apfl"):
+    spec.load().APFLDefinition(models.weights_type_spec(_mlp()), 4, momentum=0.9,
+                               initial_weights=driver.w0, options=spec.options())

@@ -123,6 +123,10 @@ PARITY_CASES = {
     # rounding reached 1.2e-5 in 2 of 600 weights of a copy); its rows are
     # held at the usual tolerance.
     "fedavg_ft": [{"ft_epochs": 1, "ft_mu": 0.5, "_weights_atol": 5e-5}],
+    # Output mixing with alpha adapted at each round's first step; weight
+    # mixing, alpha adapted at every step, the examples-weighted mean.
+    "apfl": [{"apfl_adaptive": True, "apfl_alpha": 0.4},
+             {"apfl_mix": "params", "apfl_adaptive": True, "apfl_agg": "examples"}],
     # eta_p 0.01, the authors' Synthetic setting (at 0.05 the inner steps of
     # two of the 24 clients are unstable and amplify rounding to 1e-1).
     "pfedme": [{"pfedme_lambda": 2.0, "pfedme_personal_lr": 0.01, "pfedme_k": 2,
@@ -232,6 +236,9 @@ def assert_same_run(a, b, weights_atol=ATOL):
   _assert_same_rows(rows_a, rows_b)
   if isinstance(model_a, evaluation.Mixture):  # each client's mixture weights
     np.testing.assert_allclose(model_a.weights, model_b.weights, rtol=RTOL, atol=ATOL)
+  elif isinstance(model_a, evaluation.OutputMix):  # each client's model and alpha
+    np.testing.assert_array_equal(model_a.personal, model_b.personal)
+    np.testing.assert_allclose(model_a.alpha, model_b.alpha, rtol=RTOL, atol=ATOL)
   else:
     np.testing.assert_array_equal(model_a, model_b)  # group assignments
   if "final_assignment" in summary_a:

@@ -26,7 +26,7 @@ from typing import Dict, Tuple
 
 from tff_cluster.spec.hparams import HParam
 from tff_cluster.spec.options import (
-    CFL_HPARAMS, CFL_MGD_HPARAMS, DITTO_HPARAMS, FEDAVG_FT_HPARAMS, FEDAVG_HPARAMS,
+    APFL_HPARAMS, CFL_HPARAMS, CFL_MGD_HPARAMS, DITTO_HPARAMS, FEDAVG_FT_HPARAMS, FEDAVG_HPARAMS,
     FEDAVG_PLUS_HPARAMS,
     FEDBN_HPARAMS, FEDEM_HPARAMS, FEDGROUPROX_HPARAMS, FEDGROUP_HPARAMS, FEDNAG_HPARAMS,
     FEDPER_HPARAMS, FEDPROX_HPARAMS, FEDPROX_PLUS_HPARAMS, FEDRC_HPARAMS, FEDREP_HPARAMS,
@@ -164,6 +164,9 @@ ALGORITHMS: Dict[str, AlgorithmSpec] = {
                       hparams=FEDAVG_FT_HPARAMS),
         AlgorithmSpec("fedbn", "FedBN: FedAvg with every BatchNorm layer kept by its "
                       "client", "fedbn", hparams=FEDBN_HPARAMS),
+        AlgorithmSpec("apfl", "APFL: each client deploys a mixture, with weight alpha, of its "
+                      "personal model and FedAvg's (outputs or weights mixed)", "apfl",
+                      hparams=APFL_HPARAMS, own_momentum=True),
         AlgorithmSpec("pfedme", "pFedMe: personal models from K Moreau-envelope steps per "
                       "batch; local models pulled toward them, the server mixes by beta",
                       "pfedme", hparams=PFEDME_HPARAMS, own_momentum=True),

@@ -22,7 +22,7 @@ from tff_cluster.learning import schedule
 from tff_cluster import models
 from tff_cluster.data.federated import FederatedData, materialize
 from tff_cluster.learning.evaluation import (CHOOSE_BY_TEST_LOSS, ChooseByTestLoss,  # noqa: F401
-                                    Ensemble, Evaluator, Mixture)
+                                    Ensemble, Evaluator, Mixture, OutputMix)
 from tff_cluster.host.model_spec import ModelSpec
 from tff_cluster.host.state import HostState, stored_as  # noqa: F401  (for algorithms)
 from tff_cluster.runners.factory import make_runner
@@ -420,7 +420,7 @@ def client_groups(client_model, chosen, assignment, num_clients: int
   """
   if isinstance(client_model, ChooseByTestLoss):
     return None if chosen is None else np.asarray(chosen, np.int64)
-  if isinstance(client_model, (Ensemble, Mixture)):
+  if isinstance(client_model, (Ensemble, Mixture, OutputMix)):
     return np.full(num_clients, -1, np.int64)
   groups = np.array(client_model, np.int64)
   if assignment is not None and np.shape(assignment) == groups.shape:

@@ -76,9 +76,25 @@ CHOOSE_BY_TEST_LOSS = ChooseByTestLoss()
 ENSEMBLE_VOTES = {"logits": Ensemble("logits"), "probs": Ensemble("probs")}
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class OutputMix:
+  """Client k tested with the mixed outputs alpha[k] f(weights[personal[k]];
+  x) + (1 - alpha[k]) f(weights[shared]; x) (APFL's personal prediction); a
+  client with personal[k] = -1 with weights[shared] alone.
+  `EvalResult.client_model` is `personal`."""
+  personal: np.ndarray
+  alpha: np.ndarray
+  shared: int = 0
+
+  def rows(self, lo: int, hi: int) -> "OutputMix":
+    """The clients lo..hi-1 (a shard's)."""
+    return OutputMix(np.asarray(self.personal)[lo:hi], np.asarray(self.alpha)[lo:hi],
+                     self.shared)
+
+
 def is_rule(client_model) -> bool:
   """Whether `client_model` is a rule (decided at evaluation), not indices."""
-  return isinstance(client_model, (ChooseByTestLoss, Ensemble, Mixture))
+  return isinstance(client_model, (ChooseByTestLoss, Ensemble, Mixture, OutputMix))
 
 
 def ensemble_predict(outputs: np.ndarray, vote: str, loss: str) -> tuple:
@@ -272,6 +288,8 @@ class Evaluator:
       return self._evaluate_ensemble(weights, client_model.vote)
     if isinstance(client_model, Mixture):
       return self._evaluate_ensemble(weights, "probs", np.asarray(client_model.weights))
+    if isinstance(client_model, OutputMix):
+      return self._evaluate_output_mix(weights, client_model)
     if isinstance(client_model, str):
       raise TypeError(f"client_model must be indices, ChooseByTestLoss() or Ensemble(vote), "
                       f"got {client_model!r}")
@@ -345,6 +363,41 @@ class Evaluator:
       mean_loss.append([s.mean() for s in np.split(losses, bounds)])
     out[members] = np.argmin(np.asarray(mean_loss), axis=0)
     return out
+
+  def _all_outputs(self, weights, x: np.ndarray) -> np.ndarray:
+    models.set_weights(self._model, weights)
+    return np.concatenate([self._outputs(x[i:i + self._batch_size]).numpy()
+                           for i in range(0, len(x), self._batch_size)])
+
+  def _evaluate_output_mix(self, weights, mix: OutputMix) -> EvalResult:
+    """Every client tested with its mixed outputs (`OutputMix`); the loss is
+    the cross-entropy of the mixed outputs (a sigmoid output is mixed as a
+    probability)."""
+    n = len(self._y)
+    members = np.flatnonzero(self._counts > 0)
+    correct, loss_sum, f1 = np.zeros(n), np.zeros(n), np.zeros(n)
+    if len(members):
+      x = np.concatenate([self._x[k] for k in members])
+      y = np.concatenate([self._y[k] for k in members]).reshape(-1).astype(np.int64)
+      out = self._all_outputs(weights[mix.shared], x).astype(np.float64)
+      rows = np.repeat(np.asarray(mix.personal, np.int64)[members], self._counts[members])
+      alpha = np.repeat(np.asarray(mix.alpha, np.float64)[members], self._counts[members])
+      for j in np.unique(rows[rows >= 0]):
+        sel = rows == j
+        a = alpha[sel][:, None]
+        out[sel] = a * self._all_outputs(weights[j], x[sel]) + (1.0 - a) * out[sel]
+      labels, probs = ensemble_predict(out[None], "logits", self._loss)
+      hit = (labels == y).astype(np.float64)
+      nll = -np.log(np.clip(probs[np.arange(len(y)), y], 1e-12, 1.0))
+      bounds = np.cumsum(self._counts[members])[:-1]
+      correct[members] = [s.sum() for s in np.split(hit, bounds)]
+      loss_sum[members] = [s.sum() for s in np.split(nll, bounds)]
+      f1[members] = per_client_macro_f1(y, labels, self._counts[members])
+    total = self._counts.sum()
+    return EvalResult(float(correct.sum() / total), float(loss_sum.sum() / total),
+                      correct, self._counts.copy(), loss_sum,
+                      client_model=np.asarray(mix.personal, np.int64).copy(), per_client_f1=f1,
+                      client_weight=self._weight.copy())
 
   def _evaluate_ensemble(self, weights, vote: str, mixture=None) -> EvalResult:
     """Every client tested with the vote of all `weights` (see `ensemble_predict`),

@@ -32,6 +32,7 @@ import tensorflow as tf
 
 from tff_cluster import models
 from tff_cluster.learning import layer_forms
+from tff_cluster.learning import optimizers
 from tff_cluster.learning import schedule
 from tff_cluster.learning import trainers
 
@@ -368,6 +369,24 @@ class FunctionalTrainer:
       batch_loss = total if summed else total / count
     return tape.gradient(batch_loss, trainable), batch_loss, count, rest, states
 
+  def _mixed_grad(self, point, other, alpha, rest, states, x, y, mask):
+    """((gradients at `point`, at `other`) of the batch's mean loss of the
+    mixed outputs alpha f(point) + (1 - alpha) f(other), the non-trainable
+    weights and states after the two training calls)."""
+    point = [tf.convert_to_tensor(t) for t in point]
+    other = [tf.convert_to_tensor(t) for t in other]
+    with tf.GradientTape() as tape:
+      tape.watch(point + other)
+      out_p, rest, states = self.model(point + list(rest), x, training=True, mask=mask,
+                                       states=states)
+      out_o, rest, states = self.model(other + list(rest), x, training=True, mask=mask,
+                                       states=states)
+      per_example = models.per_example_loss(self.loss_kind, y,
+                                            alpha * out_p + (1.0 - alpha) * out_o)
+      batch_loss = tf.reduce_sum(per_example * mask) / tf.reduce_sum(mask)
+    grads = tape.gradient(batch_loss, point + other)
+    return (grads[:len(point)], grads[len(point):]), rest, states
+
   # -- the trainer interface ---------------------------------------------------
 
   def predict(self, weights, x):
@@ -414,7 +433,13 @@ class FunctionalTrainer:
                                                  weights=weights)
         return g
 
-      new_w, state = opt.update(w, grads, state, lr, gradient_at)
+      def mixed_gradient_at(point, other, alpha):
+        g, after[0], after[1] = self._mixed_grad(list(point), list(other), alpha, after[0],
+                                                 after[1], x, y, mask)
+        return g
+
+      new_w, state = opt.update(w, grads, state, lr,
+                                optimizers.GradientAt(gradient_at, mixed_gradient_at))
       return (tuple(new_w), tuple(after[0]), tuple(after[1]), num_examples + count,
               loss_sum + batch_loss * count, state)
 

@@ -10,8 +10,10 @@ them in order, ending with `sgd()` when no step is given:
   state = opt.init(start)                           tuple, one entry per transform
   new_w, state = opt.update(w, grads, state, lr, gradient_at)
 
-`gradient_at(point)` is the trainer's: the same batch's gradient at other
-trainable weights (Mime's control variate asks for it). `opt.bind(start)` is
+`gradient_at(point)` is the trainer's (`GradientAt`): the same batch's
+gradient at other trainable weights (Mime's control variate asks for it), and
+`gradient_at.mixed(point, other, alpha)` the gradients at two points of the
+batch's loss of their mixed outputs (APFL's personal prediction). `opt.bind(start)` is
 called by the trainer once per `train` call, before `init`: a transform whose
 value depends on the start (the proximal term's default anchor) takes it
 there. Every transform is elementwise per weight, and the order in a chain is
@@ -61,6 +63,26 @@ class Transform(NamedTuple):
   update: Callable[..., Tuple[List[tf.Tensor], Any]]
   is_step: bool = False
   bind: Optional[Callable[[List[tf.Tensor]], "Transform"]] = None
+
+
+class GradientAt:
+  """What a trainer gives a step of the same batch at other weights: called
+  with trainable weights `point`, the batch's mean-loss gradient there;
+  `mixed(point, other, alpha)`, the gradients at `point` and at `other` of the
+  batch's mean loss of the mixed outputs alpha f(point; x) + (1 - alpha)
+  f(other; x) (the output-mixing forward of APFL's personal prediction)."""
+
+  def __init__(self, at: Callable, mixed: Optional[Callable] = None):
+    self._at = at
+    self._mixed = mixed
+
+  def __call__(self, point):
+    return self._at(point)
+
+  def mixed(self, point, other, alpha):
+    if self._mixed is None:
+      raise ValueError("this trainer has no output-mixing forward")
+    return self._mixed(point, other, alpha)
 
 
 def _stateless(fn, is_step: bool = False) -> Transform:
@@ -225,6 +247,57 @@ def moreau_step(personal_lr: float, lam: float, inner_steps: int,
     return [w - lr * lam * (w - t) for w, t in zip(weights, theta)], theta
 
   return Transform(lambda start: [tf.identity(w) for w in start], update, is_step=True)
+
+
+def apfl_step(personal, alpha, mix: str, adaptive: bool,
+              alpha_decay: float = 0.02) -> Transform:
+  """APFL's local step (Deng et al., 2020), a step transform whose state is
+  (the personal model v, the mixing weights alpha [one per trainable weight],
+  1.0 until the call's first step is taken), started from the client's
+  `personal` and `alpha`. With lr the step's learning rate, g the batch's
+  gradient at w:
+
+  mix='outputs' (the authors' FedTorch code): w <- w - lr g; then on the same
+  batch, with the personal prediction alpha f(v) + (1 - alpha) f(w) (w after
+  its step, one alpha: alpha[0]) and its loss's gradients g_v, g_w,
+  v <- v - lr g_v; with `adaptive`, at the first step only,
+  alpha <- clip(alpha - lr (sum <v - w, alpha g_v + (1 - alpha) g_w>
+  + alpha_decay alpha), 0, 1) (v and w after their steps).
+  mix='params' (FedJAX's `apfl`): vbar = alpha v + (1 - alpha) w per weight,
+  g_bar the gradient at vbar; from the values before the step:
+  w <- w - lr g, v <- v - lr g_bar and, with `adaptive`, at every step
+  alpha_i <- clip(alpha_i - lr <v_i - w_i, g_bar_i>, 0, 1)."""
+  if mix not in ("outputs", "params"):
+    raise ValueError(f"invalid APFL mix {mix!r}; valid: outputs, params")
+  personal = list(personal)
+  decay = float(alpha_decay)
+
+  def init(start):
+    del start
+    return (list(personal), tf.convert_to_tensor(alpha, tf.float32), tf.constant(1.0))
+
+  def update(grads, state, weights, lr, gradient_at):
+    v, a, first = list(state[0]), state[1], state[2]
+    new_w = [w - lr * g for w, g in zip(weights, grads)]
+    if mix == "outputs":
+      scalar = a[0]
+      g_v, g_w = gradient_at.mixed(v, new_w, scalar)
+      new_v = [x - lr * g for x, g in zip(v, g_v)]
+      if adaptive:
+        inner = tf.add_n([tf.reduce_sum((x - w) * (scalar * gv + (1.0 - scalar) * gw))
+                          for x, w, gv, gw in zip(new_v, new_w, g_v, g_w)])
+        moved = tf.clip_by_value(scalar - lr * (inner + decay * scalar), 0.0, 1.0)
+        a = tf.fill(tf.shape(a), tf.where(first > 0, moved, scalar))
+      return new_w, (new_v, a, tf.constant(0.0))
+    mixed = [a[i] * x + (1.0 - a[i]) * w for i, (x, w) in enumerate(zip(v, weights))]
+    g_bar = gradient_at(mixed)
+    if adaptive:
+      a = tf.clip_by_value(a - lr * tf.stack([tf.reduce_sum((x - w) * g) for x, w, g in
+                                              zip(v, weights, g_bar)]), 0.0, 1.0)
+    new_v = [x - lr * g for x, g in zip(v, g_bar)]
+    return new_w, (new_v, a, tf.constant(0.0))
+
+  return Transform(init, update, is_step=True)
 
 
 def _tuples(structure):

@@ -93,8 +93,10 @@ def sgd_step(model: tf.keras.Model, loss: str, batch, lr, optimizer, opt_state,
       batch_loss = tf.reduce_sum(per_example * mask) / count
   grads = tape.gradient(batch_loss, trainable)
   new_weights, new_state = optimizer.update(
-      trainable, grads, opt_state, lr,
-      lambda point: _gradient_at(model, loss, x, y, mask, point, weights))
+      trainable, grads, opt_state, lr, optimizers.GradientAt(
+          lambda point: _gradient_at(model, loss, x, y, mask, point, weights),
+          lambda point, other, alpha: _mixed_gradient_at(model, loss, x, y, mask, point,
+                                                         other, alpha)))
   for var, value in zip(trainable, new_weights):
     var.assign(value)
   return batch_loss * count, count, new_state
@@ -120,6 +122,35 @@ def _gradient_at(model, loss: str, x, y, mask, point, weights=None):
   for var, value in zip(trainable, saved):
     var.assign(value)
   return grads
+
+
+def _mixed_gradient_at(model, loss: str, x, y, mask, point, other, alpha):
+  """The batch's mean-loss gradients at the trainable weights `point` and
+  `other` of the mixed outputs alpha f(point; x) + (1 - alpha) f(other; x)
+  (APFL's personal prediction); the variables are put back as they were."""
+  trainable = model.trainable_variables
+  saved = [tf.identity(v) for v in trainable]
+  tapes, outputs = [], []
+  for values in (point, other):
+    for var, value in zip(trainable, values):
+      var.assign(value)
+    with tf.GradientTape() as tape:
+      outputs.append(model(x, training=True))
+    tapes.append(tape)
+  with tf.GradientTape() as tape:
+    tape.watch(outputs)
+    mixed = alpha * outputs[0] + (1.0 - alpha) * outputs[1]
+    per_example = models.per_example_loss(loss, y, mixed)
+    if mask is None:
+      batch_loss = tf.reduce_mean(per_example)
+    else:
+      batch_loss = tf.reduce_sum(per_example * mask) / tf.reduce_sum(mask)
+  upstream = tape.gradient(batch_loss, outputs)
+  grads = [t.gradient(o, trainable, output_gradients=u)
+           for t, o, u in zip(tapes, outputs, upstream)]
+  for var, value in zip(trainable, saved):
+    var.assign(value)
+  return grads[0], grads[1]
 
 
 def start_optimizer(optimizer, trainable_start, opt_state=None):

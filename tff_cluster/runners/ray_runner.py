@@ -627,7 +627,8 @@ class ShardedEvaluator:
     for w, actor in enumerate(r._actors):  # noqa: SLF001
       lo, hi = r._bounds[w], r._bounds[w + 1]  # noqa: SLF001
       if method == "evaluate":
-        part = (client_model.rows(lo, hi) if isinstance(client_model, evaluation.Mixture)
+        part = (client_model.rows(lo, hi) if isinstance(client_model, (
+            evaluation.Mixture, evaluation.OutputMix))
                 else client_model if evaluation.is_rule(client_model)
                 else np.asarray(client_model)[lo:hi])
         calls.append(actor.evaluate.remote(r._key, self._split, ref, part))  # noqa: SLF001

@@ -449,6 +449,18 @@ FEDAVG_FT_HPARAMS = (CLIENT_WEIGHTING, *_group(
            choices=("all", "head")),
     HParam("ft_mu", float, 0.0, "mu: a pull (mu/2)||v - w||^2 toward the global model w while "
            "fine-tuning (Ditto's fine-tuning baseline; 0: none, FedEM's).", low=0)), *HEAD)
+APFL_HPARAMS = _group(
+    "apfl",
+    HParam("apfl_alpha", float, 0.5, "The mixing weight alpha every client starts from (the "
+           "authors' code's default 0.5).", low=0, high=1),
+    HParam("apfl_adaptive", bool, False, "Adapt each client's alpha by its gradient (the authors' "
+           "code: at a round's first step, off by default; params: at every step)."),
+    HParam("apfl_mix", str, "outputs", "What the personal model mixes: outputs (the authors' "
+           "code, alpha v(x) + (1 - alpha) w(x)) or params (FedJAX's, alpha v + (1 - alpha) w per "
+           "weight).", choices=("outputs", "params")),
+    HParam("apfl_agg", str, "uniform", "The server's mean of the clients' models: uniform (the "
+           "authors' code) or weighted by the examples processed (FedJAX's).",
+           choices=("uniform", "examples")))
 PFEDME_HPARAMS = (CLIENT_WEIGHTING, *_group(
     "pfedme",
     HParam("pfedme_lambda", float, 15.0, "lambda: the personal model's pull toward the local "
