@@ -418,14 +418,15 @@ ADAM_OR_NO_BATCHNORM = ("mime", "fedsoft")
 # parity model): plain and proximal SGD, IFCA's keys and cluster models,
 # CFL-MGD's gradients and losses, FedGroup's modes, Mime's server statistics,
 # FedSoft's Adam, FedEM's per-example weights, pFedMo, Ditto's personal model,
-# FedRep's masked phases, pFedMe's own step and APFL's output-mixing forward. The others run one of these
+# FedRep's masked phases, pFedMe's own step, APFL's output-mixing forward and
+# Per-FedAvg's meta-steps. The others run one of these
 # client functions (FedPer, LG-FedAvg and FedBN FedRep's split definition in
 # one phase; local-only Ditto's without the global model; FedAvg + FT Ditto's
 # second training of a copy; the FedAvg family, WeCFL, FeSEM, CFL, FL+HC,
 # PACFL, StoCFL and HypCluster FedAvg's or IFCA's with other server steps).
 # TFF_CLUSTER_EXHAUSTIVE=1 runs every algorithm here.
 KERAS3_ALGOS = ("fedavg", "fedprox", "ifca", "cfl_mgd", "fedgroup", "mime", "fedsoft", "fedem",
-                "pfedmo", "ditto", "fedrep", "pfedme", "apfl")
+                "pfedmo", "ditto", "fedrep", "pfedme", "apfl", "perfedavg")
 KERAS3_RUN_CASES = [
     ("lstm" if algo in ADAM_OR_NO_BATCHNORM else "conv_batchnorm_lstm_dropout", algo, 0,
      solver)

@@ -415,3 +415,59 @@ def test_apfl_refuses_momentum_and_keeps_alpha_without_adaptation():
   with pytest.raises(ValueError, match="invalid --client_momentum for apfl"):
     spec.load().APFLDefinition(models.weights_type_spec(_mlp()), 4, momentum=0.9,
                                initial_weights=driver.w0, options=spec.options())
+
+
+@pytest.mark.parametrize("variant", ["fo", "hf"])
+def test_perfedavg_meta_step_by_hand(variant):
+  """On l_b(w) = |w - c_b|^2 / 2 (gradient w - c_b on batch b), one
+  meta-step over consecutive batches: w~ = w - a (w - c0); fo: w - b (w~ - c1);
+  hf: g = w~ - c1, Hg = g (the Hessian is I), w - b (g - a g)."""
+  from tff_cluster.learning import optimizers
+  a, b = 0.3, 0.2
+  c = [np.array([1.0, -2.0], np.float32), np.array([0.5, 3.0], np.float32),
+       np.array([-1.0, 0.25], np.float32)]
+  w = [np.array([2.0, 1.0], np.float32)]
+  opt = optimizers.chain(optimizers.meta_step(variant, b, delta=0.01)).bind(w)
+  state = opt.init(w)
+  cur = [tf.constant(w[0])]
+  steps = 2 if variant == "fo" else 3
+  for t in range(steps):
+    at = optimizers.GradientAt(lambda p, t=t: [p[0] - c[t]])
+    cur, state = opt.update(cur, [cur[0] - c[t]], state, a, at)
+    if t < steps - 1:
+      np.testing.assert_array_equal(cur[0], w[0])  # w moves at the meta-step only
+  tilde = w[0] - a * (w[0] - c[0])
+  g = tilde - c[1]
+  expected = w[0] - b * g if variant == "fo" else w[0] - b * (g - a * g)
+  np.testing.assert_allclose(cur[0], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_perfedavg_by_hand():
+  """Full-batch steps (D = D' = the client's data), first order: w~ = w - a
+  grad(w), w_k = w - b grad(w~), the plain mean; each client tested after one
+  step of size a from the global model on its training data."""
+  b = 0.7
+  task, data = _task(_mlp)
+  config = loop.TrainingConfig(rounds=1, clients_per_round=2, local_epochs=None,
+                               local_steps=2, batch_size=64, client_lr=LR, seed=3,
+                               runner="local")
+  driver = registry.get_algorithm("perfedavg").make_driver(task, data, config,
+                                                           perfedavg_beta=b)
+  w0 = [np.array(w, np.float64) for w in driver.w0]
+  sampled = []
+  original = driver.run_round
+  driver.run_round = lambda r, clients: (sampled.append(list(clients)), original(r, clients))[1]
+  loop.run_training(task, data, config, driver, progress=False)
+  trained = []
+  for k in sampled[0]:
+    x, y = _client_arrays(data, k)
+    tilde = [w - LR * g for w, g in zip(w0, _grad(_mlp, [a.astype(np.float32) for a in w0], x, y))]
+    g = _grad(_mlp, [a.astype(np.float32) for a in tilde], x, y)
+    trained.append([w - b * gi for w, gi in zip(w0, g)])
+  w = [sum(t[i] for t in trained) / len(trained) for i in range(4)]
+  _close(driver.model_weights(), w)
+  weights, index = driver.eval_models()
+  for k in range(3):
+    x, y = _client_arrays(data, k)
+    g = _grad(_mlp, [a.astype(np.float32) for a in w], x, y)
+    _close(weights[index[k]], [a - LR * gi for a, gi in zip(w, g)])

@@ -31,7 +31,8 @@ from tff_cluster.spec.options import (
     FEDBN_HPARAMS, FEDEM_HPARAMS, FEDGROUPROX_HPARAMS, FEDGROUP_HPARAMS, FEDNAG_HPARAMS,
     FEDPER_HPARAMS, FEDPROX_HPARAMS, FEDPROX_PLUS_HPARAMS, FEDRC_HPARAMS, FEDREP_HPARAMS,
     FEDSOFT_HPARAMS, FESEM_HPARAMS, FLHC_HPARAMS, HYPCLUSTER_HPARAMS, IFCA_HPARAMS,
-    LG_FEDAVG_HPARAMS, LOCAL_ONLY_HPARAMS, MIME_HPARAMS, PACFL_HPARAMS, PFEDME_HPARAMS,
+    LG_FEDAVG_HPARAMS, LOCAL_ONLY_HPARAMS, MIME_HPARAMS, PACFL_HPARAMS, PERFEDAVG_HPARAMS,
+    PFEDME_HPARAMS,
     PFEDMO_HPARAMS,
     SERVER_MOMENTUM_HPARAMS, STOCFL_HPARAMS, WECFL_HPARAMS, Options)
 
@@ -167,6 +168,9 @@ ALGORITHMS: Dict[str, AlgorithmSpec] = {
         AlgorithmSpec("apfl", "APFL: each client deploys a mixture, with weight alpha, of its "
                       "personal model and FedAvg's (outputs or weights mixed)", "apfl",
                       hparams=APFL_HPARAMS, own_momentum=True),
+        AlgorithmSpec("perfedavg", "Per-FedAvg: FedAvg over MAML meta-steps (first-order or "
+                      "Hessian-free); each client adapts by one step before its test",
+                      "perfedavg", hparams=PERFEDAVG_HPARAMS, own_momentum=True),
         AlgorithmSpec("pfedme", "pFedMe: personal models from K Moreau-envelope steps per "
                       "batch; local models pulled toward them, the server mixes by beta",
                       "pfedme", hparams=PFEDME_HPARAMS, own_momentum=True),

@@ -300,6 +300,48 @@ def apfl_step(personal, alpha, mix: str, adaptive: bool,
   return Transform(init, update, is_step=True)
 
 
+def meta_step(variant: str, beta: float, delta: float = 1e-3) -> Transform:
+  """Per-FedAvg's local meta-step (Fallah, Mokhtari, Ozdaglar, 2020; as
+  FL-bench's `perfedavg` client runs it), a step transform over consecutive
+  batches: with lr the step's learning rate (alpha, the inner step),
+
+  batch D (phase 0): w~ = w - lr grad(w; D); w stays.
+  batch D' (phase 1): g = grad(w~; D'); 'fo': w <- w - beta g.
+  batch D'' (phase 2, 'hf' only): Hg = (grad(w + delta g; D'') -
+    grad(w - delta g; D'')) / (2 delta); w <- w - beta (g - lr Hg).
+
+  State: (phase, w~, g). Every gradient is taken at every step and the
+  phase picks the one that applies (no branches in the trained graph)."""
+  if variant not in ("fo", "hf"):
+    raise ValueError(f"invalid Per-FedAvg variant {variant!r}; valid: fo, hf")
+  beta, delta = float(beta), float(delta)
+  cycle = 2.0 if variant == "fo" else 3.0
+
+  def init(start):
+    return (tf.constant(0.0), [tf.identity(w) for w in start],
+            [tf.zeros_like(w) for w in start])
+
+  def update(grads, state, weights, lr, gradient_at):
+    phase, tilde, saved = state[0], list(state[1]), list(state[2])
+    inner = [w - lr * g for w, g in zip(weights, grads)]
+    g_tilde = gradient_at(tilde)
+    if variant == "fo":
+      meta = [w - beta * g for w, g in zip(weights, g_tilde)]
+    else:
+      plus = gradient_at([w + delta * g for w, g in zip(weights, saved)])
+      minus = gradient_at([w - delta * g for w, g in zip(weights, saved)])
+      meta = [w - beta * (g - lr * (p - m) / (2.0 * delta))
+              for w, g, p, m in zip(weights, saved, plus, minus)]
+    first, second = tf.equal(phase, 0.0), tf.equal(phase, 1.0)
+    last = tf.equal(phase, cycle - 1.0)
+    new_w = [tf.where(last, m, w) for m, w in zip(meta, weights)]
+    new_tilde = [tf.where(first, i, t) for i, t in zip(inner, tilde)]
+    new_saved = [tf.where(second, g, s) for g, s in zip(g_tilde, saved)]
+    return new_w, (tf.math.floormod(phase + 1.0, cycle), new_tilde, new_saved)
+
+  return Transform(init, update, is_step=True)
+
+
 def _tuples(structure):
   """`structure` with every list made a tuple (loop carries keep one shape)."""
   if isinstance(structure, (list, tuple)):

@@ -461,6 +461,15 @@ APFL_HPARAMS = _group(
     HParam("apfl_agg", str, "uniform", "The server's mean of the clients' models: uniform (the "
            "authors' code) or weighted by the examples processed (FedJAX's).",
            choices=("uniform", "examples")))
+PERFEDAVG_HPARAMS = _group(
+    "perfedavg",
+    HParam("perfedavg_variant", str, "fo", "fo: first-order meta-steps over 2 batches; hf: "
+           "Hessian-free, a finite-difference Hessian-vector product on a third batch.",
+           choices=("fo", "hf")),
+    HParam("perfedavg_beta", float, 0.001, "beta: the meta-step's size (FL-bench's default; the "
+           "inner step alpha is --client_lr).", low=0, low_open=True),
+    HParam("perfedavg_delta", float, 0.001, "delta: the finite difference of the Hessian-free "
+           "variant (FL-bench's default).", low=0, low_open=True))
 PFEDME_HPARAMS = (CLIENT_WEIGHTING, *_group(
     "pfedme",
     HParam("pfedme_lambda", float, 15.0, "lambda: the personal model's pull toward the local "
