@@ -15,6 +15,7 @@ sys.path.insert(0, os.path.join(REPO_ROOT, "benchmarks"))
 import cflmgd_table2  # noqa: E402
 import clustered_catalogue  # noqa: E402
 import _sweep  # noqa: E402
+import personalized_baselines  # noqa: E402
 import pfedmo_table2  # noqa: E402
 import wecfl_table2  # noqa: E402
 from tff_cluster.io import checkpoint  # noqa: E402
@@ -515,3 +516,25 @@ def test_clustered_catalogue_gives_each_clustered_algorithm_the_true_clusters():
       given = f"--num_groups={spec['k']}" in flags
       assert given == (algo not in ("fedavg", "stocfl")), (task, algo)
       assert ("--client_momentum=0" in flags) == (algo in clustered_catalogue.OWN_SOLVER)
+
+
+def test_personalized_baselines_cells_are_settings_the_cli_accepts():
+  """Every cell of the personalized table resolves (the CLI's checks, no
+  TensorFlow): the right algorithms get K, and the own-solver ones take no
+  task momentum."""
+  import run_experiment
+  from tff_cluster import registry
+  for task, spec in personalized_baselines.TASKS.items():
+    for algo in personalized_baselines.ALGOS:
+      if algo in personalized_baselines.LEFT_OUT.get(task, ()):
+        continue
+      flags = personalized_baselines.flags_for(algo, task, spec["clients_per_round"])
+      run_experiment.FLAGS.unparse_flags()
+      run_experiment.FLAGS(["run_experiment.py", *flags])
+      settings = run_experiment.resolve_settings(run_experiment._flag_values())
+      assert settings["algo"] == algo and settings["task"] == task
+      if registry.ALGORITHMS[algo].own_momentum:
+        assert settings["client_momentum"] == 0.0, (task, algo)
+      assert (f"--num_groups={personalized_baselines.NUM_GROUPS[task]}" in flags) == (
+          algo in personalized_baselines.CLUSTERED)
+  run_experiment.FLAGS.unparse_flags()
