@@ -29,17 +29,15 @@ checkpoints; a finished run is reused and an interrupted one resumes.
 
 from __future__ import annotations
 
-import argparse
 import os
-import tempfile
-import time
 from typing import Dict, List, Optional
 
 import numpy as np
 
-from _sweep import (REPO_ROOT, SHARED, completed_summary, load_recorded, mean_std,
-                    median_round_seconds, registered_algorithms, run_one, save_markdown,
-                    save_recorded, truncated)
+import _cells
+from _cells import one_point_round  # noqa: F401  (the cut's rule, tested here)
+from _sweep import (SHARED, completed_summary, load_recorded, mean_std, median_round_seconds,
+                    run_one, save_markdown, save_recorded, truncated)
 from tff_cluster.io import rundir  # (_sweep put the repository on sys.path)
 
 # The cut, written before any table run (see docs/reproductions/clustered_catalogue.md):
@@ -68,7 +66,6 @@ EVAL_EVERY = {"synthetic_clusters": 5, "rotated_mnist": 1000, "fmnist_clusterwis
 ALGOS = ("fedavg", "ifca", "hypcluster", "cfl_mgd", "wecfl", "fesem", "cfl", "fedgroup",
          "fedgrouprox", "flhc", "pacfl", "fedem", "fedrc", "stocfl", "fedsoft")
 OWN_SOLVER = ("cfl_mgd", "fedem", "fedrc", "stocfl", "fedsoft")
-PROJECT_ROUNDS = 4
 # Mixture methods: each client predicts with its own mixture weights, so the
 # test-only clients, never trained, keep the initial ones.
 MIXTURE = ("fedem", "fedrc")
@@ -143,88 +140,24 @@ def score(directory: str) -> Optional[Dict[str, object]]:
           "seconds_per_round": truncated(median_round_seconds(directory), 3)}
 
 
-def one_point_round(directory: str) -> int:
-  """The first evaluated round from which the run's test accuracy stays within
-  1 point (0.01) of its final round's."""
-  _, rows = rundir.read_metrics(directory)
-  acc = [(int(r["round"]), float(r["test_accuracy"])) for r in rows
-         if r.get("test_accuracy") not in (None, "")]
-  final = acc[-1][1]
-  first = acc[-1][0]
-  for rnd, a in reversed(acc):
-    if abs(a - final) > 0.01 + 1e-9:  # (0.91 - 0.90 is 0.010000000000000009)
-      break
-    first = rnd
-  return first
-
-
 def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--tasks", default=",".join(TASKS))
-  p.add_argument("--algos", default=",".join(ALGOS))
-  p.add_argument("--seeds", default=None, help="override the cut's seeds")
-  p.add_argument("--rounds", type=int, default=None, help="override the cut's rounds")
-  p.add_argument("--clients_per_round", type=int, default=None,
-                 help="override the cut's clients per round")
-  p.add_argument("--out", default=os.path.join(REPO_ROOT, "results", "clustered_catalogue"))
-  p.add_argument("--project", action="store_true",
-                 help="time 4 rounds of each (task, algorithm) and project the plan")
-  p.add_argument("--converge", action="store_true",
-                 help="run FedAvg (seed 0, the cut, the task's default rounds) and print "
-                      "the round from which it stays within 1 point of its final accuracy")
+  p = _cells.parser(__doc__.splitlines()[0], TASKS, ALGOS, "clustered_catalogue")
   p.add_argument("--paper_rows", action="store_true",
                  help="run the per-paper rows (PAPER_ROWS); with --record, record them")
-  p.add_argument("--shard", default="0/1", help="i/n: run every n-th job from the i-th "
-                 "(two processes on two cores)")
-  p.add_argument("--table_only", action="store_true")
-  p.add_argument("--markdown", default=None, metavar="STEM",
-                 help="write the recorded table to STEM.md and stop")
-  p.add_argument("--record", action="store_true",
-                 help="add the finished runs to benchmarks/recorded/clustered_catalogue.csv")
   args = p.parse_args(argv)
-  for name, given, valid in (("task", args.tasks, TASKS), ("algo", args.algos, ALGOS)):
-    bad = [x for x in given.split(",") if x not in valid]
-    if bad:
-      raise SystemExit(f"clustered_catalogue.py: error: unknown {name} {bad[0]!r}; valid: "
-                       f"{', '.join(valid)}")
-  missing = [a for a in args.algos.split(",") if a not in registered_algorithms()]
-  if missing:
-    raise SystemExit(f"clustered_catalogue.py: error: --algo={missing[0]} is not registered")
+  _cells.check_names("clustered_catalogue.py", args, TASKS, ALGOS)
   tasks = args.tasks.split(",")
   if args.markdown:
     return save_markdown(args.markdown, markdown())
   if args.paper_rows:
     return paper_rows(args)
   if args.converge:
-    return converge(tasks, args)
+    return _cells.converge(tasks, args, cut, flags_for)
   if args.project:
-    return project(tasks, args)
-  unset = [t for t in tasks if cut(t, args)["rounds"] is None]
-  if unset:
-    raise SystemExit(f"clustered_catalogue.py: error: {unset[0]} has no rounds in its cut "
-                     "yet: run --converge and write them into TASKS (or pass --rounds)")
-  # Seed 0 of every task first, then the further seeds.
-  seeds = sorted({s for t in tasks for s in cut(t, args)["seeds"]})
-  jobs = [(a, t, s) for s in seeds for t in tasks if s in cut(t, args)["seeds"]
-          for a in args.algos.split(",") if a not in LEFT_OUT.get(t, ())]
-  i, n = (int(x) for x in args.shard.split("/"))
-  t0 = time.perf_counter()
-  records = []
-  for j, (algo, task, seed) in enumerate(jobs):
-    c = cut(task, args)
-    d = os.path.join(args.out, task, algo, f"seed{seed}")
-    if not args.table_only and j % n == i:
-      try:
-        run_one(flags_for(algo, task, c["clients_per_round"])
-                + [f"--eval_every={EVAL_EVERY[task]}"], d, seed, "local", c["rounds"])
-      except RuntimeError as e:  # one failed cell does not stop the table
-        print(f"FAILED {task} {algo} seed {seed}: {e}", flush=True)
-        continue
-    got = score(d)
-    print(f"[{time.perf_counter() - t0:7.0f} s] {task} {algo} seed {seed}: {got}", flush=True)
-    if got is not None:
-      note = rotated_note(algo) if task == "rotated_mnist" else ""
-      records.append({"algo": algo, "task": task, "seed": seed, "note": note, **got})
+    return _cells.project(tasks, args, cut, flags_for, LEFT_OUT)
+  records = _cells.run_cells(
+      "clustered_catalogue.py", tasks, args, cut, flags_for, EVAL_EVERY.get, score, LEFT_OUT,
+      note=lambda algo, task: rotated_note(algo) if task == "rotated_mnist" else "")
   if args.record and records:
     save_recorded("clustered_catalogue", records, RECORD_KEY, RECORD_FIELDS)
 
@@ -233,37 +166,18 @@ def markdown() -> str:
   """The recorded table, one block per task: mean ± std over the recorded seeds
   (percent for accuracies and purity; ARI as a fraction), bytes per round in
   MB, and the median seconds per round beside FedAvg's on the task."""
-  rows = load_recorded("clustered_catalogue")
-  num = lambda r, k: None if r.get(k) in (None, "") else float(r[k])  # noqa: E731
-  out = []
-  for task in TASKS:
-    got = [r for r in rows if r["task"] == task]
-    if not got:
-      continue
-    base = [num(r, "seconds_per_round") for r in got if r["algo"] == "fedavg"]
-    base_s = float(np.median(base)) if base else None
-    c = TASKS[task]
-    out += [f"**{task}** ({got[0]['rounds']} rounds, {c['clients_per_round']} clients a "
-            f"round)", "",
-            "| `--algo` | seeds | accuracy % | client-avg % | ARI | purity % | MB/round | "
-            "s/round | × FedAvg |", "|---|---|---|---|---|---|---|---|---|"]
-    for algo in ALGOS:
-      mine = [r for r in got if r["algo"] == algo]
-      if not mine:
-        continue
-      ari = [num(r, "ari") for r in mine if num(r, "ari") is not None]
-      sec = float(np.median([num(r, "seconds_per_round") for r in mine]))
-      ratio = truncated(sec / base_s, 1) if base_s else "–"
-      ari_cell = (truncated(np.mean(ari), 2) + (f" ± {truncated(np.std(ari, ddof=1), 2)}"
-                                                if len(ari) > 1 else "")) if ari else "–"
-      out.append(
-          f"| `{algo}` | {','.join(r['seed'] for r in mine)} "
-          f"| {mean_std([num(r, 'accuracy') for r in mine])} "
-          f"| {mean_std([num(r, 'accuracy_clientavg') for r in mine])} | {ari_cell} "
-          f"| {mean_std([num(r, 'purity') for r in mine], digits=1)} "
-          f"| {truncated(np.mean([num(r, 'bytes_per_round') for r in mine]) / 1e6, 2)} "
-          f"| {truncated(sec, 2)} | {ratio} |")
-    out.append("")
+  num = _cells.number
+
+  def cells(mine):
+    ari = [num(r, "ari") for r in mine if num(r, "ari") is not None]
+    ari_cell = (truncated(np.mean(ari), 2) + (f" ± {truncated(np.std(ari, ddof=1), 2)}"
+                                              if len(ari) > 1 else "")) if ari else "–"
+    return [mean_std([num(r, "accuracy") for r in mine]),
+            mean_std([num(r, "accuracy_clientavg") for r in mine]), ari_cell,
+            mean_std([num(r, "purity") for r in mine], digits=1)]
+
+  out = _cells.task_blocks(load_recorded("clustered_catalogue"), TASKS, ALGOS,
+                           ["accuracy %", "client-avg %", "ARI", "purity %"], cells)
   papers = load_recorded("clustered_catalogue_papers")
   if papers:
     out += ["**Per-paper rows**", "", "| row | seeds | rounds | ours: accuracy % | client-avg % "
@@ -295,42 +209,6 @@ def paper_rows(args):
                         "note": "not comparable: 51-writer LEAF sample, MLP, 90/10 split"})
   if args.record and records:
     save_recorded("clustered_catalogue_papers", records, ("row", "seed"), PAPER_FIELDS)
-
-
-def converge(tasks, args):
-  from tff_cluster import tasks as registry
-  for task in tasks:
-    c = cut(task, args)
-    rounds = int(registry.get_task(task).defaults["rounds"])
-    d = os.path.join(args.out, "_fedavg_converge", task)
-    run_one(flags_for("fedavg", task, c["clients_per_round"]), d, 0, "local", rounds)
-    r = one_point_round(d)
-    print(f"{task}: FedAvg within 1 point of its round-{rounds} accuracy from round {r} "
-          f"-> rounds {min(rounds, -(-r // 10) * 10)}", flush=True)
-
-
-def project(tasks, args):
-  """Times `PROJECT_ROUNDS` rounds of each (task, algorithm) and projects the
-  plan's CPU time: that run's wall time plus the rest at its median round."""
-  from tff_cluster import tasks as registry
-  total, runs = 0.0, 0
-  for task in tasks:
-    c = cut(task, args)
-    rounds = c["rounds"] or int(registry.get_task(task).defaults["rounds"])
-    for algo in args.algos.split(","):
-      with tempfile.TemporaryDirectory() as tmp:
-        run = os.path.join(tmp, "run")
-        s = run_one(flags_for(algo, task, c["clients_per_round"])
-                    + [f"--rounds={PROJECT_ROUNDS}"], run, 0, "local", PROJECT_ROUNDS)
-        # The median round: the first one's compilation left out of the rate.
-        per_round = median_round_seconds(run)
-      one = s["wall_seconds"] + (rounds - PROJECT_ROUNDS) * per_round
-      total += one * len(c["seeds"])
-      runs += len(c["seeds"])
-      print(f"{task} {algo}: {per_round:.2f} s/round -> {one / 60:.1f} min for {rounds} "
-            f"rounds x {len(c['seeds'])} seeds", flush=True)
-  print(f"projected total: {total / 3600:.2f} h for {runs} runs (training; evaluation "
-        f"not included)")
 
 
 if __name__ == "__main__":

@@ -538,3 +538,25 @@ def test_personalized_baselines_cells_are_settings_the_cli_accepts():
       assert (f"--num_groups={personalized_baselines.NUM_GROUPS[task]}" in flags) == (
           algo in personalized_baselines.CLUSTERED)
   run_experiment.FLAGS.unparse_flags()
+
+
+def test_personalized_baselines_table_shows_the_spread_over_clients(recorded):
+  """Mean ± std over seeds of every score, in percent, truncated; seconds
+  beside FedAvg's."""
+  base = dict(task="femnist", rounds=50, bytes_per_round=2_000_000)
+  _sweep.save_recorded("personalized_baselines", [
+      dict(base, algo="fedavg", seed=0, accuracy=0.5, accuracy_clientavg=0.5,
+           accuracy_client_mean=0.4, accuracy_p10=0.1, accuracy_p50=0.45, accuracy_p90=0.8,
+           seconds_per_round=0.5),
+      dict(base, algo="ditto", seed=0, accuracy=0.7, accuracy_clientavg=0.69,
+           accuracy_client_mean=0.6, accuracy_p10=0.3, accuracy_p50=0.65, accuracy_p90=0.9,
+           seconds_per_round=1.0),
+      dict(base, algo="ditto", seed=1, accuracy=0.8, accuracy_clientavg=0.79,
+           accuracy_client_mean=0.7, accuracy_p10=0.4, accuracy_p50=0.75, accuracy_p90=0.95,
+           seconds_per_round=1.5)],
+      personalized_baselines.RECORD_KEY, personalized_baselines.RECORD_FIELDS)
+  text = personalized_baselines.markdown()
+  assert "| `fedavg` | 0 | 50.00 | 50.00 | 40.00 | 10.00 | 45.00 | 80.00 | 2.00 | 0.50 | 1.0 |" \
+      in text
+  assert ("| `ditto` | 0,1 | 75.00 ± 7.07 | 74.00 ± 7.07 | 65.00 ± 7.07 | 35.00 ± 7.07 "
+          "| 70.00 ± 7.07 | 92.50 ± 3.53 | 2.00 | 1.25 | 2.5 |") in text

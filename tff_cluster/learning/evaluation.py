@@ -370,15 +370,10 @@ class Evaluator:
                            for i in range(0, len(x), self._batch_size)])
 
   def _evaluate_output_mix(self, weights, mix: OutputMix) -> EvalResult:
-    """Every client tested with its mixed outputs (`OutputMix`); the loss is
-    the cross-entropy of the mixed outputs (a sigmoid output is mixed as a
-    probability)."""
-    n = len(self._y)
-    members = np.flatnonzero(self._counts > 0)
-    correct, loss_sum, f1 = np.zeros(n), np.zeros(n), np.zeros(n)
-    if len(members):
-      x = np.concatenate([self._x[k] for k in members])
-      y = np.concatenate([self._y[k] for k in members]).reshape(-1).astype(np.int64)
+    """Every client tested with its mixed outputs (`OutputMix`); a sigmoid
+    output is mixed as a probability."""
+
+    def predict(x, members):
       out = self._all_outputs(weights[mix.shared], x).astype(np.float64)
       rows = np.repeat(np.asarray(mix.personal, np.int64)[members], self._counts[members])
       alpha = np.repeat(np.asarray(mix.alpha, np.float64)[members], self._counts[members])
@@ -386,41 +381,35 @@ class Evaluator:
         sel = rows == j
         a = alpha[sel][:, None]
         out[sel] = a * self._all_outputs(weights[j], x[sel]) + (1.0 - a) * out[sel]
-      labels, probs = ensemble_predict(out[None], "logits", self._loss)
-      hit = (labels == y).astype(np.float64)
-      nll = -np.log(np.clip(probs[np.arange(len(y)), y], 1e-12, 1.0))
-      bounds = np.cumsum(self._counts[members])[:-1]
-      correct[members] = [s.sum() for s in np.split(hit, bounds)]
-      loss_sum[members] = [s.sum() for s in np.split(nll, bounds)]
-      f1[members] = per_client_macro_f1(y, labels, self._counts[members])
-    total = self._counts.sum()
-    return EvalResult(float(correct.sum() / total), float(loss_sum.sum() / total),
-                      correct, self._counts.copy(), loss_sum,
-                      client_model=np.asarray(mix.personal, np.int64).copy(), per_client_f1=f1,
-                      client_weight=self._weight.copy())
+      return ensemble_predict(out[None], "logits", self._loss)
+
+    return self._evaluate_predictions(predict, np.asarray(mix.personal, np.int64).copy())
 
   def _evaluate_ensemble(self, weights, vote: str, mixture=None) -> EvalResult:
     """Every client tested with the vote of all `weights` (see `ensemble_predict`),
     or with `mixture` ([clients, models]) its own weights over their
-    probabilities; the loss is the cross-entropy of the combined
     probabilities."""
+
+    def predict(x, members):
+      outputs = np.stack([self._all_outputs(w, x) for w in weights])
+      if mixture is None:
+        return ensemble_predict(outputs, vote, self._loss)
+      return mixture_predict(outputs, np.repeat(np.asarray(mixture, np.float64)[members],
+                                                self._counts[members], axis=0), self._loss)
+
+    return self._evaluate_predictions(predict, np.full(len(self._y), -1))
+
+  def _evaluate_predictions(self, predict, client_model) -> EvalResult:
+    """Every client with test data tested with `predict(x, members)` ->
+    (labels, probabilities [n, C]) over its members' examples concatenated;
+    the loss is the cross-entropy of those probabilities."""
     n = len(self._y)
     members = np.flatnonzero(self._counts > 0)
     correct, loss_sum, f1 = np.zeros(n), np.zeros(n), np.zeros(n)
     if len(members):
       x = np.concatenate([self._x[k] for k in members])
       y = np.concatenate([self._y[k] for k in members]).reshape(-1).astype(np.int64)
-      outputs = []
-      for w in weights:
-        models.set_weights(self._model, w)
-        outputs.append(np.concatenate(
-            [self._outputs(x[i:i + self._batch_size]).numpy()
-             for i in range(0, len(x), self._batch_size)]))
-      if mixture is None:
-        labels, probs = ensemble_predict(np.stack(outputs), vote, self._loss)
-      else:
-        labels, probs = mixture_predict(np.stack(outputs), np.repeat(
-            np.asarray(mixture, np.float64)[members], self._counts[members], axis=0), self._loss)
+      labels, probs = predict(x, members)
       hit = (labels == y).astype(np.float64)
       nll = -np.log(np.clip(probs[np.arange(len(y)), y], 1e-12, 1.0))
       bounds = np.cumsum(self._counts[members])[:-1]
@@ -429,6 +418,5 @@ class Evaluator:
       f1[members] = per_client_macro_f1(y, labels, self._counts[members])
     total = self._counts.sum()
     return EvalResult(float(correct.sum() / total), float(loss_sum.sum() / total),
-                      correct, self._counts.copy(), loss_sum,
-                      client_model=np.full(n, -1), per_client_f1=f1,
-                      client_weight=self._weight.copy())
+                      correct, self._counts.copy(), loss_sum, client_model=client_model,
+                      per_client_f1=f1, client_weight=self._weight.copy())
