@@ -405,6 +405,12 @@ def test_apfl_by_hand(mix):
         models.set_weights(mv, [a.astype(np.float32) for a in v[k]])
         z = alpha[k][0] * mv(x).numpy() + (1 - alpha[k][0]) * z
       assert result.per_client_correct[k] == np.sum(np.argmax(z, axis=1) == y)
+      # Saved as: its own v_k, or the global model (0) for a client never trained.
+      assert result.client_model[k] == (client_model.personal[k] if k in seen else 0)
+  final = driver.summary()["final_alpha"]
+  assert set(final) == {data.client_ids[k] for k in seen}
+  for k in seen:
+    np.testing.assert_allclose(final[data.client_ids[k]], alpha[k], rtol=1e-4, atol=1e-6)
 
 
 def test_apfl_refuses_momentum_and_keeps_alpha_without_adaptation():

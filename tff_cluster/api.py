@@ -60,7 +60,7 @@ from tff_cluster.learning import functional
 from tff_cluster.learning import layer_forms
 from tff_cluster.spec import hparams as hp
 from tff_cluster.data.client_data import from_client_data
-from tff_cluster.learning.evaluation import Evaluator, is_rule
+from tff_cluster.learning.evaluation import Evaluator, is_rule, per_client
 from tff_cluster.host import round as host_round
 from tff_cluster.host.model_spec import ModelSpec
 from tff_cluster.models import loss_kind  # noqa: F401  (public)
@@ -546,7 +546,7 @@ class Process:
     evaluator = self._evaluator
     if client_data is not None:
       data = self._as_federated_data(client_data)
-      if not is_rule(client_model) and data.client_ids != self._data.client_ids:
+      if per_client(client_model) and data.client_ids != self._data.client_ids:
         raise ValueError("evaluate(): the data's client ids differ from initialize()'s; "
                          "valid: the same clients (each is tested with its own model)")
       problem = _model_data_problem(self._model.model_fn(), self.loss, data)

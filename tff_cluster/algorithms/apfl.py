@@ -131,9 +131,11 @@ class APFLDriver(personal.PersonalDriver):
 
   def summary(self):
     out = dict(super().summary())
-    alphas = [float(np.asarray(s["alpha"])[0]) for s in self.client_states.values()]
-    if alphas:
-      out["apfl_mean_alpha"] = float(np.mean(alphas))
+    ids = self.data.client_ids
+    alphas = {ids[int(k) - self.state_key_offset]: [float(a) for a in np.asarray(s["alpha"])]
+              for k, s in self.client_states.items()}
+    if alphas:  # each trained client's alpha (one per weight with weight mixing)
+      out["final_alpha"] = alphas
     return out
 
 

@@ -81,7 +81,7 @@ class OutputMix:
   """Client k tested with the mixed outputs alpha[k] f(weights[personal[k]];
   x) + (1 - alpha[k]) f(weights[shared]; x) (APFL's personal prediction); a
   client with personal[k] = -1 with weights[shared] alone.
-  `EvalResult.client_model` is `personal`."""
+  `EvalResult.client_model` is `personal`, `shared` where it is -1."""
   personal: np.ndarray
   alpha: np.ndarray
   shared: int = 0
@@ -95,6 +95,12 @@ class OutputMix:
 def is_rule(client_model) -> bool:
   """Whether `client_model` is a rule (decided at evaluation), not indices."""
   return isinstance(client_model, (ChooseByTestLoss, Ensemble, Mixture, OutputMix))
+
+
+def per_client(client_model) -> bool:
+  """Whether `client_model` says something of each client by its position
+  (indices, a per-client mixture): data with other clients cannot take it."""
+  return not isinstance(client_model, (ChooseByTestLoss, Ensemble))
 
 
 def ensemble_predict(outputs: np.ndarray, vote: str, loss: str) -> tuple:
@@ -383,7 +389,9 @@ class Evaluator:
         out[sel] = a * self._all_outputs(weights[j], x[sel]) + (1.0 - a) * out[sel]
       return ensemble_predict(out[None], "logits", self._loss)
 
-    return self._evaluate_predictions(predict, np.asarray(mix.personal, np.int64).copy())
+    chosen = np.asarray(mix.personal, np.int64).copy()
+    chosen[chosen < 0] = mix.shared  # the shared model alone
+    return self._evaluate_predictions(predict, chosen)
 
   def _evaluate_ensemble(self, weights, vote: str, mixture=None) -> EvalResult:
     """Every client tested with the vote of all `weights` (see `ensemble_predict`),
