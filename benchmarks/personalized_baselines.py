@@ -39,7 +39,6 @@ TASKS = {
                                  "--num_clients=20", "--task_arg=split=label"],
                           clients_per_round=20, seeds="0,1,2",
                           rounds=25),  # FedAvg within 1 point only at its default 25
-
     "fmnist_clientwise_class": dict(flags=[
         f"--data_dir={os.path.join(SHARED, 'fashion_mnist')}"], clients_per_round=20,
         seeds="0,1,2", rounds=100),  # FedAvg within 1 point only at its default 100
