@@ -64,8 +64,12 @@ RECORD_FIELDS = RECORD_KEY + ("rounds", *SCORES, "bytes_per_round", "seconds_per
 
 
 def flags_for(algo: str, task: str, cpr: int) -> List[str]:
-  flags = [f"--algo={algo}", f"--task={task}", *TASKS[task]["flags"],
-           f"--clients_per_round={cpr}", "--checkpoint_every=10"]
+  """A cell's flags; a cross-silo algorithm (pFedMo: every client every
+  round) takes every client."""
+  from tff_cluster import registry  # TF-free
+  flags = [f"--algo={algo}", f"--task={task}", *TASKS[task]["flags"], "--checkpoint_every=10"]
+  if not registry.ALGORITHMS[algo].all_clients:
+    flags.append(f"--clients_per_round={cpr}")
   if algo in CLUSTERED:
     flags.append(f"--num_groups={NUM_GROUPS[task]}")
   return flags
