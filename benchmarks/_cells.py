@@ -7,6 +7,7 @@ baselines)."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import tempfile
 import time
@@ -148,7 +149,11 @@ def project(tasks: Sequence[str], args, cut: Callable, flags_for: Callable,
         s = run_one(flags_for(algo, task, c["clients_per_round"])
                     + [f"--rounds={PROJECT_ROUNDS}"], run, 0, "local", PROJECT_ROUNDS)
         per_round = median_round_seconds(run)
-      one = s["wall_seconds"] + (rounds - PROJECT_ROUNDS) * per_round
+      if "wall_seconds" not in s:  # the divergence guard stopped it (exit 3)
+        print(f"{task} {algo}: diverged at round {s.get('rounds_completed')} of "
+              f"{PROJECT_ROUNDS}; counted at its rate for the whole run", flush=True)
+        per_round = per_round if math.isfinite(per_round) else 0.0  # none completed
+      one = s.get("wall_seconds", 0.0) + (rounds - PROJECT_ROUNDS) * per_round
       total += one * len(c["seeds"])
       runs += len(c["seeds"])
       print(f"{task} {algo}: {per_round:.2f} s/round -> {one / 60:.1f} min for {rounds} "
