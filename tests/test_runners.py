@@ -123,14 +123,14 @@ PARITY_CASES = {
     # rounding reached 1.2e-5 in 2 of 600 weights of a copy); its rows are
     # held at the usual tolerance.
     "fedavg_ft": [{"ft_epochs": 1, "ft_mu": 0.5, "_weights_atol": 5e-5}],
-    # Output mixing with alpha adapted at each round's first step; weight
-    # mixing, alpha adapted at every step, the examples-weighted mean.
     # First-order meta-steps; Hessian-free (a third batch, its finite difference).
     # (A smaller inner lr: at 0.02 the meta-steps amplified the runners' float32
     # rounding to 4e-4 in a test loss by round 3.)
     "perfedavg": [{"perfedavg_beta": 0.02, "_config": {"client_lr": 0.005}},
                   {"perfedavg_variant": "hf", "perfedavg_beta": 0.02, "perfedavg_delta": 0.01,
                    "_config": {"client_lr": 0.005}}],
+    # Output mixing with alpha adapted at each round's first step; weight
+    # mixing, alpha adapted at every step, the examples-weighted mean.
     "apfl": [{"apfl_adaptive": True, "apfl_alpha": 0.4},
              {"apfl_mix": "params", "apfl_adaptive": True, "apfl_agg": "examples"}],
     # eta_p 0.01, the authors' Synthetic setting (at 0.05 the inner steps of
