@@ -352,7 +352,7 @@ def _main(argv) -> int:
     if isinstance(e.code, int) and e.code > 128:  # SIGTERM/SIGHUP inside the run
       _interrupted(settings, e.code)
     raise
-  except Exception as e:  # noqa: BLE001 - only Diverged and WorkerLost are expected
+  except Exception as e:  # noqa: BLE001 - the expected ones are named below
     from tff_cluster.host.loop import Diverged, WorkerLost
     signum = interrupts.received()
     if signum is not None:  # a signal's exception, transformed by the code it hit
@@ -363,7 +363,9 @@ def _main(argv) -> int:
     from tff_cluster.io.checkpoint import CheckpointError, WriteFailed
     if isinstance(e, WriteFailed):  # a full disk, a failing drive: nothing half-written left
       _fail(f"{e}; {_resume_hint(settings['output_dir'])}nothing half-written is left", code=5)
-    if isinstance(e, CheckpointError):  # a checkpoint that does not fit this run
+    from tff_cluster.runners.local_runner import CompiledCodeLimit
+    # A checkpoint that does not fit this run; no room left to compile one.
+    if isinstance(e, (CheckpointError, CompiledCodeLimit)):
       _fail(str(e))
     if not isinstance(e, Diverged):
       raise

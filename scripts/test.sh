@@ -141,8 +141,27 @@ tff_phase() {
       export TFF_CLUSTER_TODAY_PYTHON="$ROOT/$TODAY_ENV/bin/python"
     run_pytest tff .venv-tff/bin/python -m "tff or stack" )
 }
+# The today phase runs its test files in four groups, a fresh interpreter
+# each. In one interpreter, TF 2.21 keeps every XLA-compiled function for the
+# life of the process (memory grows with each compilation, and
+# benchmarks/xla_compile_growth.py measures it), and the whole phase in one
+# process ended twice in a segmentation fault inside a compiled round function
+# at the same point of the run (about 57 % of its tests, a different test each
+# time; each passes alone).
+TODAY_GROUPS=("tests/test_[a-c]*.py" "tests/test_[d-o]*.py" "tests/test_[p-r]*.py"
+              "tests/test_[s-z]*.py")
 today_phase() {
-  ( unset TF_USE_LEGACY_KERAS; run_pytest today "$TODAY_ENV/bin/python" -m "not tff" )
+  ( unset TF_USE_LEGACY_KERAS
+    rc=0 i=0
+    for group in "${TODAY_GROUPS[@]}"; do
+      i=$((i + 1))
+      # shellcheck disable=SC2086  # the group is a glob
+      run_pytest "today-$i" "$TODAY_ENV/bin/python" -m "not tff" $group
+      r=$?
+      [ $r -eq 5 ] && r=0  # no test of the group selected
+      [ $r -ne 0 ] && rc=$r
+    done
+    exit $rc )
 }
 keras2_phase() {
   ( export TF_USE_LEGACY_KERAS=1

@@ -89,18 +89,8 @@ TFF_RESUME = ("fedavg", "fedavgm", "ifca", "fedgroup", "cfl", "pfedmo", "fedem",
               "fedrep")
 
 
-# pFedMe's local-runner case crashed the interpreter (a segmentation fault
-# inside TensorFlow's call of the round) in the full suite, in CI and in a
-# clean local run of the `today` phase, twice at the same test; alone it
-# passes. Skipped until it is found (the closing note of 2026-11-29).
-SEGFAULTS = {("pfedme", "local")}
-
-
 @pytest.mark.parametrize("algo,runner", [
-    pytest.param(a, r, marks=pytest.mark.skip(
-        reason="segmentation fault inside TensorFlow in the full suite; under investigation"))
-    if (a, r) in SEGFAULTS else (a, r)
-    for a in sorted(registry.ALGORITHMS) for r in ("tff", "local")
+    (a, r) for a in sorted(registry.ALGORITHMS) for r in ("tff", "local")
     if r == "local" or a in TFF_RESUME])
 def test_resume_from_a_checkpoint_gives_the_same_run(algo, runner, small_clusters, tmp_path):
   task, data = small_clusters

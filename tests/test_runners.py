@@ -491,6 +491,28 @@ def test_jit_choice_on_cpu():
   assert models.model_family(models.mlp(4, 3, 2)) == "dense"
 
 
+def test_a_process_near_the_kernels_map_limit_refuses_an_xla_runner(monkeypatch, cluster_data):
+  """Refused in one line, not compiled into a segmentation fault: TensorFlow
+  keeps XLA's code for the life of the process, about 11 maps a function."""
+  check = local_runner.check_map_headroom
+  check((65530 - local_runner.MAP_HEADROOM, 65530))  # exactly the headroom: allowed
+  with pytest.raises(local_runner.CompiledCodeLimit) as e:
+    check((65530 - local_runner.MAP_HEADROOM + 1, 65530))
+  assert "61,531 of the 65,530 memory maps" in str(e.value)
+  assert "jit='off'" in str(e.value) and "\n" not in str(e.value)
+  check(None)  # a system that does not say: no check
+  held, limit = local_runner.memory_maps()  # Linux: this process's maps, the limit
+  assert 0 < held < limit
+  task, data = cluster_data
+  monkeypatch.setattr(local_runner, "memory_maps", lambda: (limit - 10, limit))
+  config = dict(rounds=1, clients_per_round=2, local_epochs=1, batch_size=10,
+                client_lr=0.01, runner="local")
+  with pytest.raises(local_runner.CompiledCodeLimit):  # MCLR: XLA on a CPU
+    fedavg.make_driver(task, data, loop.TrainingConfig(**config))
+  info = fedavg.make_driver(task, data, loop.TrainingConfig(**config, jit="off")).describe()
+  assert info["jit"] is False  # nothing to compile: allowed
+
+
 def _python(code: str) -> str:
   out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=str(REPO_ROOT),
                        capture_output=True, text=True, timeout=300)

@@ -111,6 +111,50 @@ def resolve_jit(setting: str, family: str, exact_batches: bool, device: str) -> 
 
 
 
+# TensorFlow keeps every XLA-compiled function's machine code for the life of
+# the process (a dropped runner's too), in about 11 memory maps a function on
+# Linux (benchmarks/xla_compile_growth.py; a small run compiles some 150-220
+# maps' worth). When the process reaches the kernel's limit on maps
+# (vm.max_map_count, 65,530 by default) LLVM's next allocation fails and
+# TensorFlow crashes the interpreter with a segmentation fault. A runner is
+# refused instead while fewer than MAP_HEADROOM maps are left.
+MAP_HEADROOM = 4000
+
+
+class CompiledCodeLimit(RuntimeError):
+  """This process is too close to the kernel's memory-map limit to compile
+  another run with XLA (one line)."""
+
+
+def memory_maps() -> Optional[tuple]:
+  """(maps this process holds, the kernel's limit), or None where the system
+  does not say (not Linux)."""
+  try:
+    with open("/proc/sys/vm/max_map_count") as f:
+      limit = int(f.read())
+    with open("/proc/self/maps", "rb") as f:
+      held = sum(1 for _ in f)
+  except (OSError, ValueError):
+    return None
+  return held, limit
+
+
+def check_map_headroom(maps=None) -> None:
+  """Raises `CompiledCodeLimit` when fewer than MAP_HEADROOM memory maps are
+  left to this process; `maps`: (held, limit) (default `memory_maps()`)."""
+  maps = memory_maps() if maps is None else maps
+  if maps is None:
+    return
+  held, limit = maps
+  if limit - held < MAP_HEADROOM:
+    raise CompiledCodeLimit(
+        f"this process holds {held:,} of the {limit:,} memory maps the kernel allows "
+        "(vm.max_map_count): TensorFlow keeps every XLA-compiled function for the life of "
+        "the process, and compiling another run would crash it; valid: a new process (a "
+        "new notebook kernel), jit='off' (--jit=off), or a higher limit (sysctl -w "
+        "vm.max_map_count=262144)")
+
+
 # `--client_batching=auto`: side by side only where it was measured faster on
 # that device kind for that model kind (docs/runners.md, "Clients side by
 # side"); each entry's reason is written in config.json's runner_info.
@@ -270,6 +314,8 @@ class LocalRunner(ServerSide):
     self.model_family = models.model_family(self._model)
     self.exact_batches = models.has_batch_statistics(self._model)
     self.jit = resolve_jit(jit, self.model_family, self.exact_batches, self.device)
+    if self.jit:
+      check_map_headroom()
     self._forward, forward_error = None, None
     if client_batching == "parallel" or (client_batching == "auto" and
                                          auto_side_by_side(self._model, self.device)):
