@@ -532,11 +532,20 @@ def test_personalized_baselines_cells_are_settings_the_cli_accepts():
       run_experiment.FLAGS.unparse_flags()
       run_experiment.FLAGS(["run_experiment.py", *flags])
       settings = run_experiment.resolve_settings(run_experiment._flag_values())
-      assert settings["algo"] == algo and settings["task"] == task
+      assert settings["algo"] == algo and settings["task"] == spec.get("task", task)
       if registry.ALGORITHMS[algo].own_momentum:
         assert settings["client_momentum"] == 0.0, (task, algo)
-      assert (f"--num_groups={personalized_baselines.NUM_GROUPS[task]}" in flags) == (
+      assert (f"--num_groups={personalized_baselines.NUM_GROUPS.get(task)}" in flags) == (
           algo in personalized_baselines.CLUSTERED)
+      if algo == "pfedme":  # the README's row for the setting's model
+        want = ((0.05, 30.0) if task not in personalized_baselines.SETTINGS else
+                (0.1, 15.0) if task == "pfedme_mnist" else (0.01, 20.0))
+        assert (settings["pfedme_personal_lr"], settings["pfedme_lambda"]) == want, task
+  # Each paper setting runs its own method and FedAvg, nothing else.
+  for name, spec in personalized_baselines.SETTINGS.items():
+    kept = [a for a in personalized_baselines.ALGOS
+            if a not in personalized_baselines.LEFT_OUT[name]]
+    assert sorted(kept) == sorted(spec["algos"]) and "fedavg" in kept, name
   run_experiment.FLAGS.unparse_flags()
 
 
