@@ -94,3 +94,34 @@ def test_bad_ids_are_refused(data):
                         {"b": data.test[data.client_ids[1]]}, 10)
   with pytest.raises(DataError, match="no test data"):
     from_client_data(client_data.train_client_data(only_train), client_data.test_client_data(other))
+
+
+@pytest.mark.tff
+def test_a_process_initializes_from_client_data_with_other_keys():
+  """The keys the error names are what `initialize` takes: EMNIST-style
+  'pixels'/'label' elements train as the same arrays would."""
+  import tensorflow_federated as tff
+  from tff_cluster import api, models
+  rng = np.random.default_rng(1)
+  tensors = {f"w{i}": collections.OrderedDict(
+      pixels=rng.random((6 + i, 2, 2)).astype(np.float32),
+      label=rng.integers(0, 3, 6 + i).astype(np.int32)) for i in range(3)}
+  cd = tff.simulation.datasets.TestClientData(tensors)
+
+  def process():
+    return api.build("fedavg", lambda: models.mclr(4, 3),
+                     tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                     client_lr=0.1, local_epochs=1, batch_size=2, seed=0)
+
+  with pytest.raises(DataError, match="x_key/y_key"):
+    process().initialize((cd, cd))
+  p = process()
+  state = p.initialize((cd, cd), x_key="pixels", y_key="label", flatten=True, num_classes=3)
+  got = p.next(state, ["w0", "w2"]).metrics
+  arrays = from_client_data(cd, cd, x_key="pixels", y_key="label", flatten=True, num_classes=3)
+  q = process()
+  want = q.next(q.initialize(arrays), ["w0", "w2"]).metrics
+  assert got["test_accuracy"] == want["test_accuracy"]
+  assert got["train_loss"] == want["train_loss"]
+  with pytest.raises(TypeError, match="x_key apply to a .train, test. pair"):
+    process().initialize(arrays, x_key="pixels")

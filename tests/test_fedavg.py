@@ -131,9 +131,10 @@ def test_one_round_is_example_weighted_mean_of_local_models(setup):
     np.testing.assert_allclose(g, e, atol=1e-5)
     assert np.abs(e - u).max() > 1e-3  # weighting by examples is visible
 
-  work = output.metrics["client_work"]
+  work = output.metrics["client_work"]["train"]  # tff.learning's layout
   assert float(work["num_examples"]) == examples.sum()
   np.testing.assert_allclose(float(work["loss_sum"]), losses.sum(), rtol=1e-5)
+  np.testing.assert_allclose(float(work["loss"]), losses.sum() / examples.sum(), rtol=1e-5)
 
 
 def test_fedprox_is_weighted_mean_of_proximal_sgd_with_less_drift(setup):

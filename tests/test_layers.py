@@ -36,7 +36,7 @@ LAYERS: List[Tuple[str, ...]] = [
     ("tff_cluster.api", "tff_cluster.cli", "tff_cluster.evaluate",
      # the public paths kept for users' scripts and `python -m` commands
      "tff_cluster.hparams", "tff_cluster.options", "tff_cluster.task", "tff_cluster.plot",
-     "tff_cluster.worker"),
+     "tff_cluster.worker", "tff_cluster.tff_program"),
 ]
 
 # Optional backends a function may import lazily (they import TFF, which may

@@ -417,20 +417,33 @@ class Process:
   # -- data ----------------------------------------------------------------
 
   @staticmethod
-  def _as_federated_data(client_data) -> FederatedData:
+  def _as_federated_data(client_data, client_data_args) -> FederatedData:
     if isinstance(client_data, FederatedData):
+      if client_data_args:
+        raise TypeError(f"{', '.join(sorted(client_data_args))} apply to a (train, test) pair "
+                        "of TFF ClientData only, not to a FederatedData")
       return client_data
     if isinstance(client_data, (tuple, list)) and len(client_data) == 2:
-      return from_client_data(client_data[0], client_data[1])
+      return from_client_data(client_data[0], client_data[1], **client_data_args)
     raise TypeError(f"client data must be a FederatedData or a (train, test) pair of TFF "
                     f"ClientData, got {type(client_data).__name__}")
 
   # -- the process ---------------------------------------------------------
 
-  def initialize(self, client_data) -> ProcessState:
+  def initialize(self, client_data, *, x_key: str = "x", y_key: str = "y",
+                 flatten: bool = False, num_classes: Optional[int] = None) -> ProcessState:
     """Builds the runner on `client_data` and runs the algorithm's set-up (cold
-    start). Returns the first state."""
-    data = self._as_federated_data(client_data)
+    start). Returns the first state.
+
+    `client_data`: a `FederatedData`, or a (train, test) pair of TFF
+    `ClientData`, whose elements' input and label keys are `x_key` and `y_key`
+    (TFF's EMNIST: 'pixels' and 'label'), inputs reshaped to vectors with
+    `flatten`, and `num_classes` default 1 + the largest label
+    (`tff_cluster.data.client_data.from_client_data`)."""
+    defaults = dict(x_key="x", y_key="y", flatten=False, num_classes=None)
+    given = dict(x_key=x_key, y_key=y_key, flatten=flatten, num_classes=num_classes)
+    pair_args = {k: v for k, v in given.items() if v != defaults[k]}
+    data = self._as_federated_data(client_data, pair_args)
     if self._driver is not None:
       raise RuntimeError("this process is already initialized; build a new process "
                          "for other data (states of one process cannot mix with another's)")

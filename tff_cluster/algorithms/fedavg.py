@@ -194,9 +194,12 @@ def build_fedavg(model_fn: Callable[[], tf.keras.Model], loss,
     client_momentum: heavy-ball beta of local SGD; its buffer starts at zero
       every round (a `LearningProcess` keeps no per-client state).
 
-  `next(state, client_datasets)` returns the new state and metrics
-  `{'client_work': {'loss_sum', 'num_examples'}, ...}`. The client work is
-  `FedAvgDefinition`'s local update, the one both runners execute.
+  `next(state, client_datasets)` returns the new state and metrics in
+  `tff.learning`'s layout, `{'client_work': {'train': {'loss', 'loss_sum',
+  'num_examples'}}, ...}` (`loss`: the mean over the round's examples), so
+  `tff.learning.programs.train_model` and its metrics managers take it. The
+  client work is `FedAvgDefinition`'s local update, the one both runners
+  execute.
   """
   stack.require_tff()
   import tensorflow_federated as tff  # the definition itself needs no TFF
@@ -240,6 +243,8 @@ def build_fedavg(model_fn: Callable[[], tf.keras.Model], loss,
         list(weights.trainable) + list(weights.non_trainable), dataset)
     return split(update), num_examples, loss_sum
 
+  train_metrics = _train_metrics(*client_update.type_signature.result[1:])
+
   @tff.federated_computation
   def client_init():
     return tff.federated_value((), tff.SERVER)
@@ -250,8 +255,8 @@ def build_fedavg(model_fn: Callable[[], tf.keras.Model], loss,
       tff.FederatedType(data_type, tff.CLIENTS))
   def client_next(state, weights, data):
     update, num_examples, loss_sum = tff.federated_map(client_update, (weights, data))
-    measurements = tff.federated_zip(collections.OrderedDict(
-        loss_sum=tff.federated_sum(loss_sum), num_examples=tff.federated_sum(num_examples)))
+    measurements = tff.federated_zip(collections.OrderedDict(train=tff.federated_map(
+        train_metrics, (tff.federated_sum(loss_sum), tff.federated_sum(num_examples)))))
     result = tff.federated_zip(tff.learning.templates.ClientResult(update, num_examples))
     return tff.templates.MeasuredProcessOutput(state, result, measurements)
 
@@ -265,6 +270,20 @@ def build_fedavg(model_fn: Callable[[], tf.keras.Model], loss,
       tff.learning.templates.ClientWorkProcess(client_init, client_next),
       tff.aggregators.MeanFactory().create(model_weights_type, tff.TensorType(np.float32)),
       _finalizer(server_optimizer, model_weights_type))
+
+
+def _train_metrics(examples_type, loss_type):
+  """The round's summed loss and examples as `tff.learning`'s client-work
+  metrics (`client_work/train/...`, which `tff.learning.programs.train_model`
+  releases): the mean loss beside the two sums."""
+  import tensorflow_federated as tff
+
+  @tff.tensorflow.computation(loss_type, examples_type)
+  def train_metrics(loss_sum, num_examples):
+    loss = loss_sum / tf.maximum(tf.cast(num_examples, loss_sum.dtype), 1.0)
+    return collections.OrderedDict(loss=loss, loss_sum=loss_sum, num_examples=num_examples)
+
+  return train_metrics
 
 
 def _finalizer(server_optimizer, model_weights_type):

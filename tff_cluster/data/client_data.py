@@ -60,7 +60,8 @@ def _arrays(dataset, x_key: str, y_key: str, client_id: str) -> Arrays:
   for element in dataset.as_numpy_iterator():
     if x_key not in element or y_key not in element:
       raise DataError(f"client {client_id!r}: elements have keys {sorted(element)}; "
-                      f"valid: pass x_key/y_key naming the input and label")
+                      f"valid: pass x_key/y_key naming the input and label (to "
+                      "from_client_data, or to a process's initialize)")
     xs.append(element[x_key])
     ys.append(element[y_key])
   if not xs:
