@@ -73,16 +73,20 @@ def test_the_data_source_draws_the_training_loops_clients_and_batches(data):
     ClientDataSourceIterator.from_bytes(it.to_bytes())
 
 
-def _train_model(data, root, rounds):
-  """FedAvg (`build_fedavg`) under `tff.learning.programs.train_model`, its
-  state in a `FileProgramStateManager` at `root`; returns the released
-  metrics by round and the final model weights."""
-  import tensorflow_federated as tff
+def _fedavg_process(source):
   from tff_cluster.algorithms import fedavg
+  return fedavg.build_fedavg(_model, models.SPARSE_CE_LOGITS, source.element_spec, _initial(),
+                             client_lr=LR)
+
+
+def _train_model(data, root, rounds, make_process=_fedavg_process):
+  """`make_process(source)` under `tff.learning.programs.train_model`, its
+  state in a `FileProgramStateManager` at `root`; returns the released
+  metrics by round, the last saved version and the final model weights."""
+  import tensorflow_federated as tff
   from tff_cluster.runners.tff import runtime
   source = _source(data)
-  process = fedavg.build_fedavg(_model, models.SPARSE_CE_LOGITS, source.element_spec,
-                                _initial(), client_lr=LR)
+  process = make_process(source)
   metrics = tff.program.MemoryReleaseManager()
   released = tff.program.MemoryReleaseManager()
   manager = tff.program.FileProgramStateManager(str(root))
@@ -102,18 +106,19 @@ def _train_model(data, root, rounds):
     state, version = asyncio.run(program())
   weights = process.get_model_weights(state.state)
   return (dict(metrics.values()), version,
-          [np.asarray(w) for w in list(weights.trainable) + list(weights.non_trainable)])
+          [np.asarray(w) for w in list(weights.trainable) + list(weights.non_trainable)],
+          state.state)
 
 
 def test_train_model_runs_fedavg_and_resumes_exactly(data, tmp_path):
-  whole, version, weights = _train_model(data, tmp_path / "whole", 3)
+  whole, version, weights, _ = _train_model(data, tmp_path / "whole", 3)
   assert version == 3 and sorted(whole) == [1, 2, 3]
   # tff.learning's metrics layout: the release finds client_work/train and
   # hands it on as model_metrics.
   assert set(whole[3]["model_metrics"]) == {"loss", "loss_sum", "num_examples"}
   # Stopped after round 2, restarted asking for 3: the same model and metrics.
   _train_model(data, tmp_path / "stopped", 2)
-  rest, version, resumed = _train_model(data, tmp_path / "stopped", 3)
+  rest, version, resumed, _ = _train_model(data, tmp_path / "stopped", 3)
   assert version == 3 and sorted(rest) == [3]
   assert rest[3] == whole[3]
   for a, b in zip(resumed, weights):
@@ -136,3 +141,89 @@ def test_train_model_runs_fedavg_and_resumes_exactly(data, tmp_path):
   for a, b in zip(list(runner_weights.trainable) + list(runner_weights.non_trainable),
                   weights):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def _api_process(algo, **options):
+  from tff_cluster import api
+  return api.build(algo, _model, models.SPARSE_CE_LOGITS, client_lr=LR, local_epochs=1,
+                   batch_size=BATCH, seed=SEED, runner="tff", **options)
+
+
+def test_train_model_runs_ifca_and_resumes_exactly(data, tmp_path):
+  """IFCA's round as a LearningProcess: K = 2 cluster models in its state,
+  each client picking its cluster; stopped and restarted equal to
+  uninterrupted; both models equal the `tff` runner's IFCA rounds."""
+  from tff_cluster.tff_program import build_learning_process
+  reference = _api_process("ifca", num_groups=2)
+  state = reference.initialize(data)
+  start = [list(m.trainable) + list(m.non_trainable)
+           for m in reference.get_model_weights(state)]
+
+  def ifca(source):
+    return build_learning_process("ifca", _model, models.SPARSE_CE_LOGITS, source.element_spec,
+                                  start, LR, {"num_groups": 2})
+
+  whole, version, first, final = _train_model(data, tmp_path / "whole", 3, ifca)
+  assert version == 3 and set(whole[3]["model_metrics"]) == {"loss", "loss_sum",
+                                                             "num_examples"}
+  _train_model(data, tmp_path / "stopped", 2, ifca)
+  rest, _, _, resumed = _train_model(data, tmp_path / "stopped", 3, ifca)
+  assert rest[3] == whole[3]
+  for a, b in zip(resumed["models"], final["models"]):
+    np.testing.assert_array_equal(a, b)
+  # get_model_weights gives cluster 0 (model_index); the state keeps both.
+  np.testing.assert_array_equal(first[0], final["models"][0][0])
+  # (A fresh process: the first one's models predate the computations' graphs.)
+  reference = _api_process("ifca", num_groups=2)
+  state = reference.initialize(data)
+  for m, w in zip(reference.get_model_weights(state), start):
+    np.testing.assert_array_equal(m.trainable[0], w[0])
+  it = _source(data).iterator()
+  for round_num in (1, 2, 3):
+    out = reference.next(state, it.selected_clients(PER_ROUND))
+    it.select(PER_ROUND)
+    state = out.state
+    np.testing.assert_allclose(out.metrics["train_loss"], whole[round_num]["model_metrics"]["loss"],
+                               rtol=1e-5)
+  for j, m in enumerate(reference.get_model_weights(state)):
+    for a, b in zip(list(m.trainable) + list(m.non_trainable), final["models"]):
+      np.testing.assert_allclose(a, b[j], rtol=1e-5, atol=1e-6)
+  assert not np.allclose(final["models"][0][0], final["models"][0][1])  # two clusters
+
+
+# The algorithms whose round is TensorFlow end to end (no per-client keys or
+# states from the host), with what their definitions need besides options.
+LEARNING_PROCESSES = {"fedavg": {}, "fedavgm": {}, "fedmom": {}, "slowmo": {},
+                      "fedprox": {"mu": 0.1}, "mime": {}, "mime_lite": {},
+                      "ifca": {"num_groups": 2}, "cfl_mgd": {"num_groups": 2}}
+
+
+@pytest.mark.parametrize("algo", sorted(LEARNING_PROCESSES))
+def test_every_end_to_end_round_runs_under_train_model(algo, data, tmp_path):
+  from tff_cluster.tff_program import build_learning_process
+  extra = {"num_clients": data.num_training_clients} if algo == "cfl_mgd" else {}
+
+  def process(source):
+    return build_learning_process(algo, _model, models.SPARSE_CE_LOGITS, source.element_spec,
+                                  _initial(), LR, LEARNING_PROCESSES[algo], **extra)
+
+  metrics, version, weights, _ = _train_model(data, tmp_path, 2, process)
+  assert version == 2 and sorted(metrics) == [1, 2]
+  train = metrics[2]["model_metrics"]
+  assert float(train["num_examples"]) > 0 and np.isfinite(float(train["loss"]))
+  assert any(np.abs(w - w0).max() > 1e-4 for w, w0 in zip(weights, _initial()))
+
+
+def test_a_round_that_needs_the_host_is_refused_in_one_line(data):
+  from tff_cluster.tff_program import build_learning_process
+  spec = _source(data).element_spec
+  for algo, options in (("fesem", {"num_groups": 2}), ("wecfl", {"num_groups": 2})):
+    with pytest.raises(ValueError, match=f"{algo}'s train round takes per-client keys"):
+      build_learning_process(algo, _model, models.SPARSE_CE_LOGITS, spec, _initial(), LR,
+                             options)
+  with pytest.raises(ValueError, match="valid: pretrain, newcomer, warm"):  # no train mode
+    build_learning_process("fedgroup", _model, models.SPARSE_CE_LOGITS, spec, _initial(), LR,
+                           {"num_groups": 2})
+  with pytest.raises(ValueError, match="valid: 0..1"):
+    build_learning_process("ifca", _model, models.SPARSE_CE_LOGITS, spec, _initial(), LR,
+                           {"num_groups": 2}, model_index=2)

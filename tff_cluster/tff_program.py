@@ -21,6 +21,7 @@ settings) before the program state manager loads its state.
 
 from __future__ import annotations
 
+import collections
 import json
 from typing import List, Optional
 
@@ -32,6 +33,8 @@ from tff_cluster import stack
 stack.require_tff()
 import tensorflow_federated as tff  # noqa: E402
 
+from tff_cluster import api  # noqa: E402
+from tff_cluster.core.definition import round_params  # noqa: E402
 from tff_cluster.data.federated import FederatedData  # noqa: E402
 from tff_cluster.host.driver import sample_clients  # noqa: E402
 from tff_cluster.learning import schedule  # noqa: E402
@@ -140,3 +143,135 @@ class ClientDataSource(tff.program.FederatedDataSource):
     x, y = self.data.train[self.data.client_ids[client]]
     return schedule.work_dataset(x, y, self.work,
                                  schedule.client_seed(self.seed, round_num, client))
+
+
+# The modes a round runs, in order, on the same clients, where not just
+# `train` (full Mime: the clients' full-batch gradients, then the local steps).
+ROUND_MODES = {"mime": ("gradient", "train")}
+
+
+def build_learning_process(algo: str, model_fn, loss, element_spec, initial_weights,
+                           client_lr: float, options=None, *, modes=None,
+                           model_index: int = 0, **definition_args):
+  """`algo`'s round as a `tff.learning.templates.LearningProcess` that
+  `tff.learning.programs.train_model` drives.
+
+  For the algorithms whose round is TensorFlow end to end: its modes (`modes`,
+  default `ROUND_MODES`' or `train`, run in order on the same clients) take
+  no per-client keys and no per-client state from the host (the FedAvg
+  family, the server-optimizer variants, FedProx, Mime and MimeLite, IFCA,
+  CFL-MGD).
+  The process state is the definition's (`definition.initial_state` of
+  `initial_weights`: every cluster model for a clustered one, the server
+  optimizer's state); `next` runs the round computation of
+  `tff_cluster.api.computations` with `client_lr`, and its metrics follow
+  `tff.learning`'s layout: `client_work/train/{loss, loss_sum, num_examples}`
+  (`num_examples`: the FedAvg family's summed aggregation weights, the
+  examples under the default `client_weighting`).
+  `get_model_weights` gives one model: the state's model, or for a clustered
+  state (K stacked models) model `model_index` (every cluster's is in the
+  state, `state['models']`); `set_model_weights` sets that one.
+
+  Args: as `api.computations` (options by name, `definition_args` to the
+  definition), plus the clients' learning rate and `initial_weights`: one
+  model's weight list, or for a clustered one a list per cluster (K equal
+  models would tie every client's choice to cluster 0).
+  """
+  definition, computations = api.computations(algo, model_fn, loss, element_spec, options,
+                                              **definition_args)
+  modes = tuple(modes or ROUND_MODES.get(algo, ("train",)))
+  for mode in modes:
+    if mode not in computations:
+      raise ValueError(f"invalid mode {mode!r} for {algo}; valid: {', '.join(computations)}")
+    needs = [what for what, needed in (
+        ("keys", definition.num_keys(mode) > 0),
+        ("states", definition.client_state_spec(mode) is not None)) if needed]
+    if needs:
+      raise ValueError(f"{algo}'s {mode} round takes per-client {' and '.join(needs)} from "
+                       "the host, which a LearningProcess cannot pass; valid: its "
+                       "api.computations driven by a program, or build(..., runner='tff')")
+  rounds = [computations[mode].computation for mode in modes]
+  round_comp = rounds[-1]
+  state_type, data_type = (round_comp.type_signature.parameter[i] for i in (0, 2))
+  initial = definition.initial_state(tf.nest.map_structure(np.asarray, list(initial_weights)))
+  params = tf.nest.map_structure(np.asarray, round_params(client_lr))
+  weights_of, with_weights = _model_access(initial, definition.num_trainable, model_index)
+
+  @tff.tensorflow.computation
+  def initial_state():
+    return tf.nest.map_structure(tf.constant, initial)
+
+  @tff.federated_computation
+  def initialize():
+    return tff.federated_eval(initial_state, tff.SERVER)
+
+  @tff.tensorflow.computation(data_type.member)
+  def position(dataset):
+    del dataset  # every row of the collected results is dropped here
+    return tf.constant(0, tf.int32)
+
+  summed_type = round_comp.type_signature.result[1].member
+
+  @tff.tensorflow.computation(summed_type)
+  def metrics(summed):
+    # The FedAvg family sums its aggregation weights ("weight": the examples
+    # under the default weighting) instead of the examples.
+    n = summed["num_examples"] if "num_examples" in summed else summed["weight"]
+    loss_mean = summed["loss_sum"] / tf.maximum(tf.cast(n, summed["loss_sum"].dtype), 1.0)
+    return collections.OrderedDict(client_work=collections.OrderedDict(
+        train=collections.OrderedDict(loss=loss_mean, loss_sum=summed["loss_sum"],
+                                      num_examples=n)))
+
+  @tff.federated_computation(state_type, data_type)
+  def next_fn(state, data):
+    positions = tff.federated_map(position, data)
+    for comp in rounds:
+      state, summed, _ = comp(state, tff.federated_value(params, tff.SERVER), data, positions)
+    return tff.learning.templates.LearningProcessOutput(state, tff.federated_map(metrics, summed))
+
+  get_model_weights = tff.tensorflow.computation(weights_of, state_type.member)
+  model_type = get_model_weights.type_signature.result
+  set_model_weights = tff.tensorflow.computation(with_weights, state_type.member, model_type)
+  return tff.learning.templates.LearningProcess(initialize, next_fn, get_model_weights,
+                                                set_model_weights)
+
+
+def _model_access(state, num_trainable: int, model_index: int):
+  """(state -> ModelWeights, (state, ModelWeights) -> state) for a state
+  holding one model (`model`) or K stacked ones (`models`, row
+  `model_index`)."""
+  if "model" in state:
+    def pick(s):
+      return list(s["model"])
+
+    def put(s, weights):
+      out = collections.OrderedDict(s)
+      out["model"] = weights
+      return out
+  elif "models" in state:
+    k = int(np.shape(state["models"][0])[0])
+    if not 0 <= model_index < k:
+      raise ValueError(f"invalid model_index={model_index}; valid: 0..{k - 1} (the state's "
+                       f"{k} models)")
+
+    def pick(s):
+      return [w[model_index] for w in s["models"]]
+
+    def put(s, weights):
+      out = collections.OrderedDict(s)
+      out["models"] = [tf.tensor_scatter_nd_update(w, [[model_index]], v[None])
+                       for w, v in zip(s["models"], weights)]
+      return out
+  else:
+    raise ValueError(f"a state with {sorted(state)} holds no model a LearningProcess can "
+                     "give (valid: 'model' or 'models')")
+
+  def weights_of(s):
+    w = pick(s)
+    return tff.learning.models.ModelWeights(trainable=w[:num_trainable],
+                                            non_trainable=w[num_trainable:])
+
+  def with_weights(s, model):
+    return put(s, list(model.trainable) + list(model.non_trainable))
+
+  return weights_of, with_weights
