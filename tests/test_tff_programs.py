@@ -125,22 +125,26 @@ def test_train_model_runs_fedavg_and_resumes_exactly(data, tmp_path):
     np.testing.assert_array_equal(a, b)
   # The same three rounds on the `tff` runner (the API's process on the
   # clients the source draws): the same model, and the same mean loss.
-  from tff_cluster import api
-  process = api.build("fedavg", _model, models.SPARSE_CE_LOGITS, client_lr=LR,
-                      local_epochs=1, batch_size=BATCH, seed=SEED, runner="tff",
-                      initial_weights=_initial())
-  state = process.initialize(data)
-  it = _source(data).iterator()
-  for round_num in (1, 2, 3):
-    out = process.next(state, it.selected_clients(PER_ROUND))
-    it.select(PER_ROUND)
-    state = out.state
-    np.testing.assert_allclose(out.metrics["train_loss"], whole[round_num]["model_metrics"]["loss"],
-                               rtol=1e-5)
+  process = _api_process("fedavg", initial_weights=_initial())
+  state = _same_rounds(process, process.initialize(data), data, whole)
   (runner_weights,) = process.get_model_weights(state)
   for a, b in zip(list(runner_weights.trainable) + list(runner_weights.non_trainable),
                   weights):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def _same_rounds(process, state, data, released):
+  """The API `process`'s rounds 1.. on the clients the data source draws,
+  each round's mean training loss equal to the program's released one;
+  returns the last state."""
+  it = _source(data).iterator()
+  for round_num in sorted(released):
+    out = process.next(state, it.selected_clients(PER_ROUND))
+    it.select(PER_ROUND)
+    state = out.state
+    np.testing.assert_allclose(out.metrics["train_loss"],
+                               released[round_num]["model_metrics"]["loss"], rtol=1e-5)
+  return state
 
 
 def _api_process(algo, **options):
@@ -178,13 +182,7 @@ def test_train_model_runs_ifca_and_resumes_exactly(data, tmp_path):
   state = reference.initialize(data)
   for m, w in zip(reference.get_model_weights(state), start):
     np.testing.assert_array_equal(m.trainable[0], w[0])
-  it = _source(data).iterator()
-  for round_num in (1, 2, 3):
-    out = reference.next(state, it.selected_clients(PER_ROUND))
-    it.select(PER_ROUND)
-    state = out.state
-    np.testing.assert_allclose(out.metrics["train_loss"], whole[round_num]["model_metrics"]["loss"],
-                               rtol=1e-5)
+  state = _same_rounds(reference, state, data, whole)
   for j, m in enumerate(reference.get_model_weights(state)):
     for a, b in zip(list(m.trainable) + list(m.non_trainable), final["models"]):
       np.testing.assert_allclose(a, b[j], rtol=1e-5, atol=1e-6)
