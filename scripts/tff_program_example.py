@@ -10,9 +10,18 @@ each round's metrics go to release managers (`LoggingReleaseManager`, and a
 definition needs nothing from the data); their outputs are all placed at
 the server, which `NativeFederatedContext` requires.
 
+With `--algo=ifca` it is TFF's own training loop instead:
+`tff.learning.programs.train_model` over IFCA's round as a `LearningProcess`
+(`tff_cluster.tff_program.build_learning_process`, K = `--num_groups` cluster
+models in its state) and the library's data as a `tff.program` data source
+(`ClientDataSource`: the training loop's client draws and batches), its
+program state in a `FileProgramStateManager` and the released metrics
+(`tff.learning`'s layout) in `metrics.csv`.
+
 The TFF stack only (tensorflow-federated 0.87):
 
   python scripts/tff_program_example.py --root_dir=/tmp/fedavg_program --rounds=5
+  python scripts/tff_program_example.py --root_dir=/tmp/ifca_program --rounds=5 --algo=ifca
 
 Run it again with a larger --rounds: it goes on from the saved state.
 """
@@ -37,7 +46,42 @@ def parse_args(argv=None):
   p.add_argument("--clients_per_round", type=int, default=10)
   p.add_argument("--lr", type=float, default=0.01)
   p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--algo", choices=("fedavg", "ifca"), default="fedavg",
+                 help="fedavg: a round computation in a loop of our own; ifca: train_model "
+                      "over IFCA's LearningProcess")
+  p.add_argument("--num_groups", type=int, default=3, help="ifca: K cluster models")
   return p.parse_args(argv)
+
+
+async def train_ifca(args) -> dict:
+  """IFCA under `tff.learning.programs.train_model`."""
+  import tensorflow as tf
+  import tensorflow_federated as tff
+
+  from tff_cluster import models, tasks
+  from tff_cluster.spec.task import DataOptions
+  from tff_cluster.tff_program import ClientDataSource, build_learning_process
+
+  task = tasks.get_task("synthetic_clusters")
+  data = task.load_data(DataOptions(seed=args.seed))
+  source = ClientDataSource(data, batch_size=10, epochs=1, seed=args.seed)
+  starts = []  # K independent draws of the model's initializer
+  for j in range(args.num_groups):
+    tf.keras.utils.set_random_seed(args.seed * 1000 + j)
+    starts.append(models.get_weights(task.model_fn()))
+  process = build_learning_process("ifca", task.model_fn, task.loss, source.element_spec, starts,
+                                   args.lr, {"num_groups": args.num_groups})
+  await tff.learning.programs.train_model(
+      train_process=process, train_data_source=source,
+      train_per_round_clients=args.clients_per_round, train_total_rounds=args.rounds,
+      program_state_manager=tff.program.FileProgramStateManager(
+          os.path.join(args.root_dir, "state")),
+      model_output_manager=tff.program.MemoryReleaseManager(),
+      train_metrics_manager=tff.program.GroupingReleaseManager([
+          tff.program.LoggingReleaseManager(),
+          tff.program.CSVFileReleaseManager(os.path.join(args.root_dir, "metrics.csv"))]),
+      evaluation_manager=None, evaluation_periodicity=args.rounds)
+  return {"rounds": args.rounds}
 
 
 async def train(args) -> dict:
@@ -95,7 +139,14 @@ async def train(args) -> dict:
 
 def main(argv=None) -> int:
   args = parse_args(argv)
-  out = asyncio.run(train(args))
+  if args.algo == "ifca":
+    import tensorflow_federated as tff
+    from tff_cluster.runners.tff import runtime
+    context = tff.program.NativeFederatedContext(runtime.async_context())
+    with tff.framework.get_context_stack().install(context):
+      out = asyncio.run(train_ifca(args))
+  else:
+    out = asyncio.run(train(args))
   print(f"trained to round {out['rounds']}; state in {os.path.join(args.root_dir, 'state')}")
   return 0
 

@@ -160,17 +160,20 @@ def test_the_runtime_signal_handler_runs_the_handler_installed_before():
 # tff.program drives our computations (scripts/tff_program_example.py).
 
 
-def test_a_tff_program_runs_fedavg_and_resumes_from_its_program_state(tmp_path):
+@pytest.mark.parametrize("algo,loss_column", [("fedavg", -1), ("ifca", 1)])
+def test_a_tff_program_runs_and_resumes_from_its_program_state(algo, loss_column, tmp_path):
   """The example program runs FedAvg's round under
-  tff.program.NativeFederatedContext (server-placed outputs), saves its state
-  with a FileProgramStateManager and releases metrics to CSV; stopped after 2
+  tff.program.NativeFederatedContext (server-placed outputs) in a loop of its
+  own, or IFCA under TFF's train_model, saves its state with a
+  FileProgramStateManager and releases metrics to CSV; stopped after 2
   rounds and run again to 3, it gives the rows of an uninterrupted 3-round
   program; its worker is gone when it ends."""
   script = str(REPO_ROOT / "scripts" / "tff_program_example.py")
 
   def program(root, rounds):
     code, _, err, seen = run_watching_workers(
-        [sys.executable, script, f"--root_dir={root}", f"--rounds={rounds}"], timeout=600)
+        [sys.executable, script, f"--root_dir={root}", f"--rounds={rounds}", f"--algo={algo}"],
+        timeout=600)
     assert code == 0, err[-2000:]
     assert_workers_gone(seen, timeout=5.0)
 
@@ -181,5 +184,5 @@ def test_a_tff_program_runs_fedavg_and_resumes_from_its_program_state(tmp_path):
   b = (tmp_path / "b" / "metrics.csv").read_text().splitlines()
   assert a == b and len(a) == 4, (a, b)  # a header and rounds 1..3
   assert sorted(os.listdir(tmp_path / "a" / "state"))[-1] == "program_state_3"
-  losses = [float(line.split(",")[-1]) for line in a[1:]]
+  losses = [float(line.split(",")[loss_column]) for line in a[1:]]
   assert all(np.isfinite(losses)) and len(set(losses)) == 3
