@@ -147,10 +147,10 @@ def _same_rounds(process, state, data, released):
   return state
 
 
-def _api_process(algo, **options):
+def _api_process(algo, runner="tff", **options):
   from tff_cluster import api
   return api.build(algo, _model, models.SPARSE_CE_LOGITS, client_lr=LR, local_epochs=1,
-                   batch_size=BATCH, seed=SEED, runner="tff", **options)
+                   batch_size=BATCH, seed=SEED, runner=runner, **options)
 
 
 def test_train_model_runs_ifca_and_resumes_exactly(data, tmp_path):
@@ -225,3 +225,73 @@ def test_a_round_that_needs_the_host_is_refused_in_one_line(data):
   with pytest.raises(ValueError, match="valid: 0..1"):
     build_learning_process("ifca", _model, models.SPARSE_CE_LOGITS, spec, _initial(), LR,
                            {"num_groups": 2}, model_index=2)
+
+
+def _program(data, root, rounds, algo, options, runner="tff", per_round=PER_ROUND):
+  """`train_program` of `algo` into a `FileProgramStateManager` at `root`;
+  returns the released metrics by round and the final state's models."""
+  import collections
+  import tensorflow_federated as tff
+  from tff_cluster.tff_program import ProcessBytes, train_program
+  process = _api_process(algo, runner=runner, **options)
+  metrics = tff.program.MemoryReleaseManager()
+  manager = tff.program.FileProgramStateManager(str(root))
+  source = _source(data)
+  asyncio.run(train_program(process, data, train_data_source=source,
+                            train_per_round_clients=per_round, train_total_rounds=rounds,
+                            program_state_manager=manager, train_metrics_manager=metrics))
+  saved, version = asyncio.run(manager.load_latest(collections.OrderedDict(
+      round=0, data=source.iterator(), process=ProcessBytes())))
+  assert version == rounds and int(saved["round"]) == rounds
+  return dict(metrics.values()), process, process.state_from_bytes(saved["process"].payload)
+
+
+def test_the_fedgroup_program_resumes_exactly_and_equals_the_tff_runner(data, tmp_path):
+  """FedGroup's cold start, clustering and newcomers run inside the program;
+  stopped after round 2 and started again, it ends as an uninterrupted one."""
+  options = {"num_groups": 2}
+  whole, process, final = _program(data, tmp_path / "whole", 3, "fedgroup", options)
+  assert sorted(whole) == [1, 2, 3] and all(np.isfinite(m["train_loss"]) for m in whole.values())
+  _program(data, tmp_path / "stopped", 2, "fedgroup", options)
+  rest, resumed_process, resumed = _program(data, tmp_path / "stopped", 3, "fedgroup", options)
+  assert sorted(rest) == [3] and rest[3] == whole[3]
+  for m, n in zip(process.get_model_weights(final), resumed_process.get_model_weights(resumed)):
+    for a, b in zip(m.trainable, n.trainable):
+      np.testing.assert_array_equal(a, b)
+  # The same rounds driven by hand on the tff runner, on the source's clients.
+  reference = _api_process("fedgroup", runner="tff", **options)
+  state = reference.initialize(data)
+  it = _source(data).iterator()
+  for round_num in (1, 2, 3):
+    out = reference.next(state, it.selected_clients(PER_ROUND))
+    it.skip(PER_ROUND)
+    state = out.state
+    assert out.metrics["train_loss"] == whole[round_num]["train_loss"]
+  for m, n in zip(process.get_model_weights(final), reference.get_model_weights(state)):
+    for a, b in zip(m.trainable, n.trainable):
+      np.testing.assert_array_equal(a, b)
+
+
+# The algorithms with host steps between or around their rounds' computations.
+PROGRAMS = ("fedgroup", "fedgrouprox", "wecfl", "fesem", "cfl", "flhc", "pacfl", "stocfl",
+            "fedsoft", "hypcluster", "pfedmo")
+
+
+@pytest.mark.parametrize("algo", PROGRAMS)
+def test_every_host_step_algorithm_runs_as_a_program_and_resumes(algo, data, tmp_path):
+  """2 rounds; stopped after round 1 and started again, round 2 the same."""
+  from tff_cluster import registry
+  spec = registry.get_algorithm(algo)
+  names = {h.name for h in spec.hparams}
+  options = {k: v for k, v in (("num_groups", 2), ("mu", 0.1)) if k in names}
+  per_round = data.num_training_clients if spec.all_clients else PER_ROUND
+  metrics, process, state = _program(data, tmp_path / "whole", 2, algo, options,
+                                     per_round=per_round)
+  assert sorted(metrics) == [1, 2] and all(np.isfinite(m["train_loss"]) for m in metrics.values())
+  assert state.round_num == 2 and process.get_model_weights(state)
+  _program(data, tmp_path / "stopped", 1, algo, options, per_round=per_round)
+  rest, _, _ = _program(data, tmp_path / "stopped", 2, algo, options, per_round=per_round)
+  assert sorted(rest) == [2]
+  differ = {k for k in metrics[2]  # (an empty group's accuracy is NaN on both)
+            if not np.array_equal(rest[2][k], metrics[2][k], equal_nan=True)}
+  assert not differ, {k: (rest[2][k], metrics[2][k]) for k in differ}

@@ -25,6 +25,10 @@ actors) and the algorithm's host side, and checks what it is given:
   data), are refused with a `ValueError` naming them and what is valid. The
   algorithm picks each client's key/group itself.
   `next` may be given an older state: the process returns to it first.
+* `state_to_bytes(state)` / `state_from_bytes(payload)` write a state (the
+  server's, every client's and the host's) as bytes and restore it into an
+  initialized process with the same settings and data (a program's state
+  manager keeps them; `tff_cluster.tff_program.train_program`).
 * The model is a Keras `model_fn` (a fresh model per call: a
   `keras.Sequential` with or without `keras.Input`, a functional or a
   subclassed model; one without weights yet is built by `initialize` for the
@@ -63,6 +67,7 @@ from tff_cluster.data.client_data import from_client_data
 from tff_cluster.learning.evaluation import Evaluator, is_rule, per_client
 from tff_cluster.host import round as host_round
 from tff_cluster.host.model_spec import ModelSpec
+from tff_cluster.io import checkpoint
 from tff_cluster.models import loss_kind  # noqa: F401  (public)
 from tff_cluster.data.federated import FederatedData
 
@@ -541,6 +546,24 @@ class Process:
     if state is not self._latest:
       self._driver.restore(self._driver.snapshot_numpy(state.snapshot))
       self._latest = state
+
+  def state_to_bytes(self, state: ProcessState) -> bytes:
+    """`state` (server state, every client state, the host's state and its
+    round) as bytes, no pickle: what a program's state manager saves."""
+    self._check_state(state)
+    return checkpoint.dumps({"round": state.round_num,
+                             "driver": self._driver.snapshot_numpy(state.snapshot)})
+
+  def state_from_bytes(self, payload: bytes) -> ProcessState:
+    """The state `state_to_bytes` wrote, restored into this initialized
+    process (the same algorithm, settings and data); `next` goes on from it."""
+    if self._driver is None:
+      raise RuntimeError("initialize() this process first (the same data and settings as "
+                         "the process that saved the state)")
+    saved = checkpoint.loads(payload)
+    self._driver.restore(saved["driver"])
+    self._latest = ProcessState(self._id, int(saved["round"]), self._driver.snapshot())
+    return self._latest
 
   def get_model_weights(self, state: ProcessState) -> List[ModelWeights]:
     """Every model of `state` (one, or one per cluster/group/ensemble member)."""

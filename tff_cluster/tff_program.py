@@ -32,6 +32,8 @@ from tff_cluster import stack
 
 stack.require_tff()
 import tensorflow_federated as tff  # noqa: E402
+# What `FileProgramStateManager` saves by `to_bytes` (TFF 0.87 does not export it).
+from tensorflow_federated.python.common_libs import serializable  # noqa: E402
 
 from tff_cluster import api  # noqa: E402
 from tff_cluster.core.definition import round_params  # noqa: E402
@@ -71,6 +73,11 @@ class ClientDataSourceIterator(tff.program.FederatedDataSourceIterator):
     clients = sample_clients(self._rng, self.source.training_clients, int(k))
     self._round += 1
     return [self.source.dataset(int(c), self._round) for c in clients]
+
+  def skip(self, k: int) -> None:
+    """Advances past the next `select(k)` without making its datasets."""
+    sample_clients(self._rng, self.source.training_clients, int(k))
+    self._round += 1
 
   def selected_clients(self, k: int) -> List[str]:
     """The ids the next `select(k)` would give, without advancing."""
@@ -275,3 +282,71 @@ def _model_access(state, num_trainable: int, model_index: int):
     return put(s, list(model.trainable) + list(model.non_trainable))
 
   return weights_of, with_weights
+
+
+class ProcessBytes(serializable.Serializable):
+  """A process state's bytes (`api.Process.state_to_bytes`) as a value a
+  `tff.program.ProgramStateManager` saves."""
+
+  def __init__(self, payload: bytes = b""):
+    self.payload = bytes(payload)
+
+  def to_bytes(self) -> bytes:
+    return self.payload
+
+  @classmethod
+  def from_bytes(cls, buffer: bytes) -> "ProcessBytes":
+    return cls(buffer)
+
+  def __eq__(self, other: object) -> bool:
+    return isinstance(other, ProcessBytes) and other.payload == self.payload
+
+
+async def train_program(process, data: FederatedData, *, train_data_source: ClientDataSource,
+                        train_per_round_clients: int, train_total_rounds: int,
+                        program_state_manager, train_metrics_manager=None) -> None:
+  """Any algorithm's rounds, host steps included (FedGroup's cold start and
+  newcomers, WeCFL's K-means, CFL's splits, pFedMo's scoring, FL+HC's and
+  PACFL's clusterings, StoCFL's merges, FedSoft's re-estimation), in
+  `tff.program`'s style: the clients each round come from
+  `train_data_source` (a `ClientDataSource` over `data`, drawn as the
+  training loop draws them), the program state (the round, the data
+  iterator, and the process state: server, clients and host, as
+  `ProcessBytes`) goes to `program_state_manager` after every round, and
+  each round's metrics to `train_metrics_manager`. A program stopped and
+  started again loads the latest program state and goes on to
+  `train_total_rounds` exactly as an uninterrupted one.
+
+  `process`: a new `api.build(...)` process (runner 'tff', or any other);
+  `initialize(data)` runs here (the set-up is seeded, so a restarted program
+  makes the same one before loading the saved state). Its rounds run on the
+  process's runner (the `tff` runner's own TFF context), not through a
+  `tff.program` federated context: the host steps between a round's
+  computations are Python that must see each result.
+  """
+  if train_data_source.data is not data:
+    raise ValueError("train_data_source must be a ClientDataSource over the same data the "
+                     "process trains on")
+  state = process.initialize(data)
+  iterator = train_data_source.iterator()
+  saved, version = await program_state_manager.load_latest(
+      collections.OrderedDict(round=0, data=iterator, process=ProcessBytes()))
+  start = 0
+  if saved is not None:
+    start, iterator = int(saved["round"]), saved["data"]
+    state = process.state_from_bytes(saved["process"].payload)
+  else:
+    await program_state_manager.save(collections.OrderedDict(
+        round=0, data=iterator, process=ProcessBytes(process.state_to_bytes(state))), version=0)
+  for round_num in range(start + 1, train_total_rounds + 1):
+    clients = iterator.selected_clients(train_per_round_clients)
+    iterator.skip(train_per_round_clients)
+    out = process.next(state, clients)
+    state = out.state
+    if train_metrics_manager is not None:
+      await train_metrics_manager.release(
+          {k: v for k, v in out.metrics.items() if isinstance(v, (int, float, np.number))},
+          key=round_num)
+    await program_state_manager.save(collections.OrderedDict(
+        round=round_num, data=iterator, process=ProcessBytes(process.state_to_bytes(state))),
+        version=round_num)
