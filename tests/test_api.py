@@ -253,3 +253,33 @@ def test_build_fedavg_takes_a_keras_loss_and_seeds_its_initial_weights():
   np.testing.assert_array_equal(wa.trainable[0], model_fn().get_weights()[0])
   with pytest.raises(ValueError, match="unsupported loss"):
     fedavg.build_fedavg(model_fn, tf.keras.losses.Hinge(), spec, client_lr=0.1)
+
+
+@pytest.mark.parametrize("algo", ["fedgroup", "ditto"])
+def test_a_state_as_bytes_restores_into_a_new_process(algo, data):
+  """`state_to_bytes` keeps the server's, every client's (Ditto's personal
+  models) and the host's state (FedGroup's groups, its generator): a new
+  process with the same settings goes on from it as the first one does."""
+  def process():
+    return api.build(algo, _model_fn(algo), SCE, client_lr=0.05, local_epochs=1, batch_size=10,
+                     seed=3, **_options(algo))
+
+  first = process()
+  state = first.initialize(data)
+  for r in range(2):
+    state = first.next(state, data.client_ids[r * 4:(r + 1) * 4]).state
+  payload = first.state_to_bytes(state)
+  assert isinstance(payload, bytes) and b"pickle" not in payload[:64]
+  second = process()
+  with pytest.raises(RuntimeError, match="initialize"):
+    second.state_from_bytes(payload)
+  second.initialize(data)
+  restored = second.state_from_bytes(payload)
+  assert restored.round_num == 2
+  clients = data.client_ids[8:12]
+  a, b = first.next(state, clients), second.next(restored, clients)
+  assert a.metrics["train_loss"] == b.metrics["train_loss"]
+  assert a.metrics["test_accuracy"] == b.metrics["test_accuracy"]
+  for m, n in zip(first.get_model_weights(a.state), second.get_model_weights(b.state)):
+    for x, y in zip(m.trainable, n.trainable):
+      np.testing.assert_array_equal(x, y)
