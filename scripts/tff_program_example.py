@@ -16,12 +16,16 @@ With `--algo=ifca` it is TFF's own training loop instead:
 models in its state) and the library's data as a `tff.program` data source
 (`ClientDataSource`: the training loop's client draws and batches), its
 program state in a `FileProgramStateManager` and the released metrics
-(`tff.learning`'s layout) in `metrics.csv`.
+(`tff.learning`'s layout) in `metrics.csv`. With `--algo=fedgroup`, FedGroup
+with its host steps (cold start, newcomers) under
+`tff_cluster.tff_program.train_program` (the process's state as bytes in the
+program state).
 
 The TFF stack only (tensorflow-federated 0.87):
 
   python scripts/tff_program_example.py --root_dir=/tmp/fedavg_program --rounds=5
   python scripts/tff_program_example.py --root_dir=/tmp/ifca_program --rounds=5 --algo=ifca
+  python scripts/tff_program_example.py --root_dir=/tmp/fedgroup_program --rounds=5 --algo=fedgroup
 
 Run it again with a larger --rounds: it goes on from the saved state.
 """
@@ -46,10 +50,10 @@ def parse_args(argv=None):
   p.add_argument("--clients_per_round", type=int, default=10)
   p.add_argument("--lr", type=float, default=0.01)
   p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--algo", choices=("fedavg", "ifca"), default="fedavg",
+  p.add_argument("--algo", choices=("fedavg", "ifca", "fedgroup"), default="fedavg",
                  help="fedavg: a round computation in a loop of our own; ifca: train_model "
-                      "over IFCA's LearningProcess")
-  p.add_argument("--num_groups", type=int, default=3, help="ifca: K cluster models")
+                      "over IFCA's LearningProcess; fedgroup: train_program (host steps)")
+  p.add_argument("--num_groups", type=int, default=3, help="ifca, fedgroup: K clusters")
   return p.parse_args(argv)
 
 
@@ -137,9 +141,34 @@ async def train(args) -> dict:
   return {"state": state, "rounds": args.rounds}
 
 
+async def train_fedgroup(args) -> dict:
+  """FedGroup, cold start and newcomers included, under `train_program`."""
+  import tensorflow_federated as tff
+
+  from tff_cluster import api, tasks
+  from tff_cluster.spec.task import DataOptions
+  from tff_cluster.tff_program import ClientDataSource, train_program
+
+  task = tasks.get_task("synthetic_clusters")
+  data = task.load_data(DataOptions(seed=args.seed))
+  process = api.build("fedgroup", task.model_fn, task.loss, client_lr=args.lr, local_epochs=1,
+                      batch_size=10, num_groups=args.num_groups, seed=args.seed, runner="tff")
+  await train_program(
+      process, data, train_data_source=ClientDataSource(data, batch_size=10, seed=args.seed),
+      train_per_round_clients=args.clients_per_round, train_total_rounds=args.rounds,
+      program_state_manager=tff.program.FileProgramStateManager(
+          os.path.join(args.root_dir, "state")),
+      train_metrics_manager=tff.program.GroupingReleaseManager([
+          tff.program.LoggingReleaseManager(),
+          tff.program.CSVFileReleaseManager(os.path.join(args.root_dir, "metrics.csv"))]))
+  return {"rounds": args.rounds}
+
+
 def main(argv=None) -> int:
   args = parse_args(argv)
-  if args.algo == "ifca":
+  if args.algo == "fedgroup":
+    out = asyncio.run(train_fedgroup(args))
+  elif args.algo == "ifca":
     import tensorflow_federated as tff
     from tff_cluster.runners.tff import runtime
     context = tff.program.NativeFederatedContext(runtime.async_context())

@@ -160,11 +160,11 @@ def test_the_runtime_signal_handler_runs_the_handler_installed_before():
 # tff.program drives our computations (scripts/tff_program_example.py).
 
 
-@pytest.mark.parametrize("algo,loss_column", [("fedavg", -1), ("ifca", 1)])
+@pytest.mark.parametrize("algo,loss_column", [("fedavg", -1), ("ifca", 1), ("fedgroup", None)])
 def test_a_tff_program_runs_and_resumes_from_its_program_state(algo, loss_column, tmp_path):
   """The example program runs FedAvg's round under
   tff.program.NativeFederatedContext (server-placed outputs) in a loop of its
-  own, or IFCA under TFF's train_model, saves its state with a
+  own, IFCA under TFF's train_model, or FedGroup under train_program, saves its state with a
   FileProgramStateManager and releases metrics to CSV; stopped after 2
   rounds and run again to 3, it gives the rows of an uninterrupted 3-round
   program; its worker is gone when it ends."""
@@ -184,5 +184,7 @@ def test_a_tff_program_runs_and_resumes_from_its_program_state(algo, loss_column
   b = (tmp_path / "b" / "metrics.csv").read_text().splitlines()
   assert a == b and len(a) == 4, (a, b)  # a header and rounds 1..3
   assert sorted(os.listdir(tmp_path / "a" / "state"))[-1] == "program_state_3"
+  if loss_column is None:  # train_program's rows: the CLI's metrics, train_loss among them
+    loss_column = a[0].split(",").index("train_loss")
   losses = [float(line.split(",")[loss_column]) for line in a[1:]]
   assert all(np.isfinite(losses)) and len(set(losses)) == 3
