@@ -1,4 +1,12 @@
-"""`tff.program` components over the library's federated data (the TFF stack).
+"""TFF's program machinery over the library (the TFF stack): a data source,
+`LearningProcess`es, and programs for the algorithms with host steps.
+
+* `ClientDataSource`: a `tff.program.FederatedDataSource` (below).
+* `build_learning_process(algo, ...)`: the round of an algorithm whose round
+  is TensorFlow end to end as a `tff.learning.templates.LearningProcess` that
+  `tff.learning.programs.train_model` drives (`tff.learning`'s metrics layout).
+* `train_program(process, data, ...)`: any algorithm, host steps included, in
+  `tff.program`'s style, resuming from its program state.
 
 `ClientDataSource` is a `tff.program.FederatedDataSource` over a
 `FederatedData` (a pair of TFF `ClientData` goes through
