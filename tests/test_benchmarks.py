@@ -18,6 +18,7 @@ import _sweep  # noqa: E402
 import personalized_baselines  # noqa: E402
 import pfedmo_table2  # noqa: E402
 import wecfl_table2  # noqa: E402
+import xla_compile_growth  # noqa: E402
 from tff_cluster.io import checkpoint  # noqa: E402
 
 
@@ -569,3 +570,14 @@ def test_personalized_baselines_table_shows_the_spread_over_clients(recorded):
       in text
   assert ("| `ditto` | 0,1 | 75.00 ± 7.07 | 74.00 ± 7.07 | 65.00 ± 7.07 | 35.00 ± 7.07 "
           "| 70.00 ± 7.07 | 92.50 ± 3.53 | 2.00 | 1.25 | 2.5 |") in text
+
+
+def test_xla_compile_growth_slope_and_its_settings():
+  """The per-function growth is a least-squares slope; too few readings or an
+  unknown mode are refused in one line (no TensorFlow imported)."""
+  assert xla_compile_growth.slope([(0, 1.0), (10, 6.0), (20, 11.0)]) == pytest.approx(0.5)
+  assert xla_compile_growth.slope([(0, 2.0), (10, 2.0), (20, 2.0)]) == 0.0
+  with pytest.raises(SystemExit):
+    xla_compile_growth.main(["--functions=10", "--every=10"])
+  with pytest.raises(SystemExit):
+    xla_compile_growth.main(["--functions=100", "--every=10", "--modes=jit"])
