@@ -540,9 +540,13 @@ def test_definitions_and_local_runner_import_no_tff(tmp_path):
   def per_round(algo):  # every client every round for pFedMo and FedNAG
     return "" if algo in ALL_CLIENTS else "'--clients_per_round=3', "
 
+  def model(algo):  # the parity case's model where MCLR has no layers to split (FedBN: BatchNorm)
+    name = PARITY_CASES[algo][0].get("_model")
+    return f"'--model={name}', " if name else ""
+
   runs = "\n".join(
       f"assert run_experiment.main(['x', '--algo={algo}', '--runner=local', '--rounds=1', "
-      f"'--num_clients=12', {per_round(algo)}'--local_epochs=1', "
+      f"'--num_clients=12', {per_round(algo)}{model(algo)}'--local_epochs=1', "
       f"'--progress=false', '--jit=off', '--output_dir={tmp_path / algo}'"
       f"{', ' + repr('--num_groups=2') if 'num_groups' in flags_of(algo) else ''}]) == 0"
       for algo in sorted(registry.ALGORITHMS))

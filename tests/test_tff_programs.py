@@ -295,3 +295,45 @@ def test_every_host_step_algorithm_runs_as_a_program_and_resumes(algo, data, tmp
   differ = {k for k in metrics[2]  # (an empty group's accuracy is NaN on both)
             if not np.array_equal(rest[2][k], metrics[2][k], equal_nan=True)}
   assert not differ, {k: (rest[2][k], metrics[2][k]) for k in differ}
+
+
+def test_train_models_evaluation_manager_evaluates_the_process_model(data, tmp_path):
+  """`train_model`'s evaluation manager takes the LearningProcess's model as
+  it is: TFF's own federated evaluation (`build_fed_eval` over the Keras
+  model) sets it with `set_model_weights` and releases its metrics."""
+  import datetime
+  import tensorflow_federated as tff
+  from tff_cluster.runners.tff import runtime
+  from tff_cluster.tff_program import build_learning_process
+  source = _source(data)
+  process = build_learning_process("fedavg", _model, models.SPARSE_CE_LOGITS,
+                                   source.element_spec, _initial(), LR)
+
+  def tff_model():
+    return tff.learning.models.from_keras_model(
+        _model(), loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        input_spec=source.element_spec,
+        metrics=[tf.keras.metrics.SparseCategoricalAccuracy()])
+
+  evaluation = tff.learning.algorithms.build_fed_eval(tff_model)
+  per_round = tff.program.MemoryReleaseManager()
+  totals = tff.program.MemoryReleaseManager()
+  manager = tff.learning.programs.EvaluationManager(
+      data_source=source, aggregated_metrics_manager=totals,
+      create_state_manager_fn=lambda key: tff.program.FileProgramStateManager(
+          str(tmp_path / "eval" / key)),
+      create_process_fn=lambda key: (evaluation, per_round),
+      cohort_size=4, duration=datetime.timedelta(0))  # one evaluation round each
+  context = tff.program.NativeFederatedContext(runtime.async_context())
+  with tff.framework.get_context_stack().install(context):
+    asyncio.run(tff.learning.programs.train_model(
+        train_process=process, train_data_source=source, train_per_round_clients=PER_ROUND,
+        train_total_rounds=2, program_state_manager=tff.program.FileProgramStateManager(
+            str(tmp_path / "train")),
+        model_output_manager=tff.program.MemoryReleaseManager(),
+        train_metrics_manager=None, evaluation_manager=manager, evaluation_periodicity=1))
+  released = dict(totals.values())
+  assert sorted(released) == [1, 2]  # one evaluation per training round
+  accuracy = [float(released[r]["client_work"]["eval"]["total_rounds_metrics"]
+                    ["sparse_categorical_accuracy"]) for r in (1, 2)]
+  assert all(0 <= a <= 1 for a in accuracy)
