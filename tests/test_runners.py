@@ -493,7 +493,7 @@ def test_jit_choice_on_cpu():
 
 def test_a_process_near_the_kernels_map_limit_refuses_an_xla_runner(monkeypatch, cluster_data):
   """Refused in one line, not compiled into a segmentation fault: TensorFlow
-  keeps XLA's code for the life of the process, about 11 maps a function."""
+  keeps XLA's code for the life of the process, about 10.5 maps a function."""
   check = local_runner.check_map_headroom
   check((65530 - local_runner.MAP_HEADROOM, 65530))  # exactly the headroom: allowed
   with pytest.raises(local_runner.CompiledCodeLimit) as e:

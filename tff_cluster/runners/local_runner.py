@@ -112,7 +112,7 @@ def resolve_jit(setting: str, family: str, exact_batches: bool, device: str) -> 
 
 
 # TensorFlow keeps every XLA-compiled function's machine code for the life of
-# the process (a dropped runner's too), in about 11 memory maps a function on
+# the process (a dropped runner's too), in about 10.5 memory maps a function on
 # Linux (benchmarks/xla_compile_growth.py; a small run compiles some 150-220
 # maps' worth). When the process reaches the kernel's limit on maps
 # (vm.max_map_count, 65,530 by default) LLVM's next allocation fails and
