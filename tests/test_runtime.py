@@ -180,8 +180,11 @@ def test_a_tff_program_runs_and_resumes_from_its_program_state(algo, loss_column
   program(tmp_path / "a", 2)
   program(tmp_path / "a", 3)
   program(tmp_path / "b", 3)
-  a = (tmp_path / "a" / "metrics.csv").read_text().splitlines()
-  b = (tmp_path / "b" / "metrics.csv").read_text().splitlines()
+  def rows(root):  # train_model releases its rounds' metrics concurrently: in any order
+    header, *lines = (root / "metrics.csv").read_text().splitlines()
+    return [header, *sorted(lines, key=lambda line: int(line.split(",")[0]))]
+
+  a, b = rows(tmp_path / "a"), rows(tmp_path / "b")
   assert a == b and len(a) == 4, (a, b)  # a header and rounds 1..3
   assert sorted(os.listdir(tmp_path / "a" / "state"))[-1] == "program_state_3"
   if loss_column is None:  # train_program's rows: the CLI's metrics, train_loss among them
