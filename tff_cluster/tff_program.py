@@ -30,6 +30,7 @@ settings) before the program state manager loads its state.
 from __future__ import annotations
 
 import collections
+import copy
 import json
 from typing import List, Optional
 
@@ -72,26 +73,27 @@ class ClientDataSourceIterator(tff.program.FederatedDataSourceIterator):
   def federated_type(self) -> tff.FederatedType:
     return self.source.federated_type
 
-  def select(self, k: Optional[int] = None) -> List[tf.data.Dataset]:
-    """The next round's `k` clients' datasets, in client order."""
+  def _next(self, k) -> np.ndarray:
+    """The next round's `k` clients (indices, sorted); advances the round."""
     limit = len(self.source.training_clients)
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= limit:
       raise ValueError(f"invalid number of clients to select: {k!r}; valid: 1..{limit} (the "
                        "clients with training data)")
     clients = sample_clients(self._rng, self.source.training_clients, int(k))
     self._round += 1
-    return [self.source.dataset(int(c), self._round) for c in clients]
+    return clients
 
-  def skip(self, k: int) -> None:
-    """Advances past the next `select(k)` without making its datasets."""
-    sample_clients(self._rng, self.source.training_clients, int(k))
-    self._round += 1
+  def select(self, k: Optional[int] = None) -> List[tf.data.Dataset]:
+    """The next round's `k` clients' datasets, in client order."""
+    return [self.source.dataset(int(c), self._round) for c in self._next(k)]
+
+  def next_clients(self, k: int) -> List[str]:
+    """The ids `select(k)` would give, advancing as it does (no datasets made)."""
+    return [self.source.data.client_ids[int(c)] for c in self._next(k)]
 
   def selected_clients(self, k: int) -> List[str]:
     """The ids the next `select(k)` would give, without advancing."""
-    probe = type(self)(self._round, self._rng.bit_generator.state)
-    clients = sample_clients(probe._rng, self.source.training_clients, int(k))
-    return [self.source.data.client_ids[int(c)] for c in clients]
+    return copy.deepcopy(self).next_clients(k)
 
   def to_bytes(self) -> bytes:
     return json.dumps({"round": self._round,
@@ -347,9 +349,7 @@ async def train_program(process, data: FederatedData, *, train_data_source: Clie
     await program_state_manager.save(collections.OrderedDict(
         round=0, data=iterator, process=ProcessBytes(process.state_to_bytes(state))), version=0)
   for round_num in range(start + 1, train_total_rounds + 1):
-    clients = iterator.selected_clients(train_per_round_clients)
-    iterator.skip(train_per_round_clients)
-    out = process.next(state, clients)
+    out = process.next(state, iterator.next_clients(train_per_round_clients))
     state = out.state
     if train_metrics_manager is not None:
       await train_metrics_manager.release(
