@@ -45,6 +45,7 @@ import tensorflow_federated as tff  # noqa: E402
 from tensorflow_federated.python.common_libs import serializable  # noqa: E402
 
 from tff_cluster import api  # noqa: E402
+from tff_cluster.algorithms import fedavg  # noqa: E402
 from tff_cluster.core.definition import round_params  # noqa: E402
 from tff_cluster.data.federated import FederatedData  # noqa: E402
 from tff_cluster.host.driver import sample_clients  # noqa: E402
@@ -234,10 +235,8 @@ def build_learning_process(algo: str, model_fn, loss, element_spec, initial_weig
     # The FedAvg family sums its aggregation weights ("weight": the examples
     # under the default weighting) instead of the examples.
     n = summed["num_examples"] if "num_examples" in summed else summed["weight"]
-    loss_mean = summed["loss_sum"] / tf.maximum(tf.cast(n, summed["loss_sum"].dtype), 1.0)
     return collections.OrderedDict(client_work=collections.OrderedDict(
-        train=collections.OrderedDict(loss=loss_mean, loss_sum=summed["loss_sum"],
-                                      num_examples=n)))
+        train=fedavg.train_metrics(summed["loss_sum"], n)))
 
   @tff.federated_computation(state_type, data_type)
   def next_fn(state, data):

@@ -243,7 +243,7 @@ def build_fedavg(model_fn: Callable[[], tf.keras.Model], loss,
         list(weights.trainable) + list(weights.non_trainable), dataset)
     return split(update), num_examples, loss_sum
 
-  train_metrics = _train_metrics(*client_update.type_signature.result[1:])
+  metrics_fn = _train_metrics(*client_update.type_signature.result[1:])
 
   @tff.federated_computation
   def client_init():
@@ -256,7 +256,7 @@ def build_fedavg(model_fn: Callable[[], tf.keras.Model], loss,
   def client_next(state, weights, data):
     update, num_examples, loss_sum = tff.federated_map(client_update, (weights, data))
     measurements = tff.federated_zip(collections.OrderedDict(train=tff.federated_map(
-        train_metrics, (tff.federated_sum(loss_sum), tff.federated_sum(num_examples)))))
+        metrics_fn, (tff.federated_sum(loss_sum), tff.federated_sum(num_examples)))))
     result = tff.federated_zip(tff.learning.templates.ClientResult(update, num_examples))
     return tff.templates.MeasuredProcessOutput(state, result, measurements)
 
@@ -272,18 +272,18 @@ def build_fedavg(model_fn: Callable[[], tf.keras.Model], loss,
       _finalizer(server_optimizer, model_weights_type))
 
 
-def _train_metrics(examples_type, loss_type):
-  """The round's summed loss and examples as `tff.learning`'s client-work
+def train_metrics(loss_sum, num_examples):
+  """A round's summed loss and examples as `tff.learning`'s client-work
   metrics (`client_work/train/...`, which `tff.learning.programs.train_model`
   releases): the mean loss beside the two sums."""
+  loss = loss_sum / tf.maximum(tf.cast(num_examples, loss_sum.dtype), 1.0)
+  return collections.OrderedDict(loss=loss, loss_sum=loss_sum, num_examples=num_examples)
+
+
+def _train_metrics(examples_type, loss_type):
+  """`train_metrics` as a TFF computation of these types."""
   import tensorflow_federated as tff
-
-  @tff.tensorflow.computation(loss_type, examples_type)
-  def train_metrics(loss_sum, num_examples):
-    loss = loss_sum / tf.maximum(tf.cast(num_examples, loss_sum.dtype), 1.0)
-    return collections.OrderedDict(loss=loss, loss_sum=loss_sum, num_examples=num_examples)
-
-  return train_metrics
+  return tff.tensorflow.computation(train_metrics, loss_type, examples_type)
 
 
 def _finalizer(server_optimizer, model_weights_type):
