@@ -57,6 +57,16 @@ def parse_args(argv=None):
   return p.parse_args(argv)
 
 
+def _managers(args):
+  """The program's state manager (`ROOT/state`) and its metrics' release
+  managers (the log, and `ROOT/metrics.csv`)."""
+  import tensorflow_federated as tff
+  return (tff.program.FileProgramStateManager(os.path.join(args.root_dir, "state")),
+          tff.program.GroupingReleaseManager([
+              tff.program.LoggingReleaseManager(),
+              tff.program.CSVFileReleaseManager(os.path.join(args.root_dir, "metrics.csv"))]))
+
+
 async def train_ifca(args) -> dict:
   """IFCA under `tff.learning.programs.train_model`."""
   import tensorflow as tf
@@ -75,15 +85,13 @@ async def train_ifca(args) -> dict:
     starts.append(models.get_weights(task.model_fn()))
   process = build_learning_process("ifca", task.model_fn, task.loss, source.element_spec, starts,
                                    args.lr, {"num_groups": args.num_groups})
+  state_manager, releases = _managers(args)
   await tff.learning.programs.train_model(
       train_process=process, train_data_source=source,
       train_per_round_clients=args.clients_per_round, train_total_rounds=args.rounds,
-      program_state_manager=tff.program.FileProgramStateManager(
-          os.path.join(args.root_dir, "state")),
+      program_state_manager=state_manager,
       model_output_manager=tff.program.MemoryReleaseManager(),
-      train_metrics_manager=tff.program.GroupingReleaseManager([
-          tff.program.LoggingReleaseManager(),
-          tff.program.CSVFileReleaseManager(os.path.join(args.root_dir, "metrics.csv"))]),
+      train_metrics_manager=releases,
       evaluation_manager=None, evaluation_periodicity=args.rounds)
   return {"rounds": args.rounds}
 
@@ -107,10 +115,7 @@ async def train(args) -> dict:
   round_comp = computations["train"]  # a RoundComputation; .computation is TFF's own
 
   context = tff.program.NativeFederatedContext(runtime.async_context())
-  state_manager = tff.program.FileProgramStateManager(os.path.join(args.root_dir, "state"))
-  releases = tff.program.GroupingReleaseManager([
-      tff.program.LoggingReleaseManager(),
-      tff.program.CSVFileReleaseManager(os.path.join(args.root_dir, "metrics.csv"))])
+  state_manager, releases = _managers(args)
 
   import tensorflow as tf
   tf.keras.utils.set_random_seed(args.seed)
@@ -143,8 +148,6 @@ async def train(args) -> dict:
 
 async def train_fedgroup(args) -> dict:
   """FedGroup, cold start and newcomers included, under `train_program`."""
-  import tensorflow_federated as tff
-
   from tff_cluster import api, tasks
   from tff_cluster.spec.task import DataOptions
   from tff_cluster.tff_program import ClientDataSource, train_program
@@ -153,14 +156,11 @@ async def train_fedgroup(args) -> dict:
   data = task.load_data(DataOptions(seed=args.seed))
   process = api.build("fedgroup", task.model_fn, task.loss, client_lr=args.lr, local_epochs=1,
                       batch_size=10, num_groups=args.num_groups, seed=args.seed, runner="tff")
+  state_manager, releases = _managers(args)
   await train_program(
       process, data, train_data_source=ClientDataSource(data, batch_size=10, seed=args.seed),
       train_per_round_clients=args.clients_per_round, train_total_rounds=args.rounds,
-      program_state_manager=tff.program.FileProgramStateManager(
-          os.path.join(args.root_dir, "state")),
-      train_metrics_manager=tff.program.GroupingReleaseManager([
-          tff.program.LoggingReleaseManager(),
-          tff.program.CSVFileReleaseManager(os.path.join(args.root_dir, "metrics.csv"))]))
+      program_state_manager=state_manager, train_metrics_manager=releases)
   return {"rounds": args.rounds}
 
 
