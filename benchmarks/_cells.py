@@ -13,7 +13,8 @@ import tempfile
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from _sweep import REPO_ROOT, median_round_seconds, registered_algorithms, run_one
+from _sweep import (REPO_ROOT, load_recorded, median_round_seconds, registered_algorithms,
+                    run_one)
 from tff_cluster.io import rundir  # (_sweep put the repository on sys.path)
 
 PROJECT_ROUNDS = 4
@@ -41,8 +42,18 @@ def parser(description: str, tasks: Sequence[str], algos: Sequence[str],
   p.add_argument("--markdown", default=None, metavar="STEM",
                  help="write the recorded table to STEM.md and stop")
   p.add_argument("--record", action="store_true",
-                 help="add the finished runs to the table's recorded CSV")
+                 help="add the finished runs to the table's recorded CSV, each as soon as it "
+                      "finishes")
+  p.add_argument("--skip_recorded", action="store_true",
+                 help="do not run a cell the recorded CSV already has (and whose run "
+                      "directory is not here): a table spread over sessions whose run "
+                      "directories do not survive")
   return p
+
+
+def recorded_cells(name: str) -> set:
+  """The (algo, task, seed) of the cells in `benchmarks/recorded/<name>.csv`."""
+  return {(r["algo"], r["task"], int(r["seed"])) for r in load_recorded(name)}
 
 
 def check_names(script: str, args, tasks: Sequence[str], algos: Sequence[str]) -> None:
@@ -69,11 +80,14 @@ def jobs(tasks: Sequence[str], args, cut: Callable, left_out: Dict[str, Tuple[st
 def run_cells(script: str, tasks: Sequence[str], args, cut: Callable, flags_for: Callable,
               eval_every: Callable[[str], int], score: Callable,
               left_out: Dict[str, Tuple[str, ...]],
-              note: Callable[[str, str], Optional[str]] = lambda algo, task: None
-              ) -> List[Dict[str, object]]:
+              note: Callable[[str, str], Optional[str]] = lambda algo, task: None,
+              record: Optional[Callable[[List[Dict[str, object]]], None]] = None,
+              recorded: frozenset = frozenset()) -> List[Dict[str, object]]:
   """Runs this process's share of the cells (a finished run is reused, an
   interrupted one resumes; a failed cell does not stop the table) and
-  returns the records of every finished cell."""
+  returns the records of every finished cell. `record` gets each cell this
+  process ran as soon as it finishes; a cell in `recorded` whose run directory
+  is not here is not run (nor shared out)."""
   unset = [t for t in tasks if cut(t, args)["rounds"] is None]
   if unset:
     raise SystemExit(f"{script}: error: {unset[0]} has no rounds in its cut "
@@ -81,10 +95,13 @@ def run_cells(script: str, tasks: Sequence[str], args, cut: Callable, flags_for:
   i, n = (int(x) for x in args.shard.split("/"))
   t0 = time.perf_counter()
   records = []
-  for j, (algo, task, seed) in enumerate(jobs(tasks, args, cut, left_out)):
+  plan = [job for job in jobs(tasks, args, cut, left_out)
+          if job not in recorded or os.path.isdir(cell_dir(args, *job))]
+  for j, (algo, task, seed) in enumerate(plan):
     c = cut(task, args)
-    d = os.path.join(args.out, task, algo, f"seed{seed}")
-    if not args.table_only and j % n == i:
+    d = cell_dir(args, algo, task, seed)
+    mine = not args.table_only and j % n == i
+    if mine:
       try:
         run_one(flags_for(algo, task, c["clients_per_round"])
                 + [f"--eval_every={eval_every(task)}"], d, seed, "local", c["rounds"])
@@ -97,7 +114,13 @@ def run_cells(script: str, tasks: Sequence[str], args, cut: Callable, flags_for:
       extra = note(algo, task)
       records.append({"algo": algo, "task": task, "seed": seed,
                       **({} if extra is None else {"note": extra}), **got})
+      if mine and record is not None:
+        record(records[-1:])
   return records
+
+
+def cell_dir(args, algo: str, task: str, seed: int) -> str:
+  return os.path.join(args.out, task, algo, f"seed{seed}")
 
 
 def one_point_round(directory: str) -> int:

@@ -9,6 +9,7 @@ repository root on `sys.path` once, for the library and the CLI.
 from __future__ import annotations
 
 import csv
+import fcntl
 import math
 import os
 import subprocess
@@ -190,13 +191,20 @@ def load_recorded(name: str) -> List[Dict[str, str]]:
 def save_recorded(name: str, rows: Sequence[Dict[str, object]], key: Sequence[str],
                   fields: Sequence[str]) -> None:
   """Merges `rows` into `benchmarks/recorded/<name>.csv` (a row with the same
-  `key` fields is replaced), sorted by key, written atomically."""
-  merged = {tuple(str(r[k]) for k in key): dict(r) for r in load_recorded(name)}
-  merged.update({tuple(str(r[k]) for k in key): dict(r) for r in rows})
+  `key` fields is replaced), sorted by key, written atomically. The read and
+  the write hold a lock on the directory, so two table processes (`--shard`)
+  recording as their cells finish do not drop each other's rows."""
   os.makedirs(RECORDED, exist_ok=True)
-  path = os.path.join(RECORDED, name + ".csv")
-  with open(path + ".tmp", "w", newline="") as f:
-    writer = csv.DictWriter(f, list(fields), lineterminator="\n", extrasaction="ignore")
-    writer.writeheader()
-    writer.writerows(merged[k] for k in sorted(merged))
-  os.replace(path + ".tmp", path)
+  lock = os.open(RECORDED, os.O_RDONLY)
+  try:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    merged = {tuple(str(r[k]) for k in key): dict(r) for r in load_recorded(name)}
+    merged.update({tuple(str(r[k]) for k in key): dict(r) for r in rows})
+    path = os.path.join(RECORDED, name + ".csv")
+    with open(path + ".tmp", "w", newline="") as f:
+      writer = csv.DictWriter(f, list(fields), lineterminator="\n", extrasaction="ignore")
+      writer.writeheader()
+      writer.writerows(merged[k] for k in sorted(merged))
+    os.replace(path + ".tmp", path)
+  finally:
+    os.close(lock)  # (releases the lock)

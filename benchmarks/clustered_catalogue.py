@@ -155,11 +155,16 @@ def main(argv=None):
     return _cells.converge(tasks, args, cut, flags_for)
   if args.project:
     return _cells.project(tasks, args, cut, flags_for, LEFT_OUT)
+  save = lambda rows: save_recorded("clustered_catalogue", rows, RECORD_KEY,  # noqa: E731
+                                    RECORD_FIELDS)
   records = _cells.run_cells(
       "clustered_catalogue.py", tasks, args, cut, flags_for, EVAL_EVERY.get, score, LEFT_OUT,
-      note=lambda algo, task: rotated_note(algo) if task == "rotated_mnist" else "")
+      note=lambda algo, task: rotated_note(algo) if task == "rotated_mnist" else "",
+      record=save if args.record else None,
+      recorded=_cells.recorded_cells("clustered_catalogue") if args.skip_recorded
+      else frozenset())
   if args.record and records:
-    save_recorded("clustered_catalogue", records, RECORD_KEY, RECORD_FIELDS)
+    save(records)
 
 
 def markdown() -> str:

@@ -14,6 +14,7 @@ machine's CPU.
   python benchmarks/personalized_baselines.py --converge          # FedAvg's 1-point round per task
   python benchmarks/personalized_baselines.py --project           # time 4 rounds per cell
   python benchmarks/personalized_baselines.py --tasks=mnist_workers
+  python benchmarks/personalized_baselines.py --record --skip_recorded --shard=0/2   # and 1/2
   python benchmarks/personalized_baselines.py --table_only --record
 Each run is `run_experiment.py` in its own directory under `--out` with
 checkpoints; a finished run is reused and an interrupted one resumes.
@@ -131,6 +132,7 @@ LEFT_OUT = {"mnist_workers": ("fedbn",), "fmnist_clientwise_class": ("pfedmo", "
                for name, c in SETTINGS.items()}}
 TASKS.update(SETTINGS)
 EVAL_EVERY = 5
+NAME = "personalized_baselines"  # benchmarks/recorded/NAME.csv, results/NAME/
 RECORD_KEY = ("algo", "task", "seed")
 SCORES = ("accuracy", "accuracy_clientavg", "accuracy_client_mean", "accuracy_p10",
           "accuracy_p50", "accuracy_p90")
@@ -175,7 +177,7 @@ def score(directory: str) -> Optional[Dict[str, object]]:
 
 
 def main(argv=None):
-  p = _cells.parser(__doc__.splitlines()[0], TASKS, ALGOS, "personalized_baselines")
+  p = _cells.parser(__doc__.splitlines()[0], TASKS, ALGOS, NAME)
   args = p.parse_args(argv)
   _cells.check_names("personalized_baselines.py", args, TASKS, ALGOS)
   tasks = args.tasks.split(",")
@@ -185,11 +187,14 @@ def main(argv=None):
     return _cells.converge(tasks, args, cut, flags_for, [f"--eval_every={EVAL_EVERY}"])
   if args.project:
     return _cells.project(tasks, args, cut, flags_for, LEFT_OUT)
+  save = lambda rows: save_recorded(NAME, rows, RECORD_KEY, RECORD_FIELDS)  # noqa: E731
   records = _cells.run_cells("personalized_baselines.py", tasks, args, cut, flags_for,
                              lambda task: TASKS[task].get("eval_every", EVAL_EVERY), score,
-                             LEFT_OUT)
+                             LEFT_OUT, record=save if args.record else None,
+                             recorded=_cells.recorded_cells(NAME) if args.skip_recorded
+                             else frozenset())
   if args.record and records:
-    save_recorded("personalized_baselines", records, RECORD_KEY, RECORD_FIELDS)
+    save(records)
 
 
 def markdown() -> str:
@@ -198,7 +203,7 @@ def markdown() -> str:
   def cells(mine):
     return [mean_std([_cells.number(r, s) for r in mine]) for s in SCORES]
 
-  out = _cells.task_blocks(load_recorded("personalized_baselines"), TASKS, ALGOS,
+  out = _cells.task_blocks(load_recorded(NAME), TASKS, ALGOS,
                            ["accuracy %", "client-avg %", "client mean %", "p10 %", "p50 %",
                             "p90 %"], cells)
   return "\n".join(out)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import csv
 import json
 import os
+import subprocess
 import sys
+import time
 
 import pytest
 
@@ -570,6 +572,79 @@ def test_personalized_baselines_table_shows_the_spread_over_clients(recorded):
       in text
   assert ("| `ditto` | 0,1 | 75.00 ± 7.07 | 74.00 ± 7.07 | 65.00 ± 7.07 | 35.00 ± 7.07 "
           "| 70.00 ± 7.07 | 92.50 ± 3.53 | 2.00 | 1.25 | 2.5 |") in text
+
+
+def _fake_cells(monkeypatch, tmp_path):
+  """run_one makes a finished run directory; score reads its accuracy."""
+  ran = []
+
+  def run_one(flags, directory, seed, runner, rounds):
+    ran.append(directory)
+    _finished_run(directory, 0.5, 1.0)
+
+  def score(directory):
+    if not os.path.isdir(directory):
+      return None
+    return dict(rounds=25, accuracy=0.5, accuracy_clientavg=0.5, accuracy_client_mean=0.5,
+                accuracy_p10=0.5, accuracy_p50=0.5, accuracy_p90=0.5, bytes_per_round=1,
+                seconds_per_round=1.0)
+
+  monkeypatch.setattr(personalized_baselines._cells, "run_one", run_one)
+  monkeypatch.setattr(personalized_baselines, "score", score)
+  return ran
+
+
+def test_a_table_records_each_cell_as_it_finishes_and_skips_recorded_ones(
+    recorded, monkeypatch):
+  """With --record each finished cell is in the CSV before the next starts
+  (a session's finished cells outlive its run directories); with
+  --skip_recorded a recorded cell is neither run nor shared out to a shard."""
+  ran = _fake_cells(monkeypatch, recorded)
+  seen_before_run = []
+  run_one = personalized_baselines._cells.run_one
+  monkeypatch.setattr(personalized_baselines._cells, "run_one", lambda *a: (
+      seen_before_run.append(sorted(personalized_baselines._cells.recorded_cells(
+          personalized_baselines.NAME))), run_one(*a)))
+  out = str(recorded / "runs")
+  base = ["--tasks=mnist_workers", "--seeds=0", f"--out={out}", "--record"]
+  personalized_baselines.main(base + ["--algos=fedavg,ditto"])
+  assert [os.path.basename(os.path.dirname(d)) for d in ran] == ["fedavg", "ditto"]
+  assert seen_before_run == [[], [("fedavg", "mnist_workers", 0)]]
+
+  # A new session: no run directories; fedavg and ditto recorded, two shards
+  # share the three cells left (fedrep, fedper, apfl: --algos order).
+  ran.clear()
+  os.rename(out, out + ".old")
+  algos = "--algos=fedavg,ditto,fedrep,fedper,apfl"
+  personalized_baselines.main(base + [algos, "--skip_recorded", "--shard=0/2"])
+  assert [os.path.basename(os.path.dirname(d)) for d in ran] == ["fedrep", "apfl"]
+  personalized_baselines.main(base + [algos, "--skip_recorded", "--shard=1/2"])
+  assert [os.path.basename(os.path.dirname(d)) for d in ran] == ["fedrep", "apfl", "fedper"]
+  assert personalized_baselines._cells.recorded_cells(personalized_baselines.NAME) == {
+      (a, "mnist_workers", 0) for a in ("fedavg", "ditto", "fedrep", "fedper", "apfl")}
+  # Without --skip_recorded a recorded cell runs again.
+  personalized_baselines.main(base + ["--algos=fedavg"])
+  assert os.path.basename(os.path.dirname(ran[-1])) == "fedavg"
+
+
+def test_two_processes_recording_at_once_keep_every_row(tmp_path):
+  """Two table processes (--shard) recording 200 rows each into one CSV at
+  once: the lock keeps every row (without it, a read-merge-write of one drops
+  the other's rows)."""
+  go = os.path.join(tmp_path, "go")  # both start writing together
+  code = ("import os, sys, time; sys.path.insert(0, sys.argv[1]); import _sweep; "
+          "_sweep.RECORDED = sys.argv[2]; first = int(sys.argv[3]); "
+          f"[time.sleep(0.01) for _ in iter(lambda: os.path.exists({go!r}), True)]; "
+          "[_sweep.save_recorded('t', [dict(k=i)], ('k',), ('k',)) "
+          "for i in range(first, first + 200)]")
+  procs = [subprocess.Popen([sys.executable, "-c", code, os.path.join(REPO_ROOT, "benchmarks"),
+                             str(tmp_path), str(first)]) for first in (0, 1000)]
+  time.sleep(2)
+  open(go, "w").close()
+  assert [p.wait() for p in procs] == [0, 0]
+  with open(os.path.join(tmp_path, "t.csv"), newline="") as f:
+    keys = {int(r["k"]) for r in csv.DictReader(f)}
+  assert keys == set(range(200)) | set(range(1000, 1200))
 
 
 def test_xla_compile_growth_slope_and_its_settings():
