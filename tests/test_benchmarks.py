@@ -460,7 +460,6 @@ def test_gpu_hlo_round_grouped_cnn_prototype_equals_the_sequential_round():
   if not femnist.is_dir():
     pytest.skip(f"needs the LEAF FEMNIST sample at {femnist}")
   from tff_cluster import registry
-  from tff_cluster.host import driver as driver_lib
   from tff_cluster.host import loop
   from tff_cluster.learning import schedule
   args = argparse.Namespace(
