@@ -82,6 +82,43 @@ def test_pacfl_merge_loop_by_hand():
   assert labels.tolist() == [0, 1, 2, 3] and found == 4
 
 
+def _merge_by_deleting(d, beta, linkage, max_clusters):
+  """The code's loop as it reads: the merged cluster's row and column
+  replaced, the other's deleted (the library masks it in place)."""
+  a, members, found = np.array(d, float), [[i] for i in range(len(d))], None
+  combine = {"average": lambda u, v: (u + v) / 2, "maximum": np.maximum,
+             "minimum": np.minimum}[linkage]
+  while len(members) > 1:
+    work = a + np.diag(np.full(len(a), np.inf))
+    i, j = sorted(divmod(int(np.argmin(work)), len(a)))
+    if work[i, j] > beta:
+      found = len(members) if found is None else found
+      if len(members) <= max_clusters:
+        break
+    a[:, i] = a[i, :] = combine(a[:, i], a[:, j])
+    a = np.delete(np.delete(a, j, 0), j, 1)
+    members[i] += members.pop(j)
+  labels = np.empty(len(d), int)
+  for c, group in enumerate(members):
+    labels[group] = c
+  return labels, len(members) if found is None else found
+
+
+def test_pacfl_merge_loop_equals_the_codes_deleting_loop_with_ties():
+  rng = np.random.default_rng(0)
+  for case in range(120):
+    n = int(rng.integers(2, 30))
+    x = rng.integers(0, 5, (n, n)).astype(float) if case % 2 else rng.random((n, n))
+    d = (x + x.T) / 2  # integers: many ties, broken row-major
+    for linkage in ("average", "maximum", "minimum"):
+      beta, k = float(rng.choice([0.3, 1.0, 2.5, 9.0])), int(rng.integers(1, n + 1))
+      want_labels, want_found = _merge_by_deleting(d, beta, linkage, k)
+      labels, found = clustering.merge_below(d, beta, linkage, k)
+      assert found == want_found, (case, linkage)
+      groups = lambda y: {frozenset(np.flatnonzero(y == c)) for c in set(y)}  # noqa: E731
+      assert groups(labels) == groups(want_labels), (case, linkage)
+
+
 def test_pacfl_angles_by_hand():
   """One label each: client A's inputs along e1, client B's along the unit
   vector at 30 degrees in the (e1, e2) plane; a third along e3."""

@@ -544,17 +544,17 @@ def merge_below(distances: np.ndarray, beta: float, linkage: str, max_clusters: 
   `beta` alone gave)."""
   a = np.array(distances, np.float64)
   n = len(a)
-  members = [[i] for i in range(n)]
+  # One matrix, merged clusters masked by inf in place (the code deletes the
+  # merged row and column; the remaining ones keep their order, so the
+  # row-major tie rule picks the same pair).
+  np.fill_diagonal(a, np.inf)
+  members = {i: [i] for i in range(n)}
   combine = {"average": lambda u, v: (u + v) / 2, "maximum": np.maximum,
              "minimum": np.minimum}[linkage]
   found = None
   while len(members) > 1:
-    work = a.copy()
-    np.fill_diagonal(work, np.inf)
-    flat = int(np.argmin(work))
-    i, j = divmod(flat, len(members))
-    i, j = min(i, j), max(i, j)
-    if work[i, j] > beta:
+    i, j = sorted(divmod(int(np.argmin(a)), n))
+    if a[i, j] > beta:
       if found is None:
         found = len(members)
       if len(members) <= max_clusters:
@@ -562,11 +562,11 @@ def merge_below(distances: np.ndarray, beta: float, linkage: str, max_clusters: 
     merged = combine(a[:, i], a[:, j])
     a[:, i] = merged
     a[i, :] = merged
-    a = np.delete(np.delete(a, j, axis=0), j, axis=1)
-    members[i] = members[i] + members.pop(j)
+    a[:, j] = a[j, :] = a[i, i] = np.inf
+    members[i] += members.pop(j)
   if found is None:
     found = len(members)
   labels = np.empty(n, np.int64)
-  for c, group in enumerate(members):
+  for c, group in enumerate(members.values()):
     labels[group] = c
   return _first_seen_labels(labels), found
