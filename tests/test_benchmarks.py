@@ -543,6 +543,13 @@ def test_personalized_baselines_cells_are_settings_the_cli_accepts():
         want = ((0.05, 30.0) if task not in personalized_baselines.SETTINGS else
                 (0.1, 15.0) if task == "pfedme_mnist" else (0.01, 20.0))
         assert (settings["pfedme_personal_lr"], settings["pfedme_lambda"]) == want, task
+      if task in ("pfedme_mnist", "pfedme_synthetic"):  # each its README fine-tuned row
+        mnist = task == "pfedme_mnist"
+        want = {"fedavg": (0.02, 20, None), "pfedme": (0.01, 20, None),
+                "perfedavg": (0.03 if mnist else 0.02, 40, 0.003 if mnist else 0.002)}[algo]
+        got = (settings["client_lr"], settings["local_steps"],
+               settings["perfedavg_beta"] if algo == "perfedavg" else None)
+        assert got == want, (task, algo)
   # Each paper setting runs its own method and FedAvg, nothing else.
   for name, spec in personalized_baselines.SETTINGS.items():
     kept = [a for a in personalized_baselines.ALGOS
