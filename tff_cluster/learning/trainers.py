@@ -23,6 +23,7 @@ are its two materialisations).
 from __future__ import annotations
 
 import collections
+import contextlib
 from typing import Any, Callable, List, NamedTuple, Optional, Sequence
 
 import tensorflow as tf
@@ -97,8 +98,7 @@ def sgd_step(model: tf.keras.Model, loss: str, batch, lr, optimizer, opt_state,
           lambda point: _gradient_at(model, loss, x, y, mask, point, weights),
           lambda point, other, alpha: _mixed_gradient_at(model, loss, x, y, mask, point,
                                                          other, alpha)))
-  for var, value in zip(trainable, new_weights):
-    var.assign(value)
+  _assign(trainable, new_weights)
   return batch_loss * count, count, new_state
 
 
@@ -107,21 +107,31 @@ def _gradient_at(model, loss: str, x, y, mask, point, weights=None):
   model's variables are put back as they were (a model without batch
   statistics: its training-mode call has no side effect)."""
   trainable = model.trainable_variables
-  saved = [tf.identity(v) for v in trainable]
-  for var, value in zip(trainable, point):
+  with _put_back(trainable):
+    _assign(trainable, point)
+    with tf.GradientTape() as tape:
+      per_example = models.per_example_loss(loss, y, model(x, training=True))
+      if weights is not None:
+        per_example = per_example * weights
+      if mask is None:
+        batch_loss = tf.reduce_mean(per_example)
+      else:
+        batch_loss = tf.reduce_sum(per_example * mask) / tf.reduce_sum(mask)
+    return tape.gradient(batch_loss, trainable)
+
+
+@contextlib.contextmanager
+def _put_back(variables):
+  """Inside, `variables` may be assigned other values; on leaving they hold
+  the values they had on entering."""
+  saved = [tf.identity(v) for v in variables]
+  yield
+  _assign(variables, saved)
+
+
+def _assign(variables, values) -> None:
+  for var, value in zip(variables, values):
     var.assign(value)
-  with tf.GradientTape() as tape:
-    per_example = models.per_example_loss(loss, y, model(x, training=True))
-    if weights is not None:
-      per_example = per_example * weights
-    if mask is None:
-      batch_loss = tf.reduce_mean(per_example)
-    else:
-      batch_loss = tf.reduce_sum(per_example * mask) / tf.reduce_sum(mask)
-  grads = tape.gradient(batch_loss, trainable)
-  for var, value in zip(trainable, saved):
-    var.assign(value)
-  return grads
 
 
 def _mixed_gradient_at(model, loss: str, x, y, mask, point, other, alpha):
@@ -129,27 +139,24 @@ def _mixed_gradient_at(model, loss: str, x, y, mask, point, other, alpha):
   `other` of the mixed outputs alpha f(point; x) + (1 - alpha) f(other; x)
   (APFL's personal prediction); the variables are put back as they were."""
   trainable = model.trainable_variables
-  saved = [tf.identity(v) for v in trainable]
-  tapes, outputs = [], []
-  for values in (point, other):
-    for var, value in zip(trainable, values):
-      var.assign(value)
+  with _put_back(trainable):
+    tapes, outputs = [], []
+    for values in (point, other):
+      _assign(trainable, values)
+      with tf.GradientTape() as tape:
+        outputs.append(model(x, training=True))
+      tapes.append(tape)
     with tf.GradientTape() as tape:
-      outputs.append(model(x, training=True))
-    tapes.append(tape)
-  with tf.GradientTape() as tape:
-    tape.watch(outputs)
-    mixed = alpha * outputs[0] + (1.0 - alpha) * outputs[1]
-    per_example = models.per_example_loss(loss, y, mixed)
-    if mask is None:
-      batch_loss = tf.reduce_mean(per_example)
-    else:
-      batch_loss = tf.reduce_sum(per_example * mask) / tf.reduce_sum(mask)
-  upstream = tape.gradient(batch_loss, outputs)
-  grads = [t.gradient(o, trainable, output_gradients=u)
-           for t, o, u in zip(tapes, outputs, upstream)]
-  for var, value in zip(trainable, saved):
-    var.assign(value)
+      tape.watch(outputs)
+      mixed = alpha * outputs[0] + (1.0 - alpha) * outputs[1]
+      per_example = models.per_example_loss(loss, y, mixed)
+      if mask is None:
+        batch_loss = tf.reduce_mean(per_example)
+      else:
+        batch_loss = tf.reduce_sum(per_example * mask) / tf.reduce_sum(mask)
+    upstream = tape.gradient(batch_loss, outputs)
+    grads = [t.gradient(o, trainable, output_gradients=u)
+             for t, o, u in zip(tapes, outputs, upstream)]
   return grads[0], grads[1]
 
 
@@ -173,8 +180,7 @@ class _Trainer:
     self._num_trainable = len(model.trainable_variables)
 
   def _start(self, start, optimizer, opt_state):
-    for var, value in zip(self._variables, start):
-      var.assign(value)
+    _assign(self._variables, start)
     return start_optimizer(optimizer, start[:self._num_trainable], opt_state)
 
   def _finish(self, start, num_examples, loss_sum, opt_state) -> TrainResult:
@@ -183,21 +189,17 @@ class _Trainer:
 
   def predict(self, weights, x):
     """The model's outputs (logits) at `weights` on inputs `x` (inference mode)."""
-    for var, value in zip(self._variables, weights):
-      var.assign(value)
+    _assign(self._variables, weights)
     return self.model(x, training=False)
 
   def frozen_losses(self, frozen, x, y):
     """[F, b]: the per-example losses of the F weight lists `frozen` on the
     batch (inference mode); the model's variables are put back as they were."""
-    saved = [tf.identity(v) for v in self._variables]
     out = []
-    for weights in frozen:
-      for var, value in zip(self._variables, weights):
-        var.assign(value)
-      out.append(models.per_example_loss(self.loss_kind, y, self.model(x, training=False)))
-    for var, value in zip(self._variables, saved):
-      var.assign(value)
+    with _put_back(self._variables):
+      for weights in frozen:
+        _assign(self._variables, weights)
+        out.append(models.per_example_loss(self.loss_kind, y, self.model(x, training=False)))
     return tf.stack(out)
 
   def _weight_fn(self, example_weights: Optional[ExampleWeights]):
@@ -290,8 +292,7 @@ class DatasetTrainer(_Trainer):
     return data.reduce((tf.zeros([example_weights.width]), tf.constant(0.0)), add)
 
   def loss(self, weights, data, max_batches: int = 0):
-    for var, value in zip(self._variables, weights):
-      var.assign(value)
+    _assign(self._variables, weights)
     if max_batches:
       data = data.take(max_batches)
 
@@ -302,8 +303,7 @@ class DatasetTrainer(_Trainer):
     return data.reduce((tf.constant(0.0), tf.constant(0.0)), add)
 
   def gradient(self, weights, data, max_batches: int = 1):
-    for var, value in zip(self._variables, weights):
-      var.assign(value)
+    _assign(self._variables, weights)
     if max_batches:
       data = data.take(max_batches)
     zeros = tuple(tf.zeros_like(v) for v in self.model.trainable_variables)
@@ -387,8 +387,7 @@ class PaddedTrainer(_Trainer):
     return tuple(out[1:])
 
   def gradient(self, weights, data: schedule.PaddedBatches, max_batches: int = 1):
-    for var, value in zip(self._variables, weights):
-      var.assign(value)
+    _assign(self._variables, weights)
     self._seed(data)
     limit = data.num_steps if not max_batches else tf.minimum(data.num_steps, max_batches)
     zeros = tuple(tf.zeros_like(v) for v in self.model.trainable_variables)
@@ -401,8 +400,7 @@ class PaddedTrainer(_Trainer):
     return [t / tf.maximum(count, 1.0) for t in total], count
 
   def loss(self, weights, data: schedule.PaddedBatches, max_batches: int = 0):
-    for var, value in zip(self._variables, weights):
-      var.assign(value)
+    _assign(self._variables, weights)
     limit = data.num_steps if not max_batches else tf.minimum(data.num_steps, max_batches)
 
     def step(x, y, mask, loss_sum, count):
