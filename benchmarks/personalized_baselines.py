@@ -28,8 +28,9 @@ from typing import Dict, List, Optional
 import numpy as np
 
 import _cells
-from _sweep import (SHARED, completed_summary, load_recorded, mean_std, median_round_seconds,
-                    save_markdown, save_recorded, truncated)
+from _sweep import (SHARED, completed_summary, diverged_cell, is_diverged, load_recorded,
+                    mean_std, median_round_seconds, run_rounds, save_markdown, save_recorded,
+                    truncated)
 from tff_cluster.io import rundir  # (_sweep put the repository on sys.path)
 
 # The cut: each task's flags, clients per round and seeds; its rounds are
@@ -147,7 +148,8 @@ NAME = "personalized_baselines"  # benchmarks/recorded/NAME.csv, results/NAME/
 RECORD_KEY = ("algo", "task", "seed")
 SCORES = ("accuracy", "accuracy_clientavg", "accuracy_client_mean", "accuracy_p10",
           "accuracy_p50", "accuracy_p90")
-RECORD_FIELDS = RECORD_KEY + ("rounds", *SCORES, "bytes_per_round", "seconds_per_round")
+RECORD_FIELDS = RECORD_KEY + ("rounds", *SCORES, "bytes_per_round", "seconds_per_round",
+                              "diverged_round")
 
 
 def flags_for(algo: str, task: str, cpr: int) -> List[str]:
@@ -174,17 +176,22 @@ def cut(task: str, args) -> Dict[str, object]:
 
 
 def score(directory: str) -> Optional[Dict[str, object]]:
-  """The record of a finished run (None if it has not finished)."""
-  if completed_summary(directory) is None:
+  """The record of a finished run: its final round's scores, or, for a run
+  the divergence guard stopped, the round it diverged in and no scores (None
+  if it has not finished)."""
+  summary = rundir.read_summary(directory)
+  diverged = summary is not None and is_diverged(summary)
+  if completed_summary(directory) is None and not diverged:
     return None
   _, rows = rundir.read_metrics(directory)
   last = rows[-1]
   moved = [float(r["bytes_down"]) + float(r["bytes_up"]) for r in rows]
-  value = lambda key: "" if last.get(key) in (None, "") else float(last[key])  # noqa: E731
-  return {"rounds": int(last["round"]),
+  value = lambda key: "" if diverged or last.get(key) in (None, "") else float(last[key])  # noqa: E731
+  return {"rounds": run_rounds(directory) if diverged else int(last["round"]),
           **{s: value(s.replace("accuracy", "test_accuracy", 1)) for s in SCORES},
           "bytes_per_round": int(np.mean(moved)),
-          "seconds_per_round": truncated(median_round_seconds(directory), 3)}
+          "seconds_per_round": truncated(median_round_seconds(directory), 3),
+          "diverged_round": summary["diverged_round"] if diverged else ""}
 
 
 def main(argv=None):
@@ -212,7 +219,15 @@ def markdown() -> str:
   """The recorded table, one block per task: mean ± std over the recorded
   seeds (percent), MB a round, the median seconds of a round beside FedAvg's."""
   def cells(mine):
-    return [mean_std([_cells.number(r, s) for r in mine]) for s in SCORES]
+    """Mean ± std over the seeds that finished; the seeds the divergence
+    guard stopped are named in the first cell."""
+    ok = [r for r in mine if not r.get("diverged_round")]
+    out = [mean_std([_cells.number(r, s) for r in ok]) for s in SCORES]
+    stopped = [int(r["diverged_round"]) for r in mine if r.get("diverged_round")]
+    if stopped:
+      said = diverged_cell(stopped, len(mine))
+      out[0] = said if not ok else f"{out[0]} ({said})"
+    return out
 
   out = _cells.task_blocks(load_recorded(NAME), TASKS, ALGOS,
                            ["accuracy %", "client-avg %", "client mean %", "p10 %", "p50 %",

@@ -578,6 +578,35 @@ def test_personalized_baselines_table_shows_the_spread_over_clients(recorded):
       in text
   assert ("| `ditto` | 0,1 | 75.00 ± 7.07 | 74.00 ± 7.07 | 65.00 ± 7.07 | 35.00 ± 7.07 "
           "| 70.00 ± 7.07 | 92.50 ± 3.53 | 2.00 | 1.25 | 2.5 |") in text
+  # A seed the divergence guard stopped is named, not averaged in.
+  scores = dict(accuracy=0.6, accuracy_clientavg=0.6, accuracy_client_mean=0.6,
+                accuracy_p10=0.2, accuracy_p50=0.6, accuracy_p90=0.9)
+  _sweep.save_recorded("personalized_baselines", [
+      dict(base, algo="pfedmo", seed=0, **{k: "" for k in scores}, seconds_per_round=1.0,
+           diverged_round=20),
+      dict(base, algo="pfedmo", seed=1, **scores, seconds_per_round=1.0),
+      dict(base, algo="apfl", seed=0, **{k: "" for k in scores}, seconds_per_round=1.0,
+           diverged_round=7)],
+      personalized_baselines.RECORD_KEY, personalized_baselines.RECORD_FIELDS)
+  text = personalized_baselines.markdown()
+  assert ("| `pfedmo` | 0,1 | 60.00 (diverged at round 20 (1/2 seeds)) | 60.00 | 60.00 | 20.00 "
+          "| 60.00 | 90.00 |") in text
+  assert "| `apfl` | 0 | diverged at round 7 (1/1 seeds) | – | – | – | – | – |" in text
+
+
+def test_a_diverged_run_is_recorded_with_its_round_and_no_scores(tmp_path):
+  d = str(tmp_path / "run")
+  os.makedirs(d)
+  with open(os.path.join(d, "summary.json"), "w") as f:
+    json.dump({"completed": False, "reason": "diverged", "diverged_round": 20}, f)
+  with open(os.path.join(d, "config.json"), "w") as f:
+    json.dump({"rounds": 25}, f)
+  with open(os.path.join(d, "metrics.csv"), "w") as f:
+    f.write("round,bytes_down,bytes_up,round_seconds,test_accuracy\n"
+            "18,10,20,1.0,0.5\n19,10,20,3.0,0.4\n")
+  got = personalized_baselines.score(d)
+  assert got["diverged_round"] == 20 and got["rounds"] == 25 and got["accuracy"] == ""
+  assert got["bytes_per_round"] == 30
 
 
 def _fake_cells(monkeypatch, tmp_path):
