@@ -186,7 +186,10 @@ def score(directory: str) -> Optional[Dict[str, object]]:
   _, rows = rundir.read_metrics(directory)
   last = rows[-1]
   moved = [float(r["bytes_down"]) + float(r["bytes_up"]) for r in rows]
-  value = lambda key: "" if diverged or last.get(key) in (None, "") else float(last[key])  # noqa: E731
+
+  def value(key):
+    return "" if diverged or last.get(key) in (None, "") else float(last[key])
+
   return {"rounds": run_rounds(directory) if diverged else int(last["round"]),
           **{s: value(s.replace("accuracy", "test_accuracy", 1)) for s in SCORES},
           "bytes_per_round": int(np.mean(moved)),
