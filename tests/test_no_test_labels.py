@@ -22,9 +22,11 @@ import pytest
 from tff_cluster import registry
 from tff_cluster.host import round as host_round
 from tff_cluster.learning import evaluation
+from tests import test_runners
 from tests.test_runners import PARITY_CASES, _run
 
 ROUNDS = 2
+cluster_data = test_runners.cluster_data  # the parity cases' data (module fixture)
 
 
 def _relabelled(data):
@@ -60,18 +62,9 @@ def _assert_same_models(a, b, what):
       np.testing.assert_array_equal(x, y, err_msg=f"{what}: deployed weights")
 
 
-@pytest.fixture(scope="module")
-def small_data():
-  from tff_cluster import tasks
-  from tff_cluster.spec.task import DataOptions
-  task = tasks.get_task("synthetic_clusters")
-  data = task.load_data(DataOptions(seed=2, num_clients=24, extra={"num_clusters": 3}))
-  return task, data
-
-
 @pytest.mark.parametrize("algo", sorted(registry.ALGORITHMS))
-def test_no_evaluation_reads_a_test_label_before_its_model_is_fixed(algo, small_data, tmp_path):
-  task, data = small_data
+def test_no_evaluation_reads_a_test_label_before_its_model_is_fixed(algo, cluster_data, tmp_path):
+  task, data = cluster_data
   options = PARITY_CASES[algo][0]
   a = _deployed(algo, options, task, data, tmp_path, "labels")
   b = _deployed(algo, options, task, _relabelled(data), tmp_path, "moved")
@@ -80,8 +73,8 @@ def test_no_evaluation_reads_a_test_label_before_its_model_is_fixed(algo, small_
 
 
 def test_the_check_catches_a_choice_by_test_loss_and_a_fine_tuning_on_test_data(
-    small_data, tmp_path, monkeypatch):
-  task, data = small_data
+    cluster_data, tmp_path, monkeypatch):
+  task, data = cluster_data
   # IFCA's protocol for clients without training data, asked for every client.
   options = dict(PARITY_CASES["ifca"][0], ifca_eval="test_loss")
   a = _deployed("ifca", options, task, data, tmp_path, "a")
