@@ -28,7 +28,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 import _cells
-from _sweep import (SHARED, completed_summary, diverged_cell, is_diverged, load_recorded,
+from _sweep import (SHARED, diverged_cell, is_diverged, load_recorded,
                     mean_std, median_round_seconds, run_rounds, save_markdown, save_recorded,
                     truncated)
 from tff_cluster.io import rundir  # (_sweep put the repository on sys.path)
@@ -179,9 +179,9 @@ def score(directory: str) -> Optional[Dict[str, object]]:
   """The record of a finished run: its final round's scores, or, for a run
   the divergence guard stopped, the round it diverged in and no scores (None
   if it has not finished)."""
-  summary = rundir.read_summary(directory)
-  diverged = summary is not None and is_diverged(summary)
-  if completed_summary(directory) is None and not diverged:
+  summary = rundir.read_summary(directory) or {}
+  diverged = is_diverged(summary)
+  if not summary.get("completed") and not diverged:
     return None
   _, rows = rundir.read_metrics(directory)
   last = rows[-1]
