@@ -47,14 +47,15 @@ def test_every_algorithm_is_covered():
 # clustering round, FedSoft's second estimate) run the parity test's rounds;
 # the others 2 rounds (CI's time), each of its modes run.
 LATER_MODES = ("cfl", "flhc", "fedsoft")
-# Algorithms whose clients run another one's client function and whose host
-# reads no per-client result (CI's time; TFF_CLUSTER_EXHAUSTIVE=1 runs them):
-# the server-momentum variants and the ensembles run FedAvg's or FedProx's
-# clients; FedPer, LG-FedAvg and FedBN FedRep's split definition in one
-# phase; local-only and FedAvg + FT Ditto's two trainings.
-SAME_CLIENTS = ("fedavgm", "fedmom", "slowmo", "fedavg_plus", "fedprox_plus", "fedper",
-                "lg_fedavg", "fedbn", "local_only", "fedavg_ft")
-PARALLEL_CASES = [(a, s) for a, s in CASES if a not in SAME_CLIENTS or exhaustive()]
+# Not run here (CI's time; TFF_CLUSTER_EXHAUSTIVE=1 runs them): the
+# algorithms whose clients run another one's client function
+# (test_runners.SAME_CLIENTS) and those that add host or server steps only
+# (test_runners.HOST_STEPS_ONLY): side by side, their chunks run FedAvg's,
+# FedProx's or IFCA's clients and return the per-client results (updates,
+# losses, keys) that FedAvg's, FedGroup's, IFCA's and CFL-MGD's cases check.
+SAME_CLIENTS = test_runners.SAME_CLIENTS
+PARALLEL_CASES = [(a, s) for a, s in CASES
+                  if a not in SAME_CLIENTS + test_runners.HOST_STEPS_ONLY or exhaustive()]
 
 
 def test_the_same_client_algorithms_are_registered():
@@ -425,20 +426,24 @@ KERAS3_RUN_MODELS = {"conv_batchnorm_lstm_dropout": _conv_bn_lstm, "lstm": _lstm
 # IFCA's keys, persistent momentum and client states, CFL-MGD's gradients
 # and losses.
 ADAM_OR_NO_BATCHNORM = ("mime", "fedsoft")
-# With these layers, one algorithm of each kind of client function (CI's
-# time; every algorithm's own side-by-side run is CASES above, with the
-# parity model): plain and proximal SGD, IFCA's keys and cluster models,
-# CFL-MGD's gradients and losses, FedGroup's modes, Mime's server statistics,
-# FedSoft's Adam, FedEM's per-example weights, pFedMo, Ditto's personal model,
-# FedRep's masked phases, pFedMe's own step, APFL's output-mixing forward and
-# Per-FedAvg's meta-steps. The others run one of these
-# client functions (FedPer, LG-FedAvg and FedBN FedRep's split definition in
-# one phase; local-only Ditto's without the global model; FedAvg + FT Ditto's
-# second training of a copy; the FedAvg family, WeCFL, FeSEM, CFL, FL+HC,
-# PACFL, StoCFL and HypCluster FedAvg's or IFCA's with other server steps).
+# With these layers, the client functions whose step touches the model's
+# variables or batches in a way of their own (CI's time; every algorithm's
+# own side-by-side run is CASES above, with the parity model): plain SGD,
+# FedEM's per-example weights, APFL's output-mixing forward (two forwards,
+# two Dropout draws), FedRep's masked phases (BatchNorm's statistics in the
+# masked layers), Per-FedAvg's meta-steps (three batches a step), pFedMe's
+# inner steps on one batch (BatchNorm's statistics updated at each) and
+# Ditto's personal model beside the global one; and the mechanisms once more
+# with the CNN alone: IFCA's keys, persistent momentum and client states,
+# CFL-MGD's gradients and losses. The others' steps are one of these or add a
+# term on the trainable weights only (FedProx, pFedMo, FedGroup's modes, Mime's
+# server statistics, FedSoft's Adam: their side-by-side runs are in CASES);
+# FedPer, LG-FedAvg and FedBN run FedRep's split definition in one phase;
+# local-only Ditto's without the global model; FedAvg + FT Ditto's second
+# training of a copy; the FedAvg family, WeCFL, FeSEM, CFL, FL+HC, PACFL,
+# StoCFL and HypCluster FedAvg's or IFCA's with other server steps.
 # TFF_CLUSTER_EXHAUSTIVE=1 runs every algorithm here.
-KERAS3_ALGOS = ("fedavg", "fedprox", "ifca", "cfl_mgd", "fedgroup", "mime", "fedsoft", "fedem",
-                "pfedmo", "ditto", "fedrep", "pfedme", "apfl", "perfedavg")
+KERAS3_ALGOS = ("fedavg", "fedem", "apfl", "fedrep", "perfedavg", "pfedme", "ditto")
 KERAS3_RUN_CASES = [
     ("lstm" if algo in ADAM_OR_NO_BATCHNORM else "conv_batchnorm_lstm_dropout", algo, 0,
      solver)

@@ -254,13 +254,35 @@ def assert_same_run(a, b, weights_atol=ATOL):
       np.testing.assert_allclose(x, y, rtol=RTOL, atol=weights_atol)
 
 
+# Algorithms whose clients run another one's client function: the server-
+# momentum variants and the ensembles FedAvg's or FedProx's; FedPer, LG-FedAvg
+# and FedBN FedRep's split definition in one phase; local-only and FedAvg + FT
+# Ditto's two trainings; FedGrouProx FedGroup's with FedProx's clients; WeCFL,
+# FeSEM, CFL, FL+HC, PACFL, StoCFL and HypCluster FedAvg's or IFCA's with
+# other server or host steps. The local solvers' settings (steps, momentum kept
+# per client, decay) live in those client functions and the client-state
+# store, so these run them through their own parity case with the first solver
+# only (CI's time; TFF_CLUSTER_EXHAUSTIVE=1 runs both).
+SAME_CLIENTS = ("fedavgm", "fedmom", "slowmo", "fedavg_plus", "fedprox_plus", "fedper",
+                "lg_fedavg", "fedbn", "local_only", "fedavg_ft")
+HOST_STEPS_ONLY = ("fedgrouprox", "wecfl", "fesem", "cfl", "flhc", "pacfl", "stocfl",
+                   "hypcluster")
+
+
 def _parity_params():
-  """Each algorithm's first case with both local solvers, its other cases
-  (options of its server or host steps) with the first solver (CI's time;
+  """Each algorithm's first case with both local solvers (the algorithms of
+  SAME_CLIENTS and HOST_STEPS_ONLY with the first), its other cases (options
+  of its server or host steps) with the first solver (CI's time;
   TFF_CLUSTER_EXHAUSTIVE=1: every case with both)."""
+  first = sorted(SOLVER_CASES)[0]
   return [(a, i, s) for a, cases in sorted(PARITY_CASES.items()) for i in range(len(cases))
           for s in sorted(SOLVER_CASES)
-          if i == 0 or s == sorted(SOLVER_CASES)[0] or exhaustive()]
+          if s == first or exhaustive()
+          or (i == 0 and a not in SAME_CLIENTS + HOST_STEPS_ONLY)]
+
+
+def test_the_representative_sets_name_registered_algorithms():
+  assert set(SAME_CLIENTS + HOST_STEPS_ONLY) <= set(PARITY_CASES)
 
 
 @pytest.mark.parametrize("algo,case,solver", _parity_params())
