@@ -431,19 +431,19 @@ ADAM_OR_NO_BATCHNORM = ("mime", "fedsoft")
 # own side-by-side run is CASES above, with the parity model): plain SGD,
 # FedEM's per-example weights, APFL's output-mixing forward (two forwards,
 # two Dropout draws), FedRep's masked phases (BatchNorm's statistics in the
-# masked layers), Per-FedAvg's meta-steps (three batches a step), pFedMe's
-# inner steps on one batch (BatchNorm's statistics updated at each) and
-# Ditto's personal model beside the global one; and the mechanisms once more
-# with the CNN alone: IFCA's keys, persistent momentum and client states,
-# CFL-MGD's gradients and losses. The others' steps are one of these or add a
-# term on the trainable weights only (FedProx, pFedMo, FedGroup's modes, Mime's
-# server statistics, FedSoft's Adam: their side-by-side runs are in CASES);
-# FedPer, LG-FedAvg and FedBN run FedRep's split definition in one phase;
-# local-only Ditto's without the global model; FedAvg + FT Ditto's second
-# training of a copy; the FedAvg family, WeCFL, FeSEM, CFL, FL+HC, PACFL,
-# StoCFL and HypCluster FedAvg's or IFCA's with other server steps.
+# masked layers, a personal part of the model kept as client state) and
+# Per-FedAvg's meta-steps (three batches a step); and the mechanisms once
+# more with the CNN alone: IFCA's keys, persistent momentum and client
+# states, CFL-MGD's gradients and losses. The others' steps are one of these
+# or add a term on the trainable weights only (FedProx, pFedMo, FedGroup's
+# modes, Mime's server statistics, FedSoft's Adam, Ditto's and pFedMe's
+# personal models: their side-by-side runs are in CASES); FedPer, LG-FedAvg
+# and FedBN run FedRep's split definition in one phase; local-only Ditto's
+# without the global model; FedAvg + FT Ditto's second training of a copy;
+# the FedAvg family, WeCFL, FeSEM, CFL, FL+HC, PACFL, StoCFL and HypCluster
+# FedAvg's or IFCA's with other server steps.
 # TFF_CLUSTER_EXHAUSTIVE=1 runs every algorithm here.
-KERAS3_ALGOS = ("fedavg", "fedem", "apfl", "fedrep", "perfedavg", "pfedme", "ditto")
+KERAS3_ALGOS = ("fedavg", "fedem", "apfl", "fedrep", "perfedavg")
 KERAS3_RUN_CASES = [
     ("lstm" if algo in ADAM_OR_NO_BATCHNORM else "conv_batchnorm_lstm_dropout", algo, 0,
      solver)
