@@ -162,7 +162,7 @@ def test_the_runtime_signal_handler_runs_the_handler_installed_before():
 
 # The script's three ways: its own loop (FedAvg), TFF's train_model (IFCA)
 # and train_program (FedGroup). CI runs the first and the last (each three
-# programs in fresh processes, about 100 s on CI's machine); train_model's
+# programs in fresh processes, 86-110 s each on a 2-core machine); train_model's
 # run and resume of IFCA is also tests/test_tff_programs.py's
 # test_train_model_runs_ifca_and_resumes_exactly, in process.
 # TFF_CLUSTER_EXHAUSTIVE=1 runs all three.
