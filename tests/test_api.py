@@ -6,8 +6,8 @@ import pytest
 import tensorflow as tf
 
 from tff_cluster import tasks
-from tests.conftest import TFF_PROBLEM, exhaustive
-from tests.test_runners import ALL_CLIENTS, HOST_STEPS_ONLY, PARITY_CASES, SAME_CLIENTS
+from tests.conftest import TFF_PROBLEM
+from tests.test_runners import ALL_CLIENTS, PARITY_CASES, representative
 from tff_cluster import api, models, registry
 from tff_cluster.host import loop
 from tff_cluster.learning import evaluation
@@ -66,8 +66,7 @@ def _models_ignore_test_labels(p):
 # (test_runners' SAME_CLIENTS and HOST_STEPS_ONLY left out; CI's time;
 # TFF_CLUSTER_EXHAUSTIVE=1 runs all); every algorithm on today's stack.
 PROCESS_ALGOS = [a for a in sorted(registry.ALGORITHMS)
-                 if TFF_PROBLEM is not None or exhaustive()
-                 or a not in SAME_CLIENTS + HOST_STEPS_ONLY]
+                 if TFF_PROBLEM is not None or representative(a)]
 
 
 @pytest.mark.parametrize("algo", PROCESS_ALGOS)

@@ -53,13 +53,7 @@ LATER_MODES = ("cfl", "flhc", "fedsoft")
 # (test_runners.HOST_STEPS_ONLY): side by side, their chunks run FedAvg's,
 # FedProx's or IFCA's clients and return the per-client results (updates,
 # losses, keys) that FedAvg's, FedGroup's, IFCA's and CFL-MGD's cases check.
-SAME_CLIENTS = test_runners.SAME_CLIENTS
-PARALLEL_CASES = [(a, s) for a, s in CASES
-                  if a not in SAME_CLIENTS + test_runners.HOST_STEPS_ONLY or exhaustive()]
-
-
-def test_the_same_client_algorithms_are_registered():
-  assert set(SAME_CLIENTS) <= {a for a, _ in CASES}
+PARALLEL_CASES = [(a, s) for a, s in CASES if test_runners.representative(a)]
 
 
 @pytest.mark.parametrize("algo,solver", PARALLEL_CASES)

@@ -24,11 +24,11 @@ import pytest
 ray = pytest.importorskip("ray", reason="needs the ray extra (today's stack)")
 
 from tff_cluster import tasks  # noqa: E402
-from tests.conftest import REPO_ROOT, exhaustive  # noqa: E402
+from tests.conftest import REPO_ROOT  # noqa: E402
 from tests.helpers import (_is_descendant, metrics_rows_written,  # noqa: E402
                            rerun_in_loopback_namespace)
-from tests.test_runners import (HOST_STEPS_ONLY, PARITY_CASES, RTOL, ATOL,  # noqa: E402
-                                SAME_CLIENTS, SOLVER_CASES, _run, assert_same_run)
+from tests.test_runners import (PARITY_CASES, RTOL, ATOL, SOLVER_CASES,  # noqa: E402
+                                _run, assert_same_run, representative)
 from tff_cluster import interrupts  # noqa: E402
 from tff_cluster.runners import ray_runner  # noqa: E402
 from tff_cluster.spec.task import DataOptions  # noqa: E402
@@ -84,8 +84,7 @@ SOLVER = "steps_momentum_persist_decay"
 # not those of test_runners.SAME_CLIENTS and HOST_STEPS_ONLY, for which the
 # actors run FedAvg's, FedProx's, IFCA's, FedRep's or Ditto's clients and
 # return what those return (CI's time; TFF_CLUSTER_EXHAUSTIVE=1 runs them).
-RAY_CASES = [a for a in sorted(PARITY_CASES)
-             if a not in SAME_CLIENTS + HOST_STEPS_ONLY or a == "pacfl" or exhaustive()]
+RAY_CASES = [a for a in sorted(PARITY_CASES) if representative(a) or a == "pacfl"]
 
 
 @needs_isolation
