@@ -24,11 +24,11 @@ import pytest
 ray = pytest.importorskip("ray", reason="needs the ray extra (today's stack)")
 
 from tff_cluster import tasks  # noqa: E402
-from tests.conftest import REPO_ROOT  # noqa: E402
+from tests.conftest import REPO_ROOT, exhaustive  # noqa: E402
 from tests.helpers import (_is_descendant, metrics_rows_written,  # noqa: E402
                            rerun_in_loopback_namespace)
 from tests.test_runners import (PARITY_CASES, RTOL, ATOL, SOLVER_CASES,  # noqa: E402
-                                _run, assert_same_run, representative)
+                                _run, assert_same_run)
 from tff_cluster import interrupts  # noqa: E402
 from tff_cluster.runners import ray_runner  # noqa: E402
 from tff_cluster.spec.task import DataOptions  # noqa: E402
@@ -79,12 +79,22 @@ def test_shards_are_contiguous_and_differ_by_at_most_one():
 # Client states (momentum persisted between rounds) travel to the actors and
 # back; algorithms with their own momentum run the rest of the case.
 SOLVER = "steps_momentum_persist_decay"
-# Every algorithm with a client function, client state or per-client result
-# of its own, and PACFL (its one-shot summaries are computed in the actors);
-# not those of test_runners.SAME_CLIENTS and HOST_STEPS_ONLY, for which the
-# actors run FedAvg's, FedProx's, IFCA's, FedRep's or Ditto's clients and
-# return what those return (CI's time; TFF_CLUSTER_EXHAUSTIVE=1 runs them).
-RAY_CASES = [a for a in sorted(PARITY_CASES) if representative(a) or a == "pacfl"]
+# One algorithm for each kind of what the actors hold or send back: plain
+# updates (FedAvg), per-client losses over K models (IFCA), host-driven modes
+# and update vectors (FedGroup), a mixture kept per client and per-example
+# weights (FedEM), a personal model (Ditto), a mask with a personal head
+# (FedRep), a personal model with its own mixing weight (APFL), every client
+# every round (pFedMo), a gradient exchange before the local steps (Mime),
+# and one-shot summaries computed where the data lives (PACFL). The others
+# run one of these client functions and states in the actors (CI's time;
+# TFF_CLUSTER_EXHAUSTIVE=1 runs every algorithm).
+RAY_KINDS = ("fedavg", "ifca", "fedgroup", "fedem", "ditto", "fedrep", "apfl", "pfedmo",
+             "mime", "pacfl")
+RAY_CASES = [a for a in sorted(PARITY_CASES) if exhaustive() or a in RAY_KINDS]
+
+
+def test_the_ray_kinds_name_registered_algorithms():
+  assert set(RAY_KINDS) <= set(PARITY_CASES)
 
 
 @needs_isolation
