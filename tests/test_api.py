@@ -1,8 +1,6 @@
 """The public process object (`tff_cluster.api`): every algorithm through it,
 equal to the training loop's numbers, and every misuse refused clearly."""
 
-import os
-
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -10,7 +8,7 @@ import tensorflow as tf
 from tff_cluster import tasks
 from tests.conftest import TFF_PROBLEM
 from tests.test_runners import ALL_CLIENTS, PARITY_CASES, representative
-from tff_cluster import api, models, registry
+from tff_cluster import api, models, registry, stack
 from tff_cluster.host import loop
 from tff_cluster.learning import evaluation
 from tff_cluster.spec.task import DataOptions
@@ -69,9 +67,9 @@ def _models_ignore_test_labels(p):
 # model's Keras), the algorithms with clients of their own (test_runners'
 # SAME_CLIENTS and HOST_STEPS_ONLY left out; CI's time;
 # TFF_CLUSTER_EXHAUSTIVE=1 runs all).
-KERAS2 = os.environ.get("TF_USE_LEGACY_KERAS") == "1"
 PROCESS_ALGOS = [a for a in sorted(registry.ALGORITHMS)
-                 if (TFF_PROBLEM is not None and not KERAS2) or representative(a)]
+                 if (TFF_PROBLEM is not None and not stack.legacy_keras_requested())
+                 or representative(a)]
 
 
 @pytest.mark.parametrize("algo", PROCESS_ALGOS)
