@@ -155,6 +155,12 @@ def _fail(message: str, code: int = 2) -> "NoReturn":  # noqa: F821
 def run(settings: dict) -> dict:
   """Loads data, builds the driver, trains, writes results. Returns the summary."""
   from tff_cluster import stack
+  from tff_cluster.io import results as results_io  # (no TensorFlow)
+  if not settings["resume"]:  # a folder that cannot take the run: refused before TF loads
+    try:
+      results_io.check_output_dir(settings["output_dir"], settings["overwrite"])
+    except results_io.OutputDirError as e:
+      raise UsageError(str(e)) from None
   tf = stack.import_tensorflow()
 
   from tff_cluster.io import checkpoint

@@ -22,13 +22,30 @@
 # The phases run one after the other: run side by side on two cores, tff and
 # today each took longer than both in a row.
 #
-# Usage: scripts/test.sh [PHASE ...]   (default: all five). Environments are
-# built from uv.lock with uv (installed with pip when missing): .venv-tff,
-# .venv-py3.X (today's stack, with the legacy-keras extra); .venv-colab and
-# .venv-pip are made anew each time.
+# Usage: scripts/test.sh [TIER] [PHASE ...]
+#
+#   TIER   ci (the default: what CI runs), quick (contributors: the today
+#          phase alone unless phases are named, no test marked slow and no
+#          exhaustive-only case) or exhaustive (every case; the same as
+#          TFF_CLUSTER_EXHAUSTIVE=1). tests/conftest.py says what each holds.
+#   PHASE  default: all five (quick: today).
+#
+# The CI tier runs one slice of the exhaustive-only cases: TFF_CLUSTER_SLICE
+# if set, else int(commit[:8], 16) % 4 of the checkout's commit (printed).
+# Environments are built from uv.lock with uv (installed with pip when
+# missing): .venv-tff, .venv-py3.X (today's stack, with the legacy-keras
+# extra); .venv-colab and .venv-pip are made anew each time.
+# Within the tff, today and keras2 phases the tests run on
+# TFF_CLUSTER_TEST_WORKERS processes (pytest-xdist; default: the CPU count,
+# at most 4; 1: one process), after the tests marked `serial` (those timed
+# against the clock) in one process. (TensorFlow keeps its default threads:
+# one thread a process measured 6 % faster here but rounds a CNN's sums in
+# another order, past the cross-stack reference's 1e-5.)
 # A phase whose interpreter is missing is skipped with the reason. Each phase
-# prints its time; the last line sums the tests of every phase. Exit status:
-# non-zero when any phase failed. Extra pytest options: PYTEST_ADDOPTS.
+# prints its time; the last lines sum the tests of every phase and list the
+# slowest (scripts/test_durations.py reads .test-reports/ for the whole
+# table). Exit status: non-zero when any phase failed. Extra pytest options:
+# PYTEST_ADDOPTS.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -36,14 +53,47 @@ export PYTHONUNBUFFERED=1
 REPORTS="$ROOT/.test-reports"
 rm -rf "$REPORTS" && mkdir -p "$REPORTS"
 
+TIER=ci
+case ${1:-} in ci|quick|exhaustive) TIER=$1; shift ;; esac
+if [ "$TIER" = ci ] && [ -n "${TFF_CLUSTER_EXHAUSTIVE:-}" ] && [ "$TFF_CLUSTER_EXHAUSTIVE" != 0 ]; then
+  TIER=exhaustive
+fi
+export TFF_CLUSTER_TIER=$TIER
 PHASES=("$@")
-[ ${#PHASES[@]} -eq 0 ] && PHASES=(tff today keras2 colab pip)
+if [ ${#PHASES[@]} -eq 0 ]; then
+  if [ "$TIER" = quick ]; then PHASES=(today); else PHASES=(tff today keras2 colab pip); fi
+fi
 for phase in "${PHASES[@]}"; do
   case $phase in tff|today|keras2|colab|pip) ;;
-    *) echo "scripts/test.sh: error: unknown phase '$phase'; valid: tff, today, keras2, colab, pip" >&2
+    *) echo "scripts/test.sh: error: unknown phase or tier '$phase'; valid tiers: ci, quick, exhaustive; valid phases: tff, today, keras2, colab, pip" >&2
        exit 2 ;;
   esac
 done
+if [ -z "${TFF_CLUSTER_SLICE:-}" ]; then
+  commit=$(git rev-parse HEAD 2>/dev/null || true)
+  if [ -n "$commit" ]; then
+    TFF_CLUSTER_SLICE=$(( 16#${commit:0:8} % 4 ))
+    slice_from="commit ${commit:0:8}"
+  else
+    TFF_CLUSTER_SLICE=0
+    slice_from="no commit: the first"
+  fi
+else
+  slice_from="TFF_CLUSTER_SLICE"
+fi
+case $TFF_CLUSTER_SLICE in 0|1|2|3) ;;
+  *) echo "scripts/test.sh: error: TFF_CLUSTER_SLICE=$TFF_CLUSTER_SLICE; valid: 0..3" >&2; exit 2 ;;
+esac
+export TFF_CLUSTER_SLICE
+case $TIER in
+  ci) echo "tier ci: exhaustive-only cases of slice $TFF_CLUSTER_SLICE of 4 ($slice_from)" ;;
+  quick) echo "tier quick: no test marked slow, no exhaustive-only case" ;;
+  exhaustive) echo "tier exhaustive: every case" ;;
+esac
+WORKERS=${TFF_CLUSTER_TEST_WORKERS:-$(python3 -c 'import os; print(min(os.cpu_count() or 1, 4))')}
+case $WORKERS in ''|*[!0-9]*|0)
+  echo "scripts/test.sh: error: TFF_CLUSTER_TEST_WORKERS=$WORKERS; valid: 1 or more" >&2; exit 2 ;;
+esac
 wants() { local p; for p in "${PHASES[@]}"; do [ "$p" = "$1" ] && return 0; done; return 1; }
 
 if ! python3 -m uv --version >/dev/null 2>&1; then
@@ -81,9 +131,29 @@ sync() {
   UV_PROJECT_ENVIRONMENT="$env" "${UV[@]}" sync --frozen --python "$py" "$@"
 }
 
-run_pytest() {  # run_pytest PHASE PYTHON [pytest args...]
-  local phase=$1 py=$2; shift 2
-  "$py" -m pytest -p no:cacheprovider --durations=15 --junitxml="$REPORTS/$phase.xml" "$@"
+pytest_once() {  # pytest_once REPORT PYTHON [pytest args...]: one pytest, timed by kind
+  local report=$1 py=$2; shift 2
+  TFF_CLUSTER_TIMING_OUT="$REPORTS/$report.kinds.json" "$py" -m pytest -p no:cacheprovider \
+    -p tests.timing --durations=15 --junitxml="$REPORTS/$report.xml" "$@"
+}
+
+# run_pytest PHASE PYTHON MARKS [pytest args...]: the tests MARKS selects,
+# those marked `serial` in one process, then the others on $WORKERS
+# processes where pytest-xdist is installed. Exit status 5 (no test selected)
+# counts as success.
+run_pytest() {
+  local phase=$1 py=$2 marks=$3 rc=0 r; shift 3
+  if [ "$WORKERS" -gt 1 ] && "$py" -c "import xdist" 2>/dev/null; then
+    pytest_once "$phase.serial" "$py" -m "($marks) and serial" "$@"
+    r=$?; [ $r -eq 5 ] && r=0; [ $r -ne 0 ] && rc=$r
+    pytest_once "$phase" "$py" -m "($marks) and not serial" -n "$WORKERS" --dist worksteal "$@"
+    r=$?
+  else
+    pytest_once "$phase" "$py" -m "$marks" "$@"
+    r=$?
+  fi
+  [ $r -eq 5 ] && r=0; [ $r -ne 0 ] && rc=$r
+  return $rc
 }
 
 phase() {  # phase NAME COMMAND...: runs it, records status and seconds
@@ -108,10 +178,9 @@ TODAY_ENV=""
 
 install_all() {
   local rc=0
-  if wants tff || wants today; then
-    if [ -n "$PY_TFF" ]; then sync .venv-tff "$PY_TFF" --extra tff || rc=1; fi
-  fi
-  if { wants today || wants keras2; } && [ -n "$PY_TODAY" ]; then
+  if wants tff && [ -n "$PY_TFF" ]; then sync .venv-tff "$PY_TFF" --extra tff || rc=1; fi
+  # (the tff phase resumes checkpoints with today's interpreter too)
+  if { wants today || wants keras2 || wants tff; } && [ -n "$PY_TODAY" ]; then
     sync "$TODAY_ENV" "$PY_TODAY" --extra legacy-keras --extra ray || rc=1
   fi
   if wants colab && [ -n "$PY_COLAB" ]; then
@@ -139,43 +208,47 @@ tff_phase() {
     # written on this stack with today's interpreter, and the other way round.
     [ -n "$TODAY_ENV" ] && [ -x "$TODAY_ENV/bin/python" ] &&
       export TFF_CLUSTER_TODAY_PYTHON="$ROOT/$TODAY_ENV/bin/python"
-    run_pytest tff .venv-tff/bin/python -m "tff or stack" )
+    run_pytest tff .venv-tff/bin/python "tff or stack" )
 }
-# The today phase runs its test files in four groups, a fresh interpreter
-# each. In one interpreter, TF 2.21 keeps every XLA-compiled function for the
-# life of the process (memory grows with each compilation, and
+# The today phase runs its test files in groups, fresh interpreters each
+# (two groups on two or more test processes, four on one). In one
+# interpreter, TF 2.21 keeps every XLA-compiled function for the life of the
+# process (memory grows with each compilation, and
 # benchmarks/xla_compile_growth.py measures it), and the whole phase in one
 # process ended twice in a segmentation fault inside a compiled round function
 # at the same point of the run (about 57 % of its tests, a different test each
-# time; each passes alone).
-TODAY_GROUPS=("tests/test_[a-c]*.py" "tests/test_[d-o]*.py" "tests/test_[p-r]*.py"
-              "tests/test_[s-z]*.py")
+# time; each passes alone): each process holds about a quarter of the phase.
+if [ "$WORKERS" -gt 1 ]; then
+  TODAY_GROUPS=("tests/test_[a-o]*.py" "tests/test_[p-z]*.py")
+else
+  TODAY_GROUPS=("tests/test_[a-c]*.py" "tests/test_[d-o]*.py" "tests/test_[p-r]*.py"
+                "tests/test_[s-z]*.py")
+fi
 today_phase() {
   ( unset TF_USE_LEGACY_KERAS
     rc=0 i=0
     for group in "${TODAY_GROUPS[@]}"; do
       i=$((i + 1))
       # shellcheck disable=SC2086  # the group is a glob
-      run_pytest "today-$i" "$TODAY_ENV/bin/python" -m "not tff" $group
+      run_pytest "today-$i" "$TODAY_ENV/bin/python" "not tff" $group
       r=$?
-      [ $r -eq 5 ] && r=0  # no test of the group selected
       [ $r -ne 0 ] && rc=$r
     done
     exit $rc )
 }
 keras2_phase() {
   ( export TF_USE_LEGACY_KERAS=1
-    run_pytest keras2 "$TODAY_ENV/bin/python" -m "not tff" tests/test_models.py \
+    run_pytest keras2 "$TODAY_ENV/bin/python" "not tff" tests/test_models.py \
       tests/test_local_training.py tests/test_api.py tests/test_cross_stack.py \
       tests/test_stack.py tests/test_model_shapes.py )
 }
 colab_phase() {
   ( unset TF_USE_LEGACY_KERAS; export TFF_CLUSTER_PIP_PHASE=colab
-    run_pytest colab .venv-colab/bin/python tests/test_pip_install.py )
+    run_pytest colab .venv-colab/bin/python "not tff" tests/test_pip_install.py )
 }
 pip_phase() {
   ( unset TF_USE_LEGACY_KERAS; export TFF_CLUSTER_PIP_PHASE=pip
-    run_pytest pip .venv-pip/bin/python tests/test_pip_install.py )
+    run_pytest pip .venv-pip/bin/python "not tff" tests/test_pip_install.py )
 }
 
 # maybe_phase NAME INTERPRETER WHY-SKIPPED: runs NAME_phase when asked for and
@@ -205,6 +278,8 @@ import glob, sys
 import xml.etree.ElementTree as ET
 passed = failed = skipped = 0
 for path in sorted(glob.glob(sys.argv[1] + "/*.xml")):
+  if ".inner." in path:  # a file re-run in a namespace: counted as the test that re-ran it
+    continue
   root = ET.parse(path).getroot()
   for suite in ([root] if root.tag == "testsuite" else root.iter("testsuite")):
     tests, fail = int(suite.get("tests", 0)), int(suite.get("failures", 0)) + int(suite.get("errors", 0))
@@ -212,4 +287,6 @@ for path in sorted(glob.glob(sys.argv[1] + "/*.xml")):
     passed += tests - fail - skip; failed += fail; skipped += skip
 print(f"total: {passed} passed, {failed} failed, {skipped} skipped")
 EOF
+echo "tier $TIER$([ "$TIER" = ci ] && echo ", slice $TFF_CLUSTER_SLICE of 4 ($slice_from)"); the slowest tests (scripts/test_durations.py .test-reports: the whole table):"
+python3 scripts/test_durations.py "$REPORTS" --top 10 | sed -n '/^phase  *test  /,/^$/p'
 exit $failed

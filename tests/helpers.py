@@ -261,9 +261,18 @@ def rerun_in_loopback_namespace(test_file: str, isolated_env: str, why: str) -> 
   problem = namespace_problem()
   if problem is not None:
     pytest.skip(f"cannot make a loopback-only network namespace ({problem}); {why}")
-  inner = (f"ip link set lo up && exec {sys.executable} -m pytest -p no:cacheprovider -q "
-           f"-x {test_file}")
+  reports = ""
   env = dict(os.environ, **{isolated_env: "1"})
+  for name in [n for n in env if n.startswith("PYTEST_XDIST_")]:  # (a worker's own)
+    env.pop(name)
+  outer = os.environ.get("TFF_CLUSTER_TIMING_OUT")
+  if outer:  # the inner run's own timings and JUnit file, beside the phase's
+    stem = f"{outer[:-len('.kinds.json')] if outer.endswith('.kinds.json') else outer}"
+    stem += "." + os.path.basename(test_file)[:-3] + ".inner"
+    env["TFF_CLUSTER_TIMING_OUT"] = stem + ".kinds.json"
+    reports = f"-p tests.timing --junitxml={stem}.xml "
+  inner = (f"ip link set lo up && exec {sys.executable} -m pytest -p no:cacheprovider -q "
+           f"{reports}-x {test_file}")
   env.pop("PYTEST_ADDOPTS", None)
   done = subprocess.run(["unshare", "-n", "sh", "-c", inner], cwd=REPO_ROOT, env=env,
                         capture_output=True, text=True, timeout=1500)

@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 from tff_cluster import tasks
-from tests.conftest import TFF_PROBLEM
+from tests.conftest import TFF_PROBLEM, tiered
 from tests.test_runners import ALL_CLIENTS, PARITY_CASES, representative
 from tff_cluster import api, models, registry, stack
 from tff_cluster.host import loop
@@ -65,14 +65,15 @@ def _models_ignore_test_labels(p):
 # runner parity runs every algorithm's rounds on the `local` runner too, and
 # under Keras 2 (scripts/test.sh's keras2 phase, where what differs is the
 # model's Keras), the algorithms with clients of their own (test_runners'
-# SAME_CLIENTS and HOST_STEPS_ONLY left out; CI's time;
-# TFF_CLUSTER_EXHAUSTIVE=1 runs all).
-PROCESS_ALGOS = [a for a in sorted(registry.ALGORITHMS)
-                 if (TFF_PROBLEM is not None and not stack.legacy_keras_requested())
-                 or representative(a)]
+# SAME_CLIENTS and HOST_STEPS_ONLY exhaustive-only; CI's time, CI runs a
+# slice).
+PROCESS_ALGOS = tiered(sorted(registry.ALGORITHMS),
+                       lambda a: (TFF_PROBLEM is not None and not stack.legacy_keras_requested())
+                       or representative(a))
 
 
 @pytest.mark.parametrize("algo", PROCESS_ALGOS)
+@pytest.mark.xla  # every algorithm's rounds compiled with XLA on this stack
 def test_every_algorithm_runs_through_the_process(algo, data):
   p = api.build(algo, _model_fn(algo), SCE, client_lr=0.02, local_epochs=1, batch_size=10,
                 seed=3, **_options(algo))

@@ -500,6 +500,7 @@ def test_fedrc_weights_divide_by_the_label_prior():
   np.testing.assert_allclose(prior[1], [1 / 3] * 3)
 
 
+@pytest.mark.slow
 def test_fedem_recovers_the_true_clusters(two_clusters):
   """On an easy draw the components' responsibilities split the clients by
   their true cluster (argmax pi)."""

@@ -87,12 +87,17 @@ def test_unknown_flag_exits_2_in_a_real_process(tmp_path):
 
 
 def test_non_empty_output_dir_refused_in_a_real_process(tmp_path):
+  """Refused before TensorFlow is imported (a second, not its import's 15)."""
   out_dir = tmp_path / "out"
   out_dir.mkdir()
   (out_dir / "notes.txt").write_text("keep me\n")
   code, _, err, seen = run_watching_workers(
-      [sys.executable, SCRIPT, *SMALL_ARGS, "--rounds=1", f"--output_dir={out_dir}"],
-      cwd=str(tmp_path), timeout=120)
+      [sys.executable, "-X", "importtime", SCRIPT, *SMALL_ARGS, "--rounds=1",
+       f"--output_dir={out_dir}"], cwd=str(tmp_path), timeout=120)
+  imported = {line.split("|")[-1].strip() for line in err.splitlines()
+              if line.startswith("import time:")}
+  assert "tensorflow" not in imported, "TensorFlow imported before the refusal"
+  err = "\n".join(line for line in err.splitlines() if not line.startswith("import time:"))
   _assert_usage_error(code, err, f"--output_dir={out_dir}", "--overwrite")
   assert sorted(os.listdir(out_dir)) == ["notes.txt"]
   assert (out_dir / "notes.txt").read_text() == "keep me\n"
@@ -194,6 +199,7 @@ def _assert_passing_run(code, out, err):
   assert 0.0 <= summary_line["final_test_accuracy"] <= 1.0
 
 
+@pytest.mark.slow
 def test_passing_run_exits_0_and_starts_no_worker(cli_run):
   _, code, out, err, seen = cli_run
   _assert_passing_run(code, out, err)
@@ -330,7 +336,7 @@ def test_recorded_accuracy_matches_brute_force_predict(tmp_path):
                                      batch_size=10, client_lr=0.05, seed=2)
   runner = registry.get_algorithm("fedavg").make_driver(task, data, config)
   writer = ResultsWriter(str(tmp_path / "out"), loop.BASE_COLUMNS,
-                         tensorboard=False)
+                         tensorboard=False, figures=False)
   try:
     loop.run_training(task, data, config, runner, writer, progress=False)
   finally:

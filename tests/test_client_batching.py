@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from tests import test_runners
-from tests.conftest import exhaustive, shared_data
+from tests.conftest import exhaustive, shared_data, tiered
 from tests.helpers import assert_one_line_error, main_in_process
 from tff_cluster import models
 from tff_cluster.host import loop
@@ -47,15 +47,16 @@ def test_every_algorithm_is_covered():
 # clustering round, FedSoft's second estimate) run the parity test's rounds;
 # the others 2 rounds (CI's time), each of its modes run.
 LATER_MODES = ("cfl", "flhc", "fedsoft")
-# Not run here (CI's time; TFF_CLUSTER_EXHAUSTIVE=1 runs them): the
+# Exhaustive-only (CI's time; CI runs a slice, with 2 rounds): the
 # algorithms whose clients run another one's client function
 # (test_runners.SAME_CLIENTS) and those that add host or server steps only
 # (test_runners.HOST_STEPS_ONLY): side by side, their chunks run FedAvg's,
 # FedProx's or IFCA's clients and return the per-client results (updates,
 # losses, keys) that FedAvg's, FedGroup's, IFCA's and CFL-MGD's cases check.
-PARALLEL_CASES = [(a, s) for a, s in CASES if test_runners.representative(a)]
+PARALLEL_CASES = tiered(CASES, lambda c: test_runners.representative(c[0]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algo,solver", PARALLEL_CASES)
 def test_parallel_clients_give_the_sequential_numbers(algo, solver, cluster_data, tmp_path):
   """Identical assignments and accuracies, losses and weights within rtol
@@ -68,6 +69,7 @@ def test_parallel_clients_give_the_sequential_numbers(algo, solver, cluster_data
   assert sequential[0][-1]["train_loss"] < sequential[0][0]["train_loss"] * 1.5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chunk,memory", [(100, None), (100, 1)])
 def test_parallel_without_xla_and_in_one_chunk(chunk, memory, cluster_data, tmp_path,
                                                monkeypatch, capsys):
@@ -108,6 +110,7 @@ def _mlp_case():
   return x, y, model, start
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("settings", [
     dict(momentum=0.0), dict(momentum=0.9, mu=0.3), dict(momentum=0.5, nesterov=True),
     dict(momentum=0.0, grad_offset=True, grad_scale=0.5, control=True)])
@@ -320,6 +323,7 @@ def _trainer_case(make, loss):
   return model, tf.constant(x), tf.constant(y)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("make,loss", [
     (_cnn_bn, models.SPARSE_CE_LOGITS), (_lstm, models.SPARSE_CE_LOGITS),
     (_embedding_lstm, models.BINARY_PROBS), (_Subclassed, models.SPARSE_CE_LOGITS)],
@@ -436,12 +440,12 @@ ADAM_OR_NO_BATCHNORM = ("mime", "fedsoft")
 # without the global model; FedAvg + FT Ditto's second training of a copy;
 # the FedAvg family, WeCFL, FeSEM, CFL, FL+HC, PACFL, StoCFL and HypCluster
 # FedAvg's or IFCA's with other server steps.
-# TFF_CLUSTER_EXHAUSTIVE=1 runs every algorithm here.
+# The other algorithms here are exhaustive-only (CI runs a slice).
 KERAS3_ALGOS = ("fedavg", "fedem", "apfl", "fedrep", "perfedavg")
-KERAS3_RUN_CASES = [
+KERAS3_RUN_CASES = tiered([
     ("lstm" if algo in ADAM_OR_NO_BATCHNORM else "conv_batchnorm_lstm_dropout", algo, 0,
      solver)
-    for algo, solver in CASES if algo in KERAS3_ALGOS or exhaustive()] + [
+    for algo, solver in CASES], lambda c: c[1] in KERAS3_ALGOS) + [
     ("cnn_batchnorm_dropout", "ifca", 1, "steps_momentum_persist_decay"),
     ("cnn_batchnorm_dropout", "cfl_mgd", 1, "epochs")]
 
@@ -450,6 +454,7 @@ def test_the_keras3_cases_name_registered_algorithms():
   assert set(KERAS3_ALGOS) <= {a for a, _ in CASES}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model,algo,case,solver", KERAS3_RUN_CASES)
 def test_cnn_and_lstm_side_by_side_give_the_sequential_numbers(model, algo, case, solver,
                                                                cluster_data, tmp_path):

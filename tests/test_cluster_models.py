@@ -193,6 +193,7 @@ def test_wecfl_one_step_is_the_nearest_current_cluster_model(small):
   np.testing.assert_array_equal(labels, [1, 0, 1, 0])
 
 
+@pytest.mark.slow
 def test_wecfl_ari_on_fmnist_clusterwise_dir_k10_seed0():
   """The paper: K = 10 matches the true partition after 1 round (ARI >= 0.95 by round 5)."""
   task = tasks.get_task("fmnist_clusterwise_dir")

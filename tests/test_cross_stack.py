@@ -107,7 +107,9 @@ def _reference():
 # The local runner's metrics on this stack against the TFF stack's.
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.xla  # the reference's runs resolved jit='auto' as users' runs do
 def test_local_runner_metrics_equal_the_tff_stacks(name, tmp_path):
   if name in NEEDS and not NEEDS[name].exists():
     pytest.skip(f"{NEEDS[name]} not found")
@@ -144,9 +146,15 @@ def _pythons() -> dict[str, str]:
 
 
 def _cli(python, case, out_dir, *extra):
-  """CASES[case] (then `extra`) in a subprocess of `python`, checkpointing every round."""
-  argv = [python, str(REPO_ROOT / "run_experiment.py"), *CASES[case],
-          "--checkpoint_every=1", f"--output_dir={out_dir}", *extra]
+  """CASES[case] (then `extra`), checkpointing every round: in this process
+  where `python` is this interpreter (its Keras as the tests run it), else in
+  a subprocess of `python` (without TF_USE_LEGACY_KERAS)."""
+  args = [*CASES[case], "--checkpoint_every=1", f"--output_dir={out_dir}", *extra]
+  if python == sys.executable and not os.environ.get("TF_USE_LEGACY_KERAS"):
+    import run_experiment
+    assert run_experiment.main(["run_experiment.py", *args]) == 0
+    return
+  argv = [python, str(REPO_ROOT / "run_experiment.py"), *args]
   env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
   done = subprocess.run(argv, cwd=str(REPO_ROOT), capture_output=True, text=True,
                         timeout=600, env=env, stdin=subprocess.DEVNULL)

@@ -185,14 +185,20 @@ def test_the_link_check_sees_a_broken_link_and_a_missing_heading(tmp_path):
 
 
 def _cli_blocks():
-  return [b for p in PAGES for b in blocks(p) if b.language in ("bash", "sh", "shell")]
+  """Every shell block; those that run commands are marked `slow` (their
+  runs are the quick tier's largest cost; their flags are still parsed there
+  by the blocks that only show them)."""
+  return [pytest.param(b, marks=[pytest.mark.slow] if b.run else [],
+                       id=f"{_rel(b.page)}:{b.line}")
+          for p in PAGES for b in blocks(p) if b.language in ("bash", "sh", "shell")]
 
 
 def _python_pages():
   return [p for p in PAGES if any(b.language == "python" and b.run for b in blocks(p))]
 
 
-@pytest.mark.parametrize("block", _cli_blocks(), ids=lambda b: f"{_rel(b.page)}:{b.line}")
+@pytest.mark.parametrize("block", _cli_blocks())
+@pytest.mark.xla  # the pages' commands run as users' runs do (3 x 30 rounds: XLA pays)
 def test_shell_blocks(block, tmp_path, capsys, monkeypatch):
   import run_experiment
   from absl import flags

@@ -158,7 +158,7 @@ def test_two_round_run_writes_both_columns(tmp_path):
                                      local_epochs=1)
   driver = registry.get_algorithm("fedavg").make_driver(task, data, config)
   writer = ResultsWriter(str(tmp_path), [*loop.BASE_COLUMNS, *driver.extra_columns],
-                         tensorboard=False)
+                         tensorboard=False, figures=False)
   summary = loop.run_training(task, data, config, driver, writer, progress=False)
   writer.close()
   with open(tmp_path / "metrics.csv") as f:

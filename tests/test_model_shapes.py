@@ -199,6 +199,7 @@ REFUSED.update({
 KERAS3 = hasattr(keras.Model, "stateless_call")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", sorted(REFUSED))
 def test_models_beyond_dense_chains_side_by_side(shape, data):
   """Under Keras 3 a subclassed model, a layer of one's own, CNNs (built at

@@ -8,6 +8,7 @@ from tests.conftest import REPO_ROOT
 nbclient = pytest.importorskip("nbclient")
 
 
+@pytest.mark.slow
 def test_quickstart_notebook_runs():
   path = REPO_ROOT / "notebooks" / "quickstart.ipynb"
   nb = nbformat.read(path, as_version=4)

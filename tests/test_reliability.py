@@ -18,7 +18,7 @@ import pytest
 import tensorflow as tf
 
 from tff_cluster import tasks
-from tests.conftest import REPO_ROOT, exhaustive, shared_data
+from tests.conftest import REPO_ROOT, shared_data, tiered
 from tests.helpers import (SMALL_ARGS, assert_one_line_error, assert_workers_gone,
                            main_in_process,
                            metrics_rows_written, read_metrics_csv, run_watching_workers)
@@ -71,7 +71,7 @@ def _train(task, data, algo, runner, rounds, run_dir, resume=None):
     config = dataclasses.replace(config, clients_per_round=data.num_clients)
   driver = registry.get_algorithm(algo).make_driver(task, data, config, **options)
   writer = ResultsWriter(str(run_dir), [*loop.BASE_COLUMNS, *driver.extra_columns],
-                         overwrite=True, tensorboard=False,
+                         overwrite=True, tensorboard=False, figures=False,
                          resume_rows=None if resume is None else resume["rows"])
   summary = loop.run_training(task, data, config, driver, writer, progress=False,
                                     checkpoint_dir=str(run_dir), checkpoint_every=2,
@@ -85,32 +85,32 @@ def _train(task, data, algo, runner, rounds, run_dir, resume=None):
 # algorithm of each kind of state: plain, a server optimizer's buffer, keys
 # and cluster stacks, modes and host steps, splits, an [N, ...] server state,
 # per-client mixtures, a personal model, and two modes a round with personal
-# weights. On the local runner those and every algorithm with a client
-# function, client state or host steps of its own; not the others of
-# test_runners.SAME_CLIENTS, whose state is one of those kinds (a server
-# optimizer's buffer, FedRep's split or Ditto's personal model). CI's time;
-# TFF_CLUSTER_EXHAUSTIVE=1 resumes every algorithm on the local runner.
+# weights. On the local runner every algorithm.
 TFF_RESUME = ("fedavg", "fedavgm", "ifca", "fedgroup", "cfl", "pfedmo", "fedem", "ditto",
               "fedrep")
-LOCAL_RESUME = [a for a in sorted(registry.ALGORITHMS)
-                if a in TFF_RESUME or a not in SAME_CLIENTS or exhaustive()]
+RESUME_CASES = [(a, r) for a in sorted(registry.ALGORITHMS) for r in ("tff", "local")
+                if r == "local" or a in TFF_RESUME]
 
 
-@pytest.mark.parametrize("algo,runner", [
-    (a, r) for a in sorted(registry.ALGORITHMS) for r in ("tff", "local")
-    if (r == "local" and a in LOCAL_RESUME) or (r == "tff" and a in TFF_RESUME)])
+@pytest.mark.slow
+@pytest.mark.parametrize("algo,runner", RESUME_CASES)
 def test_resume_from_a_checkpoint_gives_the_same_run(algo, runner, small_clusters, tmp_path):
   task, data = small_clusters
-  rows, summary, (weights, client_model) = _train(task, data, algo, runner, 4,
-                                                  tmp_path / "whole")
-  # The same run stopped after round 2 (its checkpoint), restored into a fresh
-  # driver and extended to 4 rounds.
-  _train(task, data, algo, runner, 2, tmp_path / "split")
-  round_num, payload = checkpoint.load_latest(str(tmp_path / "split"))
-  assert round_num == 2
+  whole, split = tmp_path / "whole", tmp_path / "split"
+  rows, summary, (weights, client_model) = _train(task, data, algo, runner, 4, whole)
+  # The same run stopped after its checkpoint of round 2 (its folder as the
+  # round-4 checkpoint was written: without it, the rows after round 2
+  # still there), restored into a fresh driver and finished.
+  assert checkpoint.rounds(str(whole)) == [2, 4]
+  shutil.copytree(whole, split)
+  os.remove(checkpoint.path_of(str(split), 4))
+  shutil.rmtree(checkpoint.clients_dir(str(split), 4), ignore_errors=True)
+  round_num, payload = checkpoint.load_latest(str(split))
+  assert round_num == 2 and len(payload["rows"]) == 2
   rows2, summary2, (weights2, client_model2) = _train(task, data, algo, runner, 4,
                                                       tmp_path / "split", resume=payload)
   assert _without_timing(rows2) == _without_timing(rows)
+  assert rows2[:2] == rows[:2], "rounds 1-2 trained again: their rows are the checkpoint's"
   for field in ("weights", "personal", "alpha"):  # a Mixture's, an OutputMix's
     if hasattr(client_model, field):
       np.testing.assert_array_equal(getattr(client_model2, field), getattr(client_model, field))
@@ -248,12 +248,13 @@ def _assert_whole_rows(path):
   assert all(len(line) == len(lines[0]) for line in lines), "a torn metrics row"
 
 
-# The tff runner's case (FedGroup) only with TFF_CLUSTER_EXHAUSTIVE=1 (CI's
-# time, about 64 s): its worker going down with a killed run is
+# The tff runner's case (FedGroup) is exhaustive-only (CI's time, about 64 s;
+# CI runs it in one slice): its worker going down with a killed run is
 # tests/test_runtime.py's test_killed_run_takes_its_worker_down, and its
 # resume through the driver's snapshot test_resume_from_a_checkpoint_gives_the_same_run.
-@pytest.mark.parametrize("algo,runner", [("fedprox", "local")] + (
-    [("fedgroup", "tff")] if exhaustive() else []))
+@pytest.mark.slow
+@pytest.mark.parametrize("algo,runner", tiered([("fedprox", "local"), ("fedgroup", "tff")],
+                                               lambda c: c[1] == "local"))
 def test_kill_9_then_resume_equals_the_uninterrupted_run(algo, runner, tmp_path):
   extra = (f"--algo={algo}", f"--runner={runner}", "--num_groups=3")
   killed = tmp_path / "killed"
@@ -631,6 +632,7 @@ def test_flags_a_task_ignores_are_warned(tmp_path, capsys):
   assert "warning: --data_dir, --glove_path ignored by --task=synthetic" in err
 
 
+@pytest.mark.serial  # within 2 s: alone on the machine
 def test_help_and_rejected_flags_answer_fast_without_tensorflow():
   for args in (["--help"], ["--rounds=0"], ["--algo=nope"]):
     start = time.monotonic()
@@ -653,6 +655,7 @@ def test_help_shows_task_models_and_task_args(capsys):
     assert name in out, name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
 def test_a_signal_closes_a_local_run_with_one_line_and_a_summary(sig, tmp_path):
   out = tmp_path / "run"

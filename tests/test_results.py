@@ -435,6 +435,21 @@ def test_runs_accuracy_png_is_drawn_by_the_plot_module(ifca_run):
   assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
 
 
+def test_a_writer_without_figures_draws_no_png(tmp_path):
+  """`figures=False` (the tests' runs that read rows only): no PNG; the
+  default draws accuracy.png from the same rows."""
+  for figures in (False, True):
+    run = tmp_path / str(figures)
+    writer = ResultsWriter(str(run), ["round", "train_loss", "test_accuracy"],
+                           tensorboard=False, figures=figures)
+    for r in (1, 2):
+      writer.write_round({"round": r, "train_loss": 1.0 / r, "test_accuracy": 0.4 * r})
+    drawn = writer.plot("t")
+    writer.close()
+    assert sorted(p.name for p in run.glob("*.png")) == ([] if not figures else ["accuracy.png"])
+    assert (drawn is None) == (not figures)
+
+
 def _one_line_error(code, err, *needles):
   assert code == 2, err
   lines = [line for line in err.splitlines() if line.strip()]

@@ -63,6 +63,7 @@ def full_task(request):
   yield name, data, fmnist.official_split(dataset, str(folder))
 
 
+@pytest.mark.slow
 def test_full_rotated_task_counts_and_test_only_clients(full_task):
   _, data, (_, (x_test, y_test)) = full_task
   assert data.num_clients == 2800 and data.num_training_clients == 2400
@@ -88,6 +89,7 @@ def test_full_rotated_task_counts_and_test_only_clients(full_task):
   assert x.dtype == np.float32 and x.shape == (100, 784) and 0 <= x.min() and x.max() <= 1
 
 
+@pytest.mark.slow
 def test_full_rotated_task_holds_the_training_set_once_per_cluster(full_task):
   _, data, ((x_train, y_train), _) = full_task
   train_fp = _fingerprint(x_train)
@@ -111,6 +113,7 @@ def test_full_rotated_task_holds_the_training_set_once_per_cluster(full_task):
   assert np.mean(sources[0] == sources[1]) < 0.01
 
 
+@pytest.mark.slow
 def test_shared_permutation_turns_the_same_images_per_cluster():
   _need(MNIST)
   task = tasks.get_task("rotated_mnist")
@@ -348,6 +351,7 @@ def _saved_choices_and_losses(run_dir, data):
   return info["client_model"], losses
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algo,runner", [
     ("ifca", "local"), ("fedgroup", "local"), ("cfl_mgd", "local"), ("fedavg", "local"),
     ("wecfl", "local"), ("cfl", "local"), ("ifca", "tff"), ("wecfl", "tff")])
@@ -442,6 +446,7 @@ def test_pfl_research_cifar10_users():
     cifar10.pfl_iid_users(x_train, y_train, x_test, y_test, 7, seed=3, per_user=5)
 
 
+@pytest.mark.slow
 def test_pfl_research_cifar10_task_runs(tmp_path, capsys):
   """The task on CIFAR-10's own files (generated: 100 training images, 20
   test): 2 users of 50, the simple CNN, one round side by side."""

@@ -21,7 +21,7 @@ tff = pytest.importorskip("tensorflow_federated", reason="needs the TFF stack")
 
 import tensorflow as tf  # noqa: E402
 
-from tests.conftest import REPO_ROOT, exhaustive  # noqa: E402
+from tests.conftest import REPO_ROOT, tiered  # noqa: E402
 from tests.helpers import (SMALL_ARGS, assert_workers_gone, metrics_rows_written,  # noqa: E402
                            read_metrics_csv, run_watching_workers, worker_pids)
 from tff_cluster.runners.tff import runtime  # noqa: E402
@@ -166,12 +166,12 @@ def test_the_runtime_signal_handler_runs_the_handler_installed_before():
 # other two are also tests/test_tff_programs.py's
 # test_train_model_runs_ifca_and_resumes_exactly and
 # test_the_fedgroup_program_resumes_exactly_and_equals_the_tff_runner, in
-# process. TFF_CLUSTER_EXHAUSTIVE=1 runs all three.
+# process. The other two are exhaustive-only (CI runs a slice).
 PROGRAM_WAYS = [("fedavg", -1), ("ifca", 1), ("fedgroup", None)]
 
 
 @pytest.mark.parametrize("algo,loss_column",
-                         [w for w in PROGRAM_WAYS if w[0] == "fedavg" or exhaustive()])
+                         tiered(PROGRAM_WAYS, lambda w: w[0] == "fedavg"))
 def test_a_tff_program_runs_and_resumes_from_its_program_state(algo, loss_column, tmp_path):
   """The example program runs FedAvg's round under
   tff.program.NativeFederatedContext (server-placed outputs) in a loop of its
