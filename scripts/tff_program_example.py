@@ -59,12 +59,24 @@ def parse_args(argv=None):
 
 def _managers(args):
   """The program's state manager (`ROOT/state`) and its metrics' release
-  managers (the log, and `ROOT/metrics.csv`)."""
+  managers (the log, and `ROOT/metrics.csv`), releasing one value at a time
+  in the order asked: `train_model` releases each round's metrics as a task
+  of its own, and TFF's CSVFileReleaseManager rewrites the whole file on a
+  file's first release, so two releases at once could lose a round's row."""
   import tensorflow_federated as tff
+
+  class InOrder(tff.program.ReleaseManager):
+    def __init__(self, inner):
+      self._inner, self._lock = inner, asyncio.Lock()
+
+    async def release(self, value, key):
+      async with self._lock:  # (FIFO: in the order asked)
+        await self._inner.release(value, key)
+
   return (tff.program.FileProgramStateManager(os.path.join(args.root_dir, "state")),
-          tff.program.GroupingReleaseManager([
+          InOrder(tff.program.GroupingReleaseManager([
               tff.program.LoggingReleaseManager(),
-              tff.program.CSVFileReleaseManager(os.path.join(args.root_dir, "metrics.csv"))]))
+              tff.program.CSVFileReleaseManager(os.path.join(args.root_dir, "metrics.csv"))])))
 
 
 async def train_ifca(args) -> dict:
