@@ -454,6 +454,9 @@ def test_the_keras3_cases_name_registered_algorithms():
   assert set(KERAS3_ALGOS) <= {a for a, _ in CASES}
 
 
+# The conv + BatchNorm + LSTM + Dropout cases take 20-37 s each: both forms
+# (side by side and one client at a time) of a recurrent model are traced per
+# algorithm, which is the comparison; CI keeps one case per kind of client.
 @pytest.mark.slow
 @pytest.mark.parametrize("model,algo,case,solver", KERAS3_RUN_CASES)
 def test_cnn_and_lstm_side_by_side_give_the_sequential_numbers(model, algo, case, solver,

@@ -43,6 +43,9 @@ needs_isolation = pytest.mark.skipif(
     "test_ray_tests_run_in_a_loopback_namespace runs them there")
 
 
+# Over 30 s (about 300 s on 2 cores in CI): it is every other test of this
+# file, run again in one fresh interpreter inside the namespace with one Ray
+# cluster for them all; its time is theirs (the inner ones over 30 s say why).
 @pytest.mark.slow
 def test_ray_tests_run_in_a_loopback_namespace():
   """Re-executes this module inside `unshare -n` (loopback only) and passes
@@ -98,6 +101,8 @@ def test_the_ray_kinds_name_registered_algorithms():
   assert set(RAY_KINDS) <= set(PARITY_CASES)
 
 
+# APFL's case takes about 32 s (two models per client on the actors, and the
+# local runner's run to compare); the others 5-20 s.
 @needs_isolation
 @pytest.mark.parametrize("algo", RAY_CASES)
 def test_ray_gives_the_local_runners_numbers(algo, ray_instance, uneven_data, tmp_path):
@@ -112,6 +117,8 @@ def test_ray_gives_the_local_runners_numbers(algo, ray_instance, uneven_data, tm
                   options.get("_weights_atol", ATOL))
 
 
+# About 35 s: the only test of the actors' side-by-side clients (each actor
+# traces the stacked round of K models); one algorithm.
 @needs_isolation
 @pytest.mark.parametrize("algo", ["ifca"])
 def test_actors_train_their_clients_side_by_side(algo, ray_instance, uneven_data, tmp_path):
@@ -272,6 +279,9 @@ def _cli(*flags, timeout=600):
                         timeout=timeout)
 
 
+# Over 30 s (about 95 s): two command-line processes (a TensorFlow import and
+# a Ray start each), an actor killed mid-run, then the resume to the end; the
+# process, Ray's failure and the exit status are what it tests.
 @needs_isolation
 def test_a_killed_actor_ends_the_run_and_resume_finishes_it(tmp_path):
   """An actor killed by PID mid-run: one line naming it, exit 4 within 10 s,
@@ -354,6 +364,8 @@ def _alive(processes: dict) -> set:
   return {pid for pid, started in processes.items() if _start_time(pid) == started}
 
 
+# About 34 s: a command-line run with its Ray cluster, signalled mid-run; the
+# signal and how the process closes are what it tests.
 @needs_isolation
 def test_sigterm_closes_a_ray_run_like_a_local_one(tmp_path):
   """SIGTERM mid-run (ray.init puts Ray's handlers over the run's; they aborted

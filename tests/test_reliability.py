@@ -255,6 +255,9 @@ def _assert_whole_rows(path):
 @pytest.mark.slow
 @pytest.mark.parametrize("algo,runner", tiered([("fedprox", "local"), ("fedgroup", "tff")],
                                                lambda c: c[1] == "local"))
+# The local case takes about 45 s: three command-line processes (the
+# uninterrupted run, the run killed with SIGKILL mid-round, its resume); a kill
+# -9 can only be tested on a process.
 def test_kill_9_then_resume_equals_the_uninterrupted_run(algo, runner, tmp_path):
   extra = (f"--algo={algo}", f"--runner={runner}", "--num_groups=3")
   killed = tmp_path / "killed"

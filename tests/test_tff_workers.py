@@ -40,6 +40,9 @@ needs_isolation = pytest.mark.skipif(
     "test_tff_worker_tests_run_in_a_loopback_namespace runs them there")
 
 
+# Over 30 s (about 77 s on 2 cores in CI): it is every other test of this
+# file, run again in one fresh interpreter inside the namespace; its time is
+# theirs (three workers started once for the file).
 def test_tff_worker_tests_run_in_a_loopback_namespace():
   rerun_in_loopback_namespace(__file__, ISOLATED_ENV,
                               "TFF workers listen on every interface")
@@ -120,6 +123,8 @@ def test_tff_worker_flags_need_the_tff_runner(tmp_path, capsys):
   assert_one_line_error(code, err, tmp_path / "r2", "valid: HOST:PORT[,HOST:PORT...]")
 
 
+# About 35 s: a run whose TFF worker is killed mid-run, then its resume on
+# new workers; the workers are processes, which is what it tests.
 @needs_isolation
 def test_a_killed_worker_ends_the_run_and_resume_finishes_it(tmp_path, capsys):
   """A worker SIGKILLed after a checkpoint: one error line naming it, exit 4,
