@@ -240,7 +240,7 @@ keras2_phase() {
   ( export TF_USE_LEGACY_KERAS=1
     run_pytest keras2 "$TODAY_ENV/bin/python" "not tff" tests/test_models.py \
       tests/test_local_training.py tests/test_api.py tests/test_cross_stack.py \
-      tests/test_stack.py tests/test_model_shapes.py )
+      tests/test_stack.py tests/test_model_shapes.py tests/test_untrusted_input.py )
 }
 colab_phase() {
   ( unset TF_USE_LEGACY_KERAS; export TFF_CLUSTER_PIP_PHASE=colab

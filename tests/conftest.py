@@ -144,7 +144,7 @@ TFF_PROBLEM = stack.tff_problem()
 STACK_SENSITIVE = frozenset({
     "test_aggregators.py", "test_api.py", "test_cli.py", "test_cross_stack.py",
     "test_data_loaders.py", "test_local_training.py", "test_models.py", "test_optimizers.py",
-    "test_results.py", "test_stack.py", "test_tasks.py",
+    "test_results.py", "test_stack.py", "test_tasks.py", "test_untrusted_input.py",
 })
 
 

@@ -89,6 +89,10 @@ def test_every_algorithm_runs_through_the_process(algo, data):
   for r in out.client_results.values():
     assert -1 <= r["model"] < max(len(weights), 1)
   assert p.evaluate(out.state)["test_accuracy"] == pytest.approx(out.metrics["test_accuracy"])
+  # The same data given to evaluate() (a FederatedData; a Keras-free check
+  # of its arguments) scores the same.
+  assert p.evaluate(out.state, data)["test_accuracy"] == pytest.approx(
+      out.metrics["test_accuracy"])
   _models_ignore_test_labels(p)
   # Misuse, refused with the same clear messages by every algorithm's process.
   with pytest.raises(ValueError, match="invalid client index 12; valid: 0..11"):

@@ -147,19 +147,35 @@ def served(database):
 
 class _Handler(http.server.BaseHTTPRequestHandler):
   """GET /files/<name>: the file; /truncated/<name>: its full length
-  announced, half of it sent, the connection closed."""
+  announced, half of it sent, the connection closed; /more/<name>: no length
+  announced, the file then 64 MiB more; /trickle/<name>: its length
+  announced, then one byte every 0.2 s."""
 
   def do_GET(self):  # noqa: N802 (http.server's name)
     mode, _, name = self.path.lstrip("/").partition("/")
     body = self.server.files.get(name)
-    if body is None or mode not in ("files", "truncated"):
+    if body is None or mode not in ("files", "truncated", "more", "trickle"):
       self.send_error(404)
       return
     self.send_response(200)
-    self.send_header("Content-Length", str(len(body)))
+    if mode != "more":
+      self.send_header("Content-Length", str(len(body)))
     self.end_headers()
-    self.wfile.write(body if mode == "files" else body[:len(body) // 2])
     self.close_connection = True
+    try:
+      if mode == "more":
+        self.wfile.write(body)
+        for _ in range(64):
+          self.wfile.write(bytes(1 << 20))
+      elif mode == "trickle":
+        for i in range(len(body)):
+          self.wfile.write(body[i:i + 1])
+          self.wfile.flush()
+          time.sleep(0.2)
+      else:
+        self.wfile.write(body if mode == "files" else body[:len(body) // 2])
+    except OSError:
+      pass  # the client stopped reading
 
   def log_message(self, *args):
     pass
@@ -289,7 +305,7 @@ def test_failed_fetch_is_one_line_and_leaves_no_file(case, served, cache, tmp_pa
 def test_killed_fetch_leaves_nothing_that_looks_whole(served, cache, monkeypatch):
   """An interrupt mid-body (Ctrl-C) removes the partial file; a `.part` file a
   SIGKILL left behind is never taken for the file and is cleared when stale."""
-  real_read = http.client.HTTPResponse.read
+  real_read, real_read1 = http.client.HTTPResponse.read, http.client.HTTPResponse.read1
   calls = []
 
   def read_then_interrupt(self, amt=None):
@@ -299,12 +315,14 @@ def test_killed_fetch_leaves_nothing_that_looks_whole(served, cache, monkeypatch
     return real_read(self, 4096)
 
   monkeypatch.setattr(http.client.HTTPResponse, "read", read_then_interrupt)
+  monkeypatch.setattr(http.client.HTTPResponse, "read1", read_then_interrupt)
   with serving(served) as base:
     monkeypatch.setenv(download.ENV_MIRROR, base + "/files")
     with pytest.raises(KeyboardInterrupt):
       emnist.fetch_database()
   assert not cache.exists()
   monkeypatch.setattr(http.client.HTTPResponse, "read", real_read)
+  monkeypatch.setattr(http.client.HTTPResponse, "read1", real_read1)
   cache.mkdir(parents=True)
   monkeypatch.setenv(download.ENV_MIRROR, closed_port_url())
   stale = cache / f".{download.EMNIST.name}.x1.part"
@@ -313,6 +331,99 @@ def test_killed_fetch_leaves_nothing_that_looks_whole(served, cache, monkeypatch
   with pytest.raises(download.DownloadError):
     emnist.fetch_database()
   assert cache_files(cache) == []
+
+
+# ---------------------------------------------------------------------------
+# Bounds: bytes downloaded, bytes decompressed, seconds.
+
+
+def test_a_decompression_bomb_stops_at_the_bound_in_little_memory(cache, monkeypatch):
+  """An LZMA stream of a few KB that decodes to 64 MiB, the output bound set
+  to 1 MiB: refused in one line once 1 MiB is out, never holding the 64 MiB
+  in memory, and the cache is left empty."""
+  import tracemalloc
+  bomb = lzma.compress(bytes(64 << 20), format=lzma.FORMAT_ALONE, preset=0)
+  assert len(bomb) < 64 << 10
+  monkeypatch.setattr(download, "EMNIST", dataclasses.replace(download.EMNIST,
+                                                               max_output=1 << 20))
+  with serving({download.EMNIST.archive: bomb}) as base:
+    monkeypatch.setenv(download.ENV_MIRROR, base + "/files")
+    tracemalloc.start()
+    try:
+      with pytest.raises(download.DownloadError, match=r"emnist_all\.sqlite decompressed is "
+                         r"over 1,048,576 bytes, the stated maximum"):
+        emnist.fetch_database()
+      peak = tracemalloc.get_traced_memory()[1]
+    finally:
+      tracemalloc.stop()
+  assert peak < 16 << 20, peak
+  assert not cache.exists()
+
+
+def test_a_download_stops_at_its_published_size(served, cache, monkeypatch):
+  """Sentiment140's archive has a published size: a server that sends it
+  and then more (no length announced) is cut off there; one announcing more
+  is refused before its body. A zip member over the output bound is refused
+  from its header."""
+  archive = served[download.SENT140_CSV.archive]
+  monkeypatch.setattr(download, "SENT140_CSV", dataclasses.replace(
+      download.SENT140_CSV, size=len(archive), sha256=hashlib.sha256(archive).hexdigest()))
+  with serving(served) as base:
+    monkeypatch.setenv(download.ENV_MIRROR, base + "/more")
+    with pytest.raises(download.DownloadError, match=f"the server sent more than the "
+                       f"{len(archive):,} bytes of the size TensorFlow Datasets"):
+      sent140.fetch_csv()
+    monkeypatch.setattr(download, "SENT140_CSV", dataclasses.replace(
+        download.SENT140_CSV, size=len(archive) - 1))
+    monkeypatch.setenv(download.ENV_MIRROR, base + "/files")
+    with pytest.raises(download.DownloadError, match=f"the server announces {len(archive):,} "
+                       f"bytes, over the {len(archive) - 1:,} of the size"):
+      sent140.fetch_csv()
+    member = len(zipfile.ZipFile(io.BytesIO(served["glove.6B.zip"])).read("glove.6B.50d.txt"))
+    monkeypatch.setattr(download, "glove", lambda dim: dataclasses.replace(
+        download.Remote(name=f"glove.6B.{dim}d.txt", origin=download.GLOVE_ORIGIN,
+                        packing="zip"), max_output=member - 1))
+    with pytest.raises(download.DownloadError, match=f"says it has {member:,} bytes, over "
+                       f"the stated maximum of {member - 1:,}"):
+      sent140.fetch_glove(50)
+  assert not cache.exists()
+
+
+def test_a_trickling_server_meets_the_deadline_and_the_bar_moves(served, cache, monkeypatch):
+  """One byte every 0.2 s (each read well within TIMEOUT_S): the fetch stops
+  at DEADLINE_S (here 1.5 s), and the bar has moved with the bytes that came."""
+  monkeypatch.setattr(download, "DEADLINE_S", 1.5)
+  updates = []
+
+  class Bar:
+    leave = True
+
+    def update(self, n):
+      updates.append(n)
+
+    def close(self):
+      pass
+
+  monkeypatch.setattr(download, "_progress", lambda total, name: Bar())
+  outcome = {}
+
+  def fetch():
+    try:
+      emnist.fetch_database()
+    except download.DownloadError as e:
+      outcome["error"] = str(e)
+
+  with serving(served) as base:
+    monkeypatch.setenv(download.ENV_MIRROR, base + "/trickle")
+    start = time.perf_counter()
+    thread = threading.Thread(target=fetch, daemon=True)
+    thread.start()
+    thread.join(timeout=20)
+    seconds = time.perf_counter() - start
+    assert not thread.is_alive(), "the fetch was still running after 20 s"
+  assert "after 1.5 s, the most one file's fetch may take" in outcome["error"]
+  assert seconds < 10 and len(updates) >= 3, (seconds, updates)
+  assert not cache.exists()
 
 
 def test_tff_and_keras_caches_are_used_where_they_are(served, cache, tmp_path, monkeypatch):

@@ -99,18 +99,68 @@ def test_install_keeps_the_runtimes_packages_and_brings_no_tff(installed):
     assert after["tensorflow"] == "2.20.0" and after["numpy"] == "2.1.3"
 
 
-def test_cli_runs_three_rounds_on_the_default_runner(installed, tmp_path):
+def _outside_env():
+  return {k: v for k, v in os.environ.items() if k not in ("TF_USE_LEGACY_KERAS", "PYTHONPATH")}
+
+
+def test_the_installed_command_runs_outside_the_checkout(installed, tmp_path):
+  """`tff-cluster` (the console script pip installed) from a folder outside
+  the checkout: two rounds on the default runner, its first line naming the
+  device that trained (recorded in config.json too); `python -m tff_cluster
+  --help` prints the command's help."""
+  _, _, outside = installed
+  command = shutil.which("tff-cluster", path=os.path.dirname(sys.executable))
+  assert command, "pip installed no tff-cluster command beside this interpreter"
   out = tmp_path / "run"
-  done = subprocess.run([sys.executable, str(REPO_ROOT / "run_experiment.py"),
-                         "--algo=fedgroup", "--task=synthetic", "--rounds=3",
-                         "--progress=false", f"--output_dir={out}"],
-                        cwd=str(REPO_ROOT), capture_output=True, text=True, timeout=900,
-                        stdin=subprocess.DEVNULL)
+  done = subprocess.run([command, "--algo=fedavg", "--task=synthetic", "--rounds=2",
+                         "--noprogress", f"--output_dir={out}"],
+                        cwd=str(outside), capture_output=True, text=True, timeout=900,
+                        stdin=subprocess.DEVNULL, env=_outside_env())
   assert done.returncode == 0, done.stderr[-3000:]
   summary = json.loads((out / "summary.json").read_text())
   config = json.loads((out / "config.json").read_text())
-  assert summary["completed"] and summary["rounds_completed"] == 3
+  assert summary["completed"] and summary["rounds_completed"] == 2
   assert config["runner"] == "local" and config["versions"]["tensorflow_federated"] is None
+  device = config["runner_info"]["device"]
+  assert f"runner local on {device})" in done.stderr, done.stderr[-2000:]
+  helped = subprocess.run([sys.executable, "-m", "tff_cluster", "--help"], cwd=str(outside),
+                          capture_output=True, text=True, timeout=300, env=_outside_env())
+  assert helped.returncode == 0 and "Algorithms (--algo):" in helped.stdout, helped.stderr
+
+
+@pytest.mark.skipif(MODE != "pip", reason="the pip phase's environment has the build tools")
+def test_building_the_package_prints_no_setuptools_warning(tmp_path):
+  """The package's metadata builds without setuptools' deprecation warnings
+  (an SPDX `project.license`)."""
+  done = subprocess.run([sys.executable, "-m", "pip", "wheel", "-v", "--no-deps",
+                         "--no-build-isolation", "-w", str(tmp_path), str(REPO_ROOT)],
+                        cwd=str(tmp_path), capture_output=True, text=True, timeout=600)
+  assert done.returncode == 0, done.stderr[-3000:]
+  log = done.stdout + done.stderr
+  assert "SetuptoolsDeprecationWarning" not in log and "SetuptoolsWarning" not in log, [
+      line for line in log.splitlines() if "Warning" in line][:5]
+
+
+@pytest.mark.skipif(MODE != "colab", reason="Colab's runtime has ipywidgets")
+def test_a_notebook_shows_the_training_bar_as_a_widget(installed, tmp_path):
+  """In a notebook (a kernel run by nbclient, Colab's packages) a run's
+  progress bar is tqdm's widget, not text."""
+  import nbclient
+  import nbformat
+  _, _, outside = installed
+  nb = nbformat.v4.new_notebook()
+  nb.cells = [nbformat.v4.new_code_cell(textwrap.dedent(f"""
+      from tff_cluster import experiment
+      code = experiment.main(["tff-cluster", "--algo=fedavg", "--task=synthetic",
+                              "--rounds=2", "--output_dir={tmp_path / 'run'}"])
+      assert code == 0, code
+      """))]
+  nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
+                          resources={"metadata": {"path": str(outside)}}).execute()
+  outputs = nb.cells[0].outputs
+  widgets = [o for o in outputs if o.get("output_type") == "display_data"
+             and "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+  assert widgets, [o.get("output_type") for o in outputs]
 
 
 API_RUN = """

@@ -31,8 +31,8 @@ def _model():
   return models.mclr(60, 10)
 
 
-def _initial():
-  tf.keras.utils.set_random_seed(SEED)
+def _initial(seed=SEED):
+  tf.keras.utils.set_random_seed(seed)
   return models.get_weights(_model())
 
 
@@ -200,9 +200,12 @@ def test_every_end_to_end_round_runs_under_train_model(algo, data, tmp_path):
   from tff_cluster.tff_program import build_learning_process
   extra = {"num_clients": data.num_training_clients} if algo == "cfl_mgd" else {}
 
+  k = LEARNING_PROCESSES[algo].get("num_groups")
+  start = [_initial(SEED + j) for j in range(k)] if k else _initial()  # K different models
+
   def process(source):
     return build_learning_process(algo, _model, models.SPARSE_CE_LOGITS, source.element_spec,
-                                  _initial(), LR, LEARNING_PROCESSES[algo], **extra)
+                                  start, LR, LEARNING_PROCESSES[algo], **extra)
 
   metrics, version, weights, _ = _train_model(data, tmp_path, 2, process)
   assert version == 2 and sorted(metrics) == [1, 2]
@@ -218,12 +221,27 @@ def test_a_round_that_needs_the_host_is_refused_in_one_line(data):
     with pytest.raises(ValueError, match=f"{algo}'s train round takes per-client keys"):
       build_learning_process(algo, _model, models.SPARSE_CE_LOGITS, spec, _initial(), LR,
                              options)
-  with pytest.raises(ValueError, match="valid: pretrain, newcomer, warm"):  # no train mode
+  # FedGroup's state holds no model a LearningProcess gives: its rounds need
+  # the host (pre-training, newcomers), and it says what to use instead.
+  with pytest.raises(ValueError, match=r"fedgroup's rounds need the host's steps between its "
+                     r"computations \(pretrain, newcomer, warm\).*valid: train_program\("
+                     r"api.build\('fedgroup', ..., runner='tff'\)"):
     build_learning_process("fedgroup", _model, models.SPARSE_CE_LOGITS, spec, _initial(), LR,
                            {"num_groups": 2})
+  two = [_initial(SEED), _initial(SEED + 1)]
   with pytest.raises(ValueError, match="valid: 0..1"):
-    build_learning_process("ifca", _model, models.SPARSE_CE_LOGITS, spec, _initial(), LR,
+    build_learning_process("ifca", _model, models.SPARSE_CE_LOGITS, spec, two, LR,
                            {"num_groups": 2}, model_index=2)
+  # K identical starting models (or one model's weights for K = 2): every
+  # client's choice would tie to model 0.
+  for same in (_initial(), [_initial(), _initial()]):
+    with pytest.raises(ValueError, match="the 2 starting models of ifca are identical"):
+      build_learning_process("ifca", _model, models.SPARSE_CE_LOGITS, spec, same, LR,
+                             {"num_groups": 2})
+  # A start other than K given models is the host's work before round 1.
+  with pytest.raises(ValueError, match="ifca_init='fedavg_warm' is a host step before round 1"):
+    build_learning_process("ifca", _model, models.SPARSE_CE_LOGITS, spec, two, LR,
+                           {"num_groups": 2, "ifca_init": "fedavg_warm"})
 
 
 def _program(data, root, rounds, algo, options, runner="tff", per_round=PER_ROUND):

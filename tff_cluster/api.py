@@ -573,15 +573,21 @@ class Process:
     return [ModelWeights([np.asarray(w) for w in m[:n]], [np.asarray(w) for w in m[n:]])
             for m in weights]
 
-  def evaluate(self, state: ProcessState, client_data=None) -> Dict[str, Any]:
+  def evaluate(self, state: ProcessState, client_data=None, *, x_key: str = "x",
+               y_key: str = "y", flatten: bool = False,
+               num_classes: Optional[int] = None) -> Dict[str, Any]:
     """Test metrics of `state` on the test data of `client_data` (default the
     data given to initialize; other data must have the same client ids when
-    the algorithm assigns models per client)."""
+    the algorithm assigns models per client): a `FederatedData` or a (train,
+    test) pair of TFF `ClientData`, with `initialize`'s keys and options."""
     self._restore(state)
     weights, client_model = self._driver.eval_models()
     evaluator = self._evaluator
     if client_data is not None:
-      data = self._as_federated_data(client_data)
+      defaults = dict(x_key="x", y_key="y", flatten=False, num_classes=None)
+      given = dict(x_key=x_key, y_key=y_key, flatten=flatten, num_classes=num_classes)
+      data = self._as_federated_data(
+          client_data, {k: v for k, v in given.items() if v != defaults[k]})
       if per_client(client_model) and data.client_ids != self._data.client_ids:
         raise ValueError("evaluate(): the data's client ids differ from initialize()'s; "
                          "valid: the same clients (each is tested with its own model)")

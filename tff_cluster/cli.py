@@ -301,6 +301,29 @@ def run_config(run_dir: str) -> dict:
     raise UsageError(f"{e}; --resume and --eval_only need the directory of a run") from None
 
 
+def _check_config_types(run_dir: str, config: dict) -> None:
+  """UsageError (one line) for a config.json whose settings are not of the
+  kinds a run writes: a flag's value a number, text, true/false or null
+  (`task_arg` a list of text), `task_args` an object."""
+  def kind(value) -> str:
+    return type(value).__name__.replace("dict", "an object").replace("list", "a list")
+
+  for name in flag_names():
+    if name not in config:
+      continue
+    value = config[name]
+    ok = (isinstance(value, list) and all(isinstance(v, str) for v in value)
+          if name == "task_arg" else
+          value is None or isinstance(value, (str, int, float, bool)))
+    if not ok:
+      raise UsageError(f"{run_dir}/config.json: {name} is {kind(value)}; valid: a run's "
+                       "config.json, where each setting is a number, text, true/false "
+                       "or null")
+  if not isinstance(config.get("task_args") or {}, dict):
+    raise UsageError(f"{run_dir}/config.json: task_args is {kind(config['task_args'])}; "
+                     "valid: a run's config.json, where task_args is an object")
+
+
 def run_dir_settings(run_dir: str, given: Dict[str, Any], resume: bool,
                      eval_only: bool) -> dict:
   """--resume / --eval_only: the run's settings from its config.json, with the
@@ -310,6 +333,7 @@ def run_dir_settings(run_dir: str, given: Dict[str, Any], resume: bool,
     flag = "--resume" if resume else "--eval_only"
     raise UsageError(f"{flag} needs --output_dir=RUN_DIR, the directory of the run")
   config = run_config(run_dir)
+  _check_config_types(run_dir, config)
   values = {name: config.get(name) for name in flag_names() if name in config}
   if "task" in given and given["task"] != config.get("task"):
     values.pop("model", None)  # another task: its own default model and settings
@@ -352,9 +376,12 @@ def prepare_output_dir(path: str, overwrite: bool, resume: bool) -> bool:
   created = not os.path.exists(path)
   try:
     os.makedirs(path, exist_ok=True)
-    probe = os.path.join(path, ".write-test")
-    with open(probe, "w"):
-      pass
+    probe = os.path.join(path, rundir.WRITE_TEST)
+    if os.path.isfile(probe) and not os.path.islink(probe):
+      os.remove(probe)  # a killed run's
+    # Created new, never through a link: a `.write-test` link to a file
+    # elsewhere fails here (EEXIST) and that file is left as it is.
+    os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
     os.remove(probe)
   except OSError as e:
     if created:

@@ -21,6 +21,7 @@ import numpy as np
 from tff_cluster import stack
 from tff_cluster.host import loop
 from tff_cluster.io import results
+from tff_cluster.io.checkpoint import WriteFailed
 from tff_cluster.learning.evaluation import Evaluator
 from tff_cluster.data.federated import materialize
 from tff_cluster.io import rundir
@@ -66,7 +67,11 @@ def evaluate_saved(settings: dict, present: Sequence[str] = ()) -> dict:
                           "client (model_test_accuracy)")
     report[which] = entry
   path = rundir.eval_path(run_dir, task.name)
-  results.write_json(path, report)
+  try:
+    results.write_json(path, report)
+  except WriteFailed as e:  # e.g. a read-only run folder
+    raise UsageError(f"--eval_only: {e}; valid: a run directory this user can write "
+                     "(or a copy of it)") from None
   print(f"wrote {path}", file=sys.stderr)
   return report
 

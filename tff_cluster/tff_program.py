@@ -163,6 +163,10 @@ class ClientDataSource(tff.program.FederatedDataSource):
                                  schedule.client_seed(self.seed, round_num, client))
 
 
+# Options whose other values make the host run steps before round 1, which
+# a LearningProcess (the round computation only) cannot: value -> the one it runs.
+HOST_STEP_OPTIONS = {"ifca_init": "random"}
+
 # The modes a round runs, in order, on the same clients, where not just
 # `train` (full Mime: the clients' full-batch gradients, then the local steps).
 ROUND_MODES = {"mime": ("gradient", "train")}
@@ -195,8 +199,11 @@ def build_learning_process(algo: str, model_fn, loss, element_spec, initial_weig
   model's weight list, or for a clustered one a list per cluster (K equal
   models would tie every client's choice to cluster 0).
   """
+  _check_host_steps(algo, options)
   definition, computations = api.computations(algo, model_fn, loss, element_spec, options,
                                               **definition_args)
+  initial = definition.initial_state(tf.nest.map_structure(np.asarray, list(initial_weights)))
+  _check_process_algorithm(algo, computations, initial)
   modes = tuple(modes or ROUND_MODES.get(algo, ("train",)))
   for mode in modes:
     if mode not in computations:
@@ -208,10 +215,10 @@ def build_learning_process(algo: str, model_fn, loss, element_spec, initial_weig
       raise ValueError(f"{algo}'s {mode} round takes per-client {' and '.join(needs)} from "
                        "the host, which a LearningProcess cannot pass; valid: its "
                        "api.computations driven by a program, or build(..., runner='tff')")
+  _check_distinct_models(algo, initial)
   rounds = [computations[mode].computation for mode in modes]
   round_comp = rounds[-1]
   state_type, data_type = (round_comp.type_signature.parameter[i] for i in (0, 2))
-  initial = definition.initial_state(tf.nest.map_structure(np.asarray, list(initial_weights)))
   params = tf.nest.map_structure(np.asarray, round_params(client_lr))
   weights_of, with_weights = _model_access(initial, definition.num_trainable, model_index)
 
@@ -250,6 +257,40 @@ def build_learning_process(algo: str, model_fn, loss, element_spec, initial_weig
   set_model_weights = tff.tensorflow.computation(with_weights, state_type.member, model_type)
   return tff.learning.templates.LearningProcess(initialize, next_fn, get_model_weights,
                                                 set_model_weights)
+
+
+def _check_host_steps(algo: str, options) -> None:
+  """ValueError for an option value whose host steps before round 1 a
+  LearningProcess cannot run."""
+  for name, plain in HOST_STEP_OPTIONS.items():
+    value = dict(options or {}).get(name, plain)
+    if value != plain:
+      raise ValueError(f"{name}={value!r} is a host step before round 1 (the cluster models' "
+                       "start) that a LearningProcess cannot run; valid: "
+                       f"{name}={plain!r} with K different initial_weights, or "
+                       f"train_program(api.build({algo!r}, ..., runner='tff'), ...)")
+
+
+def _check_process_algorithm(algo: str, computations, initial) -> None:
+  """ValueError (one line) for an algorithm whose state holds no model (its
+  rounds need host steps)."""
+  if "model" not in initial and "models" not in initial:
+    raise ValueError(f"{algo}'s rounds need the host's steps between its computations "
+                     f"({', '.join(computations)}), which a LearningProcess cannot run; "
+                     f"valid: train_program(api.build({algo!r}, ..., runner='tff'), ...), or "
+                     "an algorithm whose round is TensorFlow end to end (the FedAvg family, "
+                     "FedProx, Mime, MimeLite, IFCA, CFL-MGD)")
+
+
+def _check_distinct_models(algo: str, initial) -> None:
+  """ValueError (one line) for K identical starting cluster models."""
+  if "models" in initial:
+    rows = [np.asarray(w) for w in initial["models"]]
+    k = rows[0].shape[0]
+    if k > 1 and all(np.array_equal(w[0], w[j]) for w in rows for j in range(1, k)):
+      raise ValueError(f"the {k} starting models of {algo} are identical, so every client's "
+                       "choice ties to model 0 and the clusters never split; valid: "
+                       f"initial_weights a list of {k} different weight lists, one per cluster")
 
 
 def _model_access(state, num_trainable: int, model_index: int):

@@ -39,9 +39,17 @@ origin's directory (the same file names beneath it): air-gapped sites and
 the tests serve the files from their own server (a `file://` folder works
 too).
 
+Bounds: a download stops at its published size where one is published
+(Sentiment140), else at a stated maximum (`Remote.max_size`); what it
+decompresses or unzips to is counted as it is written and stops at
+`Remote.max_output`; the whole fetch of one file stops after `DEADLINE_S`
+(besides `TIMEOUT_S` without a byte). The body is read as it arrives, so the
+bar moves with every packet.
+
 Any failure is a `DownloadError` (a `DataError`: one line, exit status 2 in
 the CLI) naming the file, the URL and the folder to place the file in.
-A progress bar (tqdm) is drawn only on a terminal.
+A progress bar (tqdm.auto: a widget in a notebook, text on a terminal) is
+drawn on a terminal or in a notebook, not into a log file.
 """
 
 from __future__ import annotations
@@ -59,15 +67,18 @@ import urllib.parse
 import urllib.request
 import zipfile
 import zlib
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 from tff_cluster.data.federated import DataError
+from tff_cluster.progress import progress_bar
 
 ENV_DATA = "TFF_CLUSTER_DATA"
 ENV_MIRROR = "TFF_CLUSTER_DATA_MIRROR"
 DEFAULT_ROOT = "~/.cache/tff_cluster"
 TFF_CACHE = "~/.tff"  # tff.simulation.datasets' default cache_dir
 TIMEOUT_S = 30.0  # no byte for this long: the fetch fails
+DEADLINE_S = 2 * 3600.0  # one file's whole fetch (822 MB at 115 KB/s)
+MiB, GiB = 1 << 20, 1 << 30
 CHUNK = 1 << 20
 STALE_PART_S = 3600.0
 
@@ -92,6 +103,9 @@ class Remote:
     size: the download's published size in bytes, or None.
     sha256: the download's published SHA-256, or None.
     published_by: where `size` and `sha256` come from.
+    max_size: the most bytes the download may have where no size is
+      published (a stated bound above the file's size when it was added).
+    max_output: the most bytes `name` may have once decompressed or unzipped.
   """
   name: str
   origin: str
@@ -99,6 +113,14 @@ class Remote:
   size: Optional[int] = None
   sha256: Optional[str] = None
   published_by: str = ""
+  max_size: int = 2 * GiB
+  max_output: int = 8 * GiB
+
+  def size_bound(self) -> Tuple[int, str]:
+    """The most bytes the download may have, and what says so."""
+    if self.size is not None:
+      return self.size, f"the size {self.published_by} publishes"
+    return self.max_size, "the stated maximum for this file"
 
   @property
   def archive(self) -> str:
@@ -117,14 +139,15 @@ class Remote:
 EMNIST = Remote(
     name="emnist_all.sqlite",
     origin="https://storage.googleapis.com/tff-datasets-public/emnist_all.sqlite.lzma",
-    packing="lzma")
+    packing="lzma", max_size=256 * MiB, max_output=6 * GiB)  # 171 MB -> 4.7 GB
 
 SENT140_CSV = Remote(
     name="training.1600000.processed.noemoticon.csv",
     origin="http://cs.stanford.edu/people/alecmgo/trainingandtestdata.zip",
     packing="zip", size=81_363_704,
     sha256="004a3772c8a7ff9bbfeb875880f47f0679d93fc63e5cf9cff72d54a8a6162e57",
-    published_by="TensorFlow Datasets' sentiment140 checksums.tsv")
+    published_by="TensorFlow Datasets' sentiment140 checksums.tsv",
+    max_output=512 * MiB)  # the CSV: 239 MB
 
 GLOVE_ORIGIN = "http://nlp.stanford.edu/data/glove.6B.zip"
 GLOVE_DIMS = (50, 100, 200, 300)
@@ -135,7 +158,9 @@ def glove(dim: int) -> Remote:
   if dim not in GLOVE_DIMS:
     raise DataError(f"no GloVe 6B file of dimension {dim}; valid: "
                     f"{', '.join(map(str, GLOVE_DIMS))}")
-  return Remote(name=f"glove.6B.{dim}d.txt", origin=GLOVE_ORIGIN, packing="zip")
+  # glove.6B.zip: 822 MB; its largest member (300-d) 1.04 GB.
+  return Remote(name=f"glove.6B.{dim}d.txt", origin=GLOVE_ORIGIN, packing="zip",
+                max_size=1 * GiB, max_output=3 * GiB // 2)
 
 
 # ---------------------------------------------------------------------------
@@ -294,62 +319,99 @@ def _remove_stale_parts(root: str) -> None:
 
 
 def _progress(total: Optional[int], name: str):
-  from tqdm import tqdm  # a dependency of the package; deferred like experiment's
-  # disable=None: drawn only when stderr is a terminal.
-  return tqdm(total=total, desc=f"fetching {name}", unit="B", unit_scale=True,
-              unit_divisor=1024, disable=None, dynamic_ncols=True)
+  return progress_bar(total=total, desc=f"fetching {name}", unit="B", unit_scale=True,
+                      unit_divisor=1024, dynamic_ncols=True, disable=None)
+
+
+class _Bounded:
+  """Writes to `out`, failing once more than `bound` bytes were written."""
+
+  def __init__(self, out, bound: int, fail: Callable[[str], Exception], what: str):
+    self.out, self.bound, self.fail, self.what, self.written = out, bound, fail, what, 0
+
+  def write(self, data: bytes) -> None:
+    self.written += len(data)
+    if self.written > self.bound:
+      raise self.fail(f"{self.what} is over {self.bound:,} bytes, the stated maximum; "
+                      "the file is not the one expected")
+    self.out.write(data)
 
 
 def _download(source: str, remote: Remote, path: str,
               decompressor: Optional["lzma.LZMADecompressor"], root: str) -> None:
   """Streams `source` into `path` (decompressed when `decompressor` is given),
-  checking the announced length, the published size and SHA-256."""
+  checking the announced length, the size bound, the published size and
+  SHA-256, the decompressed size and the deadline as it goes."""
   digest = hashlib.sha256()
   got = 0
   announced = None
   bar = None
   finished = False
+  bound, bound_source = remote.size_bound()
+  deadline = time.monotonic() + DEADLINE_S
+
+  def fail(reason: str) -> DownloadError:
+    return _failure(remote, source, root, reason)
+
   try:
     with urllib.request.urlopen(source, timeout=TIMEOUT_S) as response, \
-        open(path, "wb") as out:
+        open(path, "wb") as raw_out:
+      out = _Bounded(raw_out, remote.max_output, fail, f"{remote.name} decompressed")
       length = response.headers.get("Content-Length")
       announced = int(length) if length and length.isdigit() else None
+      if announced is not None and announced > bound:
+        raise fail(f"the server announces {announced:,} bytes, over the {bound:,} of "
+                   f"{bound_source}")
       bar = _progress(announced or remote.size, remote.archive)
+      read = getattr(response, "read1", response.read)  # what has arrived, up to CHUNK
       while True:
-        chunk = response.read(CHUNK)
+        chunk = read(CHUNK)
         if not chunk:
           break
         got += len(chunk)
+        if got > bound:
+          raise fail(f"the server sent more than the {bound:,} bytes of {bound_source}")
+        if time.monotonic() > deadline:
+          raise fail(f"{got:,} bytes after {DEADLINE_S:g} s, the most one file's fetch "
+                     "may take")
         digest.update(chunk)
-        out.write(decompressor.decompress(chunk) if decompressor else chunk)
+        if decompressor is None:
+          out.write(chunk)
+        else:  # at most CHUNK bytes out per call: a small bomb cannot fill memory
+          data = chunk
+          while True:
+            out.write(decompressor.decompress(data, max_length=CHUNK))
+            data = b""
+            if decompressor.eof or decompressor.needs_input:
+              break
         bar.update(len(chunk))
     finished = announced is None or got == announced
+  except DownloadError:
+    raise
   except urllib.error.HTTPError as e:
-    raise _failure(remote, source, root, f"HTTP {e.code} {e.reason}") from None
+    raise fail(f"HTTP {e.code} {e.reason}") from None
   except urllib.error.URLError as e:
-    raise _failure(remote, source, root, f"URLError: {e.reason}") from None
+    raise fail(f"URLError: {e.reason}") from None
   except http.client.IncompleteRead as e:
-    raise _failure(remote, source, root,
-                   f"the body ended after {got + len(e.partial):,} of the "
-                   f"{announced or 0:,} bytes announced") from None
+    raise fail(f"the body ended after {got + len(e.partial):,} of the "
+               f"{announced or 0:,} bytes announced") from None
   except (socket.timeout, TimeoutError):
-    raise _failure(remote, source, root, f"no data for {TIMEOUT_S:g} s") from None
+    raise fail(f"no data for {TIMEOUT_S:g} s") from None
   except lzma.LZMAError as e:
-    raise _failure(remote, source, root, f"not an LZMA stream: {e}") from None
+    raise fail(f"not an LZMA stream: {e}") from None
   except (http.client.HTTPException, ConnectionError) as e:
-    raise _failure(remote, source, root, f"{type(e).__name__}: {e}") from None
+    raise fail(f"{type(e).__name__}: {e}") from None
   except OSError as e:  # writing: disk full, permissions
-    raise _failure(remote, source, root, f"{type(e).__name__}: {e.strerror or e}") from None
+    raise fail(f"{type(e).__name__}: {e.strerror or e}") from None
   finally:
     if bar is not None:
       bar.leave = finished  # on failure the error line stands alone
       bar.close()
   if announced is not None and got != announced:
-    raise _failure(remote, source, root, f"the body ended after {got:,} of the "
-                   f"{announced:,} bytes announced")
+    raise fail(f"the body ended after {got:,} of the {announced:,} bytes announced")
   _check_digest(remote, source, root, got, digest.hexdigest())
   if decompressor is not None and not decompressor.eof:
-    raise _failure(remote, source, root, "the LZMA stream ends before its end marker")
+    raise fail("the LZMA stream ends before its end marker")
 
 
 def _check_digest(remote: Remote, source: str, root: str, size: int, sha256: str):
@@ -382,9 +444,19 @@ def _unzip(archive: str, remote: Remote, path: str, source: str, root: str) -> N
       if not members:
         raise _failure(remote, source, root,
                        f"{remote.archive} holds no {remote.name}")
-      with z.open(members[0]) as member, open(path, "wb") as out:
+      info = z.getinfo(members[0])
+      if info.file_size > remote.max_output:
+        raise _failure(remote, source, root,
+                       f"{remote.name} in {remote.archive} says it has {info.file_size:,} "
+                       f"bytes, over the stated maximum of {remote.max_output:,}")
+      with z.open(info) as member, open(path, "wb") as raw_out:
+        out = _Bounded(raw_out, remote.max_output,
+                       lambda reason: _failure(remote, source, root, reason),
+                       f"{remote.name} unzipped")
         for chunk in iter(lambda: member.read(CHUNK), b""):
           out.write(chunk)
+  except DownloadError:
+    raise
   except (zipfile.BadZipFile, zlib.error, EOFError) as e:
     raise _failure(remote, source, root, f"not a complete zip archive: {e}") from None
   except OSError as e:

@@ -38,7 +38,7 @@ import numpy as np
 
 from tff_cluster import stack
 from tff_cluster.data import download
-from tff_cluster.data.federated import DataError, FederatedData
+from tff_cluster.data.federated import DataError, FederatedData, open_data_file
 
 EMNIST_URL = download.EMNIST.origin
 EMNIST_DB_FILE = download.EMNIST.name
@@ -65,7 +65,9 @@ def is_database(path: str) -> bool:
 
 
 def _connect(path: str) -> sqlite3.Connection:
-  # Read-only: a reader never changes (or creates) the file.
+  # Read-only: a reader never changes (or creates) the file. A FIFO or a
+  # device in its place is refused first (DataError).
+  open_data_file(path, "rb", expected=f"{EMNIST_DB_FILE} (an SQLite database)").close()
   return sqlite3.connect(f"file:{urllib.parse.quote(os.path.abspath(path))}?mode=ro",
                          uri=True)
 
@@ -114,6 +116,9 @@ def writer_ids(path: str, only_digits: bool = False) -> List[str]:
     raise _not_emnist(path, f"{type(e).__name__}: {e}") from None
   finally:
     con.close()
+  bad = next((c for half in ids for c in half if not isinstance(c, str)), "")
+  if bad != "":
+    raise _not_emnist(path, f"a client_id of client_metadata is {bad!r}, not text")
   return sorted(ids[0] & ids[1])
 
 
@@ -152,6 +157,11 @@ def read_examples(path: str, splits: Sequence[str],
         rows = [r for r in rows if r[1] in wanted]
         if not rows:
           continue
+      for r in rows:
+        if not isinstance(r[1], str) or not isinstance(r[2], bytes):
+          raise _not_emnist(path, f"a row of examples has client_id {r[1]!r} and a "
+                            f"serialized_example_proto of type {type(r[2]).__name__}; "
+                            "valid: text and a BLOB")
       x, y = _parse([r[2] for r in rows], path)
       mask = np.ones(len(y), bool) if keep is None else np.asarray(keep(y), bool)
       start = 0

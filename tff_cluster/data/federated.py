@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
+import stat
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -71,6 +73,8 @@ class FederatedData:
         if len(x) != len(y):
           raise DataError(
               f"client {cid!r} {split_name}: {len(x)} inputs but {len(y)} labels")
+        check_finite(x, f"client {cid!r} {split_name} inputs")
+        check_finite(y, f"client {cid!r} {split_name} labels")
     if self.true_clusters is not None:
       self.true_clusters = np.asarray(self.true_clusters, dtype=np.int64)
       if self.true_clusters.shape != (len(self.client_ids),):
@@ -117,6 +121,65 @@ class FederatedData:
     return FederatedData(list(client_ids), {c: self.train[c] for c in client_ids},
                          {c: self.test[c] for c in client_ids}, self.num_classes,
                          clusters, self.description, public=self.public)
+
+
+MAX_FILE_BYTES = 16 << 30  # a data file's stated maximum (emnist_all.sqlite: 4.7 GB)
+
+
+def open_data_file(path: str, mode: str = "rb", max_bytes: int = MAX_FILE_BYTES,
+                   expected: str = "a data file", **kwargs):
+  """Opens a data file a user handed over, refusing (DataError, one line)
+  what is not a regular file (a FIFO, which would block the read for ever,
+  a device such as /dev/zero, which never ends; a link is followed to what
+  it names) and a file over `max_bytes`. `mode` and `kwargs` as `open`'s."""
+  kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
+           (stat.S_ISDIR, "a directory"))
+
+  def check(st) -> None:
+    if not stat.S_ISREG(st.st_mode):
+      kind = next((name for test, name in kinds if test(st.st_mode)), "not a regular file")
+      raise DataError(f"{path}: {kind}, not a file; expected {expected}")
+    if st.st_size > max_bytes:
+      raise DataError(f"{path}: {st.st_size:,} bytes, over the {max_bytes:,} a data file "
+                      f"may have; expected {expected}")
+
+  try:
+    check(os.stat(path))
+    # O_NONBLOCK: a FIFO put in its place after the check cannot block the open.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+  except OSError as e:
+    raise DataError(f"{path}: cannot read ({e.strerror or e})") from None
+  try:
+    check(os.fstat(fd))
+    os.set_blocking(fd, True)
+    return open(fd, mode, **kwargs)
+  except BaseException:
+    os.close(fd)
+    raise
+
+
+def fingerprint(data) -> str:
+  """A short hash of which clients a federation has and how many training
+  and test samples each: what `--resume` compares with the run's to refuse
+  resuming on other data (`FederatedData` or `LazyFederatedData`)."""
+  import hashlib
+  import json
+  payload = json.dumps([list(map(str, data.client_ids)),
+                        [int(n) for n in data.num_train_samples()],
+                        [int(n) for n in data.num_test_samples()]])
+  return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def check_finite(values, what: str) -> None:
+  """DataError (one line) when the float array `values` holds NaN or an
+  infinity: a model's ReLU maps NaN to 0, so such data trains and scores
+  without an error and its numbers mean nothing."""
+  array = np.asarray(values)
+  if array.dtype.kind in "fc" and array.size and not np.isfinite(array).all():
+    bad = int((~np.isfinite(array)).sum())
+    raise DataError(f"{what} hold {bad} NaN or infinite value(s); valid: finite numbers "
+                    "(check the data files)")
 
 
 @dataclasses.dataclass

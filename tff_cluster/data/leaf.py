@@ -44,6 +44,7 @@ split 90/10 with `split_train_test`, seeded by `seed`.
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import os
 import re
@@ -53,7 +54,8 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from tff_cluster.data.federated import DataError, FederatedData, split_train_test
+from tff_cluster.data.federated import (DataError, FederatedData, open_data_file,
+                                        split_train_test)
 
 # (client id, raw x list, raw y list) -> (x array, y array).
 Parser = Callable[[str, list, list], Tuple[np.ndarray, np.ndarray]]
@@ -64,6 +66,7 @@ SYNTHETIC_NUM_CLASSES = 10
 SYNTHETIC_NUM_FEATURES = 60
 IMAGE_PIXELS = 784
 SENT140_SEQ_LEN = 25
+LEAF_JSON_MAX_BYTES = 4 << 30  # LEAF's largest files are a few hundred MB
 GLOVE_FILE = "glove.6B.300d.txt"
 GLOVE_SUFFIXES = (".txt", ".txt.gz")
 
@@ -128,7 +131,7 @@ def _load_json(path: str):
   # The file's JSON value; DataError (one line, naming the file) for a file
   # that cannot be read, is not UTF-8 text, or is not JSON.
   try:
-    with open(path, "rb") as f:
+    with open_data_file(path, "rb", LEAF_JSON_MAX_BYTES, "a LEAF .json file") as f:
       raw = f.read()
   except OSError as e:
     raise DataError(f"{path}: cannot read ({e.strerror or e})") from None
@@ -523,13 +526,11 @@ def _is_number(text: str) -> bool:
 
 def _glove_lines(path: str):
   # (line number, line without its end) of a plain or gzip GloVe file.
-  if path.lower().endswith(".gz"):
-    f = gzip.open(path, "rt", encoding="utf-8", errors="replace")
-  else:
-    f = open(path, "r", encoding="utf-8", errors="replace")
-  with f:
-    for lineno, line in enumerate(f, 1):
-      yield lineno, line.rstrip("\r\n").rstrip(" ")
+  with open_data_file(path, "rb", expected="GloVe vectors (text, plain or .gz)") as raw:
+    binary = gzip.GzipFile(fileobj=raw) if path.lower().endswith(".gz") else raw
+    with io.TextIOWrapper(binary, encoding="utf-8", errors="replace") as f:
+      for lineno, line in enumerate(f, 1):
+        yield lineno, line.rstrip("\r\n").rstrip(" ")
 
 
 def check_glove(path: str, dim: int) -> None:
@@ -593,6 +594,10 @@ def load_glove(path: Optional[str], dim: Optional[int] = None,
         vec = np.asarray(parts[-dim:], dtype=np.float32)
       except ValueError:
         raise DataError(f"{path} line {lineno}: non-numeric vector") from None
+      if not np.isfinite(vec).all():  # nan, inf, or past float32's range (1e39)
+        raise DataError(f"{path} line {lineno}: the vector of {word!r} has NaN or "
+                        "infinite values (or numbers beyond float32's 3.4e38); valid: "
+                        "finite numbers")
       vocab[word] = len(vectors) + 1
       vectors.append(vec)
   except (OSError, EOFError, zlib.error) as e:

@@ -68,7 +68,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from tff_cluster.data import download, leaf
-from tff_cluster.data.federated import DataError, FederatedData
+from tff_cluster.data.federated import DataError, FederatedData, open_data_file
 
 TRAINING_CSV = "training.1600000.processed.noemoticon.csv"
 COLUMNS = ("polarity", "tweet id", "date", "query", "user", "text")
@@ -143,7 +143,8 @@ def read_csv(path: str) -> Users:
   """
   users: Users = {}
   try:
-    with open(path, "r", encoding="latin-1", newline="") as f:
+    with open_data_file(path, "r", expected="the Sentiment140 CSV", encoding="latin-1",
+                        newline="") as f:
       reader = csv.reader(f)
       for row in _rows(reader, path):
         label = POLARITY_LABELS.get(row[0].strip())
@@ -192,7 +193,8 @@ def check_csv(path: str) -> None:
   """Raises a DataError unless the first row of `path` is a Sentiment140 row
   (six columns, polarity 0 or 4): the check of a fetched CSV."""
   try:
-    with open(path, "r", encoding="latin-1", newline="") as f:
+    with open_data_file(path, "r", expected="the Sentiment140 CSV", encoding="latin-1",
+                        newline="") as f:
       reader = csv.reader(f)
       row = next(_rows(reader, path), None)
   except OSError as e:

@@ -31,7 +31,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from tff_cluster.data.federated import DataError
+from tff_cluster.data.federated import DataError, open_data_file
 
 IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
              "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
@@ -67,13 +67,13 @@ def _find_idx(data_dir: str, stem: str) -> Optional[str]:
 
 
 def _read_bytes(path: str) -> bytes:
-  with open(path, "rb") as f:
+  with open_data_file(path, "rb") as f:
     head = f.read(2)
   try:
     if head == b"\x1f\x8b":  # gzip magic: decide by content, not by name.
-      with gzip.open(path, "rb") as f:
+      with open_data_file(path, "rb") as raw, gzip.GzipFile(fileobj=raw) as f:
         return f.read()
-    with open(path, "rb") as f:
+    with open_data_file(path, "rb") as f:
       return f.read()
   except (OSError, EOFError) as e:
     raise DataError(f"{path}: cannot read ({e})") from e
@@ -205,7 +205,7 @@ def read_cifar10_dir(data_dir: str) -> Tuple[Tuple[np.ndarray, np.ndarray],
   for name in CIFAR10_FILES:
     path = os.path.join(folder, name)
     try:
-      with open(path, "rb") as f:
+      with open_data_file(path, "rb", expected="a CIFAR-10 python batch") as f:
         batch = _Cifar10Unpickler(f, encoding="bytes").load()
       data, labels = batch[b"data"], batch[b"labels"]
     except pickle.UnpicklingError as e:

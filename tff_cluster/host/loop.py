@@ -12,12 +12,14 @@ import copy
 import io
 import os
 import time
+import zipfile
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 
 from tff_cluster import interrupts
+from tff_cluster.progress import progress_bar
 from tff_cluster.io import checkpoint
 from tff_cluster import models
 from tff_cluster.io import results
@@ -63,9 +65,8 @@ def run_status(error: BaseException) -> Dict[str, Any]:
 
 
 def _progress_bar(name: str, config: TrainingConfig, first_round: int):
-  from tqdm import tqdm
-  return tqdm(total=config.rounds, initial=first_round - 1, desc=f"{name}",
-              unit="round", dynamic_ncols=True)
+  return progress_bar(total=config.rounds, initial=first_round - 1, desc=f"{name}",
+                      unit="round", dynamic_ncols=True)
 
 
 def _show_progress(bar, rows: List[Dict[str, Any]]) -> None:
@@ -334,15 +335,30 @@ class WeightsMismatch(ValueError):
 
 def load_model_weights(task: TaskSpec, directory: str, j: int) -> List[np.ndarray]:
   """Model `j` saved by `save_models` in `directory`: from `model_<j>.npz`
-  (any stack), else from `model_<j>.keras` (runs saved before the `.npz`
-  files; only the Keras that wrote it reads it). Raises `WeightsMismatch`
-  (one line) when the weights do not fit the task's model."""
+  (any stack), else the weights only of `model_<j>.keras` (runs saved before
+  the `.npz` files), read into the task's own model: a run folder can come
+  from anyone, and loading a whole Keras model from it could run the code it
+  stores (a `Lambda` layer under Keras 2). Raises `WeightsMismatch` (one
+  line) when the weights do not fit the task's model or the file is not a
+  Keras zip archive."""
   path = rundir.model_stem(directory, j)
-  expected = [tuple(s.shape) for s in models.weights_type_spec(task.model_fn())]
+  model = task.model_fn()
+  expected = [tuple(s.shape) for s in models.weights_type_spec(model)]
   weights = rundir.read_model_npz(directory, j)
   if weights is None:
-    weights = models.get_weights(
-        tf.keras.models.load_model(path + ".keras", compile=False))
+    keras_path = path + ".keras"
+    if not zipfile.is_zipfile(keras_path):
+      raise WeightsMismatch(
+          f"{keras_path} is not a Keras zip archive (a run writes model_{j}.npz and a "
+          f"zipped model_{j}.keras); refusing to read it: other formats can hold code "
+          "that loading runs")
+    try:
+      model.load_weights(keras_path)  # the archive's weights file only
+    except (ValueError, KeyError, OSError) as e:
+      raise WeightsMismatch(f"{keras_path}: its weights do not fit --task={task.name} "
+                            f"--model={task.model_name} ({str(e).splitlines()[0][:200]}); "
+                            "valid: the run's model") from None
+    weights = models.get_weights(model)
   shapes = [tuple(w.shape) for w in weights]
   if shapes != expected:
     raise WeightsMismatch(f"{path}: weights of shapes {shapes} do not fit --task={task.name} "

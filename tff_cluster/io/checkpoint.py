@@ -125,18 +125,22 @@ def _remove(path: str) -> None:
 
 
 def remove_temporary(run_dir: str) -> List[str]:
-  """Removes the temporary files and directories (`*.tmp-<pid>`,
-  `*.tmp.keras`) that a killed run left in `run_dir`, its checkpoints and its
-  saved models; returns their paths."""
+  """Removes the temporary files and directories that a killed run left in
+  `run_dir`, its checkpoints and its saved models (only names a run writes
+  exactly: `rundir.is_temporary`), without following a link to a folder;
+  returns their paths."""
   removed = []
-  for folder in (run_dir, directory(run_dir),
-                 *(rundir.models_dir(run_dir, kind) for kind in rundir.MODEL_KINDS)):
+  for rel in rundir.TEMPORARY_FOLDERS:
+    folder = os.path.join(run_dir, rel) if rel else run_dir
+    parts = rel.split("/") if rel else []
+    if any(os.path.islink(os.path.join(run_dir, *parts[:i + 1])) for i in range(len(parts))):
+      continue  # a link in the run's place: not the run's folder
     try:
       names = os.listdir(folder)
     except OSError:
       continue
     for name in names:
-      if rundir.is_temporary(name):
+      if rundir.is_temporary(name, rel):
         _remove(os.path.join(folder, name))
         removed.append(os.path.join(folder, name))
   return removed
@@ -221,6 +225,9 @@ def encode(value: Any, arrays: Dict[str, np.ndarray]) -> Any:
                         f"{type(value).__qualname__}")
 
 
+BIT_GENERATORS = ("PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64")
+
+
 def decode(tree: Any, arrays) -> Any:
   """The value `encode` turned into `tree` (arrays read from `arrays`)."""
   if isinstance(tree, list):
@@ -244,7 +251,12 @@ def decode(tree: Any, arrays) -> Any:
       return collections.OrderedDict(pairs) if tag == "__odict__" else dict(pairs)
     if tag == "__generator__":
       state = decode(inner, arrays)
-      bit_generator = getattr(np.random, state["bit_generator"])()
+      # Only numpy's bit generators, by name: a file names nothing to call.
+      name = state.get("bit_generator") if isinstance(state, dict) else None
+      if name not in BIT_GENERATORS:
+        raise CheckpointError(f"a generator's bit_generator is {name!r}; valid: "
+                              f"{', '.join(BIT_GENERATORS)}")
+      bit_generator = getattr(np.random, name)()
       bit_generator.state = state
       return np.random.Generator(bit_generator)
     if tag == "__random_state__":
@@ -269,13 +281,51 @@ def dumps(value: Any) -> bytes:
 
 
 def loads(payload) -> Any:
-  """The value of `dumps` bytes (or a path / file object of them)."""
+  """The value of `dumps` bytes (or a path / file object of them).
+  CheckpointError for what no `dumps` wrote: an array whose header claims
+  more than its entry holds, a tree nested too deeply, a generator of
+  another kind."""
   source = io.BytesIO(payload) if isinstance(payload, (bytes, bytearray)) else payload
-  with np.load(source, allow_pickle=False) as archive:
-    if _TREE not in archive.files:
-      raise CheckpointError("not a tff-cluster archive (no __tree__ entry)")
-    tree = json.loads(archive[_TREE].tobytes().decode())
-    return decode(tree, archive)
+  try:
+    _check_array_sizes(source)
+    with np.load(source, allow_pickle=False) as archive:
+      if _TREE not in archive.files:
+        raise CheckpointError("not a tff-cluster archive (no __tree__ entry)")
+      tree = json.loads(archive[_TREE].tobytes().decode())
+      return decode(tree, archive)
+  except RecursionError:
+    raise CheckpointError("not a tff-cluster archive (its tree is nested too deeply)") from None
+  except MemoryError:
+    raise CheckpointError("not a tff-cluster archive (an array larger than memory)") from None
+
+
+def _check_array_sizes(source) -> None:
+  """CheckpointError when an `.npy` entry's header claims more bytes than the
+  entry holds (np.load would allocate what the header says first)."""
+  try:
+    archive = zipfile.ZipFile(source)
+  except zipfile.BadZipFile:
+    return  # np.load says what it is
+  with archive:
+    for info in archive.infolist():
+      if not info.filename.endswith(".npy"):
+        continue
+      with archive.open(info) as f:
+        try:
+          version = np.lib.format.read_magic(f)
+          shape, _, dtype = (np.lib.format.read_array_header_1_0(f) if version == (1, 0)
+                             else np.lib.format.read_array_header_2_0(f))
+        except ValueError as e:
+          raise CheckpointError(f"entry {info.filename}: not an array ({e})") from None
+        header = f.tell()
+      size = dtype.itemsize
+      for n in shape:
+        size *= int(n)
+      if size > info.file_size - header:
+        raise CheckpointError(f"entry {info.filename}: its header says {size:,} bytes, "
+                              f"it holds {info.file_size - header:,}")
+  if hasattr(source, "seek"):
+    source.seek(0)
 
 
 # ---------------------------------------------------------------------------
@@ -411,6 +461,7 @@ def _array_names(tree: Any, out: List[str]) -> List[str]:
 
 
 _READ_ERRORS = (OSError, EOFError, ValueError, KeyError, TypeError, IndexError,
+                AttributeError, RecursionError, MemoryError,
                 zipfile.BadZipFile, UnicodeDecodeError, zipfile.LargeZipFile)
 
 
@@ -427,6 +478,7 @@ def check_archive(path: str, name: Optional[str] = None) -> Any:
       entries = {n[:-4] if n.endswith(".npy") else n for n in archive.namelist()}
       if _TREE not in entries:
         raise Damaged(f"{name}: not a tff-cluster archive (no {_TREE} entry)")
+    _check_array_sizes(path)
     with np.load(path, allow_pickle=False) as archive:
       tree = json.loads(archive[_TREE].tobytes().decode())
   except Damaged:

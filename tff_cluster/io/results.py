@@ -55,6 +55,7 @@ from tff_cluster.io import plot
 from tff_cluster.io.checkpoint import WriteFailed, atomic_write_bytes, write_failed
 from tff_cluster.io import rundir
 from tff_cluster.io.rundir import foreign_entries
+from tff_cluster.io import lock
 
 
 class OutputDirError(ValueError):
@@ -69,6 +70,10 @@ def check_output_dir(path: str, overwrite: bool) -> None:
                          "choose another path")
   if not os.path.isdir(path) or not os.listdir(path):
     return
+  try:
+    lock.check(path)
+  except lock.LockHeld as e:
+    raise OutputDirError(str(e)) from None
   if not overwrite:
     raise OutputDirError(
         f"--output_dir={path} is not empty; choose another directory "
@@ -94,8 +99,8 @@ def _clear_previous_results(path: str) -> None:
   foreign = set(foreign_entries(path))
   for name in os.listdir(path):
     full = os.path.join(path, name)
-    if name in foreign or name + "/" in foreign:
-      continue
+    if name in foreign or name + "/" in foreign or name == rundir.LOCK:
+      continue  # (the lock: this run's own, held)
     if os.path.isdir(full) and not os.path.islink(full):
       if any(f.startswith(name + "/") for f in foreign):
         continue  # never the case after check_output_dir; kept whole if it were
@@ -311,15 +316,22 @@ class ResultsWriter:
     self._created: List[str] = []  # a new run's files, removed if it cannot start
     self._csv_file = self._jsonl = self._groups_file = None
     self._tb = None
+    self._lock: Optional[lock.RunLock] = None
     if resume_rows is None:
       check_output_dir(path, overwrite)
       try:
         os.makedirs(path, exist_ok=True)
       except OSError as e:
         raise write_failed(path, e) from None
-      _clear_previous_results(path)
-    else:  # what a killed run left half-written
-      checkpoint.remove_temporary(path)
+    self._hold(path)  # one writer at a time: a second one stops here, in one line
+    try:
+      if resume_rows is None:
+        _clear_previous_results(path)
+      else:  # what a killed run left half-written
+        checkpoint.remove_temporary(path)
+    except BaseException:
+      self._release()
+      raise
     self.columns: List[str] = list(dict.fromkeys(columns))
     self.config: Optional[Dict[str, Any]] = None
     csv_path = rundir.path_of(path, rundir.METRICS_CSV)
@@ -359,6 +371,19 @@ class ResultsWriter:
       except Exception as e:  # noqa: BLE001 - e.g. a full disk
         self._tb_failed(e)
 
+  def _hold(self, path: str) -> None:
+    try:
+      self._lock = lock.RunLock(path).acquire()
+    except lock.LockHeld as e:
+      raise OutputDirError(str(e)) from None
+    except OSError as e:
+      raise write_failed(rundir.path_of(path, rundir.LOCK), e) from None
+
+  def _release(self) -> None:
+    if self._lock is not None:
+      self._lock.release()
+      self._lock = None
+
   def _discard(self) -> None:
     """A new run that could not start: close and remove what it wrote (a
     resumed run's files are left as they were)."""
@@ -381,6 +406,7 @@ class ResultsWriter:
         elif os.path.exists(path):
           os.remove(path)
     self._created = []
+    self._release()
 
   def _tb_failed(self, error: BaseException) -> None:
     """TensorBoard's scalars are a convenience: a failure to write them stops
@@ -626,6 +652,7 @@ class ResultsWriter:
       except Exception as e:  # noqa: BLE001
         self._tb_failed(e)
       self._tb = None
+    self._release()
 
 
 def maximized_columns(columns: Iterable[str]) -> List[str]:

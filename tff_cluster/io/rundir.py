@@ -45,16 +45,27 @@ MODELS = "models"
 MODEL_KINDS = ("final", "best")  # models/final: the last round's; models/best: the best round's
 CLIENTS_JSON = "clients.json"
 EVAL_PREFIX = "eval_"
-# A temporary file or directory a write of a run makes (`NAME.tmp-<pid>` of
-# an atomic write or a checkpoint, `model_<j>.tmp.keras` of a saved model).
-_TEMPORARY = re.compile(r"\.tmp-\d+$|\.tmp\.keras$")
+WRITE_TEST = ".write-test"  # the empty file that tells a folder is writable (never a link)
+LOCK = ".lock"  # held while a run writes (`tff_cluster.io.lock`; never a link)
+# The temporary files and directories a write of a run makes, by folder:
+# `NAME.tmp-<pid>` of an atomic write (`checkpoint.atomic_write_bytes`) or a
+# checkpoint's clients folder, where NAME is exactly one a run writes there,
+# and `model_<j>.tmp.keras` of a saved model. Nothing else is a temporary: a
+# user's `backup.tmp-2023/` is the user's, whatever its name looks like.
+_TEMPORARIES = {
+    "": re.compile(r"(config\.json|metrics\.csv|metrics\.jsonl|summary\.json|groups\.csv"
+                   r"|eval_[A-Za-z0-9_.-]+\.json)\.tmp-\d+"),
+    "checkpoints": re.compile(r"round-\d{6,}\.(npz|pkl|clients)\.tmp-\d+"),
+    "models/final": re.compile(r"(model_\d+\.npz|clients\.json)\.tmp-\d+|model_\d+\.tmp\.keras"),
+}
+_TEMPORARIES["models/best"] = _TEMPORARIES["models/final"]
 
 RUN_FILES = (CONFIG, METRICS_CSV, METRICS_JSONL, SUMMARY, ACCURACY_PNG, GROUPS_CSV, GROUPS_PNG)
 RUN_DIRS = (TENSORBOARD, CHECKPOINTS, MODELS)
 # What a run writes besides RUN_FILES, as glob patterns per folder (a folder
 # pattern of its own); `*/` marks a folder.
 RUN_ENTRIES = {
-    "": (f"{EVAL_PREFIX}*.json", ".write-test", *(f"{d}/" for d in RUN_DIRS)),
+    "": (f"{EVAL_PREFIX}*.json", WRITE_TEST, LOCK, *(f"{d}/" for d in RUN_DIRS)),
     TENSORBOARD: ("events.out.tfevents.*", "*/"),
     f"{TENSORBOARD}/*": ("events.out.tfevents.*", "*/"),
     CHECKPOINTS: ("round-[0-9][0-9][0-9][0-9][0-9][0-9]*.npz",
@@ -96,10 +107,17 @@ class RunDirError(ValueError):
 # Paths
 
 
-def is_temporary(name: str) -> bool:
-  """Whether `name` is a temporary file or directory a write of a run makes
-  (`NAME.tmp-<pid>`, `model_<j>.tmp.keras`)."""
-  return bool(_TEMPORARY.search(name))
+def is_temporary(name: str, folder: str = "") -> bool:
+  """Whether `name`, in the run directory's `folder` ("" for the run
+  directory itself, "checkpoints", "models/final", "models/best"), is a
+  temporary file or directory a write of a run makes there: `NAME.tmp-<pid>`
+  of a NAME the run writes in that folder, `model_<j>.tmp.keras` in a models
+  folder. Names in other folders are never temporaries."""
+  pattern = _TEMPORARIES.get(folder)
+  return bool(pattern and pattern.fullmatch(name))
+
+
+TEMPORARY_FOLDERS = tuple(_TEMPORARIES)  # the folders a run writes temporaries in
 
 
 def path_of(run_dir: str, name: str) -> str:
@@ -290,7 +308,10 @@ def _foreign(path: str, rel: str = "") -> List[str]:
   for name in sorted(os.listdir(folder)):
     entry = f"{rel}/{name}" if rel else name
     full = os.path.join(folder, name)
-    if is_temporary(name):
+    if os.path.islink(full):  # a run writes no links
+      out.append(entry)
+      continue
+    if is_temporary(name, rel):
       continue
     is_dir = os.path.isdir(full) and not os.path.islink(full)
     if is_dir and any(r.endswith("/") and fnmatch.fnmatchcase(name, r[:-1]) for r in rules):
@@ -303,12 +324,17 @@ def _foreign(path: str, rel: str = "") -> List[str]:
   return out
 
 
+def _is_plain_file(path: str) -> bool:
+  return os.path.isfile(path) and not os.path.islink(path)
+
+
 def foreign_entries(path: str) -> List[str]:
   """What in the directory `path` no run of this project wrote (relative
   paths, folders ending in `/`): everything, when it holds no run's
   `config.json` (a directory holding only a run's temporary files is a
   run's); [] for a previous run's directory."""
-  names = [n for n in os.listdir(path) if n != ".write-test"]
+  names = [n for n in os.listdir(path)
+           if not (n in (WRITE_TEST, LOCK) and _is_plain_file(os.path.join(path, n)))]
   if not names or all(is_temporary(n) for n in names):
     return []
   if not is_run_config(path_of(path, CONFIG)):
