@@ -377,7 +377,7 @@ def prepare_output_dir(path: str, overwrite: bool, resume: bool) -> bool:
   try:
     os.makedirs(path, exist_ok=True)
     probe = os.path.join(path, rundir.WRITE_TEST)
-    if os.path.isfile(probe) and not os.path.islink(probe):
+    if rundir.is_plain_file(probe):
       os.remove(probe)  # a killed run's
     # Created new, never through a link: a `.write-test` link to a file
     # elsewhere fails here (EEXIST) and that file is left as it is.

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
+import json
 import os
 import stat
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -163,8 +165,6 @@ def fingerprint(data) -> str:
   """A short hash of which clients a federation has and how many training
   and test samples each: what `--resume` compares with the run's to refuse
   resuming on other data (`FederatedData` or `LazyFederatedData`)."""
-  import hashlib
-  import json
   payload = json.dumps([list(map(str, data.client_ids)),
                         [int(n) for n in data.num_train_samples()],
                         [int(n) for n in data.num_test_samples()]])

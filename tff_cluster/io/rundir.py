@@ -47,21 +47,22 @@ CLIENTS_JSON = "clients.json"
 EVAL_PREFIX = "eval_"
 WRITE_TEST = ".write-test"  # the empty file that tells a folder is writable (never a link)
 LOCK = ".lock"  # held while a run writes (`tff_cluster.io.lock`; never a link)
+RUN_FILES = (CONFIG, METRICS_CSV, METRICS_JSONL, SUMMARY, ACCURACY_PNG, GROUPS_CSV, GROUPS_PNG)
+RUN_DIRS = (TENSORBOARD, CHECKPOINTS, MODELS)
 # The temporary files and directories a write of a run makes, by folder:
 # `NAME.tmp-<pid>` of an atomic write (`checkpoint.atomic_write_bytes`) or a
 # checkpoint's clients folder, where NAME is exactly one a run writes there,
 # and `model_<j>.tmp.keras` of a saved model. Nothing else is a temporary: a
 # user's `backup.tmp-2023/` is the user's, whatever its name looks like.
+_ATOMIC_FILES = "|".join(re.escape(n) for n in (CONFIG, METRICS_CSV, METRICS_JSONL, SUMMARY,
+                                                 GROUPS_CSV))
+_MODEL_TEMPORARIES = re.compile(rf"(model_\d+\.npz|{re.escape(CLIENTS_JSON)})\.tmp-\d+"
+                                r"|model_\d+\.tmp\.keras")
 _TEMPORARIES = {
-    "": re.compile(r"(config\.json|metrics\.csv|metrics\.jsonl|summary\.json|groups\.csv"
-                   r"|eval_[A-Za-z0-9_.-]+\.json)\.tmp-\d+"),
-    "checkpoints": re.compile(r"round-\d{6,}\.(npz|pkl|clients)\.tmp-\d+"),
-    "models/final": re.compile(r"(model_\d+\.npz|clients\.json)\.tmp-\d+|model_\d+\.tmp\.keras"),
+    "": re.compile(rf"({_ATOMIC_FILES}|{EVAL_PREFIX}[A-Za-z0-9_.-]+\.json)\.tmp-\d+"),
+    CHECKPOINTS: re.compile(r"round-\d{6,}\.(npz|pkl|clients)\.tmp-\d+"),
+    **{f"{MODELS}/{kind}": _MODEL_TEMPORARIES for kind in MODEL_KINDS},
 }
-_TEMPORARIES["models/best"] = _TEMPORARIES["models/final"]
-
-RUN_FILES = (CONFIG, METRICS_CSV, METRICS_JSONL, SUMMARY, ACCURACY_PNG, GROUPS_CSV, GROUPS_PNG)
-RUN_DIRS = (TENSORBOARD, CHECKPOINTS, MODELS)
 # What a run writes besides RUN_FILES, as glob patterns per folder (a folder
 # pattern of its own); `*/` marks a folder.
 RUN_ENTRIES = {
@@ -313,7 +314,7 @@ def _foreign(path: str, rel: str = "") -> List[str]:
       continue
     if is_temporary(name, rel):
       continue
-    is_dir = os.path.isdir(full) and not os.path.islink(full)
+    is_dir = os.path.isdir(full)  # (links were named above)
     if is_dir and any(r.endswith("/") and fnmatch.fnmatchcase(name, r[:-1]) for r in rules):
       out += _foreign(path, entry)
     elif not is_dir and any(not r.endswith("/") and fnmatch.fnmatchcase(name, r)
@@ -324,7 +325,8 @@ def _foreign(path: str, rel: str = "") -> List[str]:
   return out
 
 
-def _is_plain_file(path: str) -> bool:
+def is_plain_file(path: str) -> bool:
+  """A regular file that is not a link (what a run's own files are)."""
   return os.path.isfile(path) and not os.path.islink(path)
 
 
@@ -334,7 +336,7 @@ def foreign_entries(path: str) -> List[str]:
   `config.json` (a directory holding only a run's temporary files is a
   run's); [] for a previous run's directory."""
   names = [n for n in os.listdir(path)
-           if not (n in (WRITE_TEST, LOCK) and _is_plain_file(os.path.join(path, n)))]
+           if not (n in (WRITE_TEST, LOCK) and is_plain_file(os.path.join(path, n)))]
   if not names or all(is_temporary(n) for n in names):
     return []
   if not is_run_config(path_of(path, CONFIG)):
