@@ -157,7 +157,8 @@ def measure_one(spec: Dict[str, Any]) -> Dict[str, Any]:
   import tensorflow as tf
   from tff_cluster import tasks
   from tff_cluster import registry
-  from tff_cluster.host import loop
+  from tff_cluster.host.driver import TrainingConfig, sample_clients
+  from tff_cluster.runners.config import RunnerConfig
   from tff_cluster.learning import schedule
   from tff_cluster.spec.task import DataOptions
   sys.path.insert(0, os.path.join(REPO_ROOT, "benchmarks"))
@@ -184,13 +185,13 @@ def measure_one(spec: Dict[str, Any]) -> Dict[str, Any]:
     sampled = [np.arange(n) for _ in range(rounds)]
   else:
     rng = np.random.default_rng(np.random.SeedSequence([setting["seed"], 7]))
-    sampled = [loop.sample_clients(rng, n, setting["per_round"]) for _ in range(rounds)]
-  config = loop.TrainingConfig(
+    sampled = [sample_clients(rng, n, setting["per_round"]) for _ in range(rounds)]
+  config = TrainingConfig(
       rounds=rounds, clients_per_round=min(setting["per_round"], n), local_epochs=epochs,
-      batch_size=batch, client_lr=setting["lr"], seed=setting["seed"], runner="local",
-      jit=setting.get("jit", "on"), client_batching=spec["mode"],
-      client_chunk=spec["chunk"] or 4)
-  driver = registry.get_algorithm("fedavg").make_driver(task, data, config)
+      batch_size=batch, client_lr=setting["lr"], seed=setting["seed"],
+      runner=RunnerConfig("local", jit=setting.get("jit", "on"), client_batching=spec["mode"],
+                          client_chunk=spec["chunk"] or 4))
+  driver = registry.build_driver("fedavg", task, data, config)
   driver.setup()
   rss_before = _status_mib("VmRSS")
   seconds, loss = [], None

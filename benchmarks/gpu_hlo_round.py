@@ -186,26 +186,28 @@ def export(args) -> None:
   task, data = _load(args)
   from tff_cluster import registry
   from tff_cluster.host import driver as driver_lib
-  from tff_cluster.host import loop
+  from tff_cluster.host.driver import TrainingConfig
+  from tff_cluster.runners.config import RunnerConfig
   from tff_cluster.runners import local_runner
 
-  config = loop.TrainingConfig(
+  config = TrainingConfig(
       rounds=1, clients_per_round=args.clients, local_epochs=args.epochs,
-      batch_size=args.batch_size, client_lr=_lr(args), seed=args.seed, runner="local",
-      jit="on", client_batching=args.client_batching, client_chunk=args.chunk)
+      batch_size=args.batch_size, client_lr=_lr(args), seed=args.seed,
+      runner=RunnerConfig("local", jit="on", client_batching=args.client_batching,
+                          client_chunk=args.chunk))
   captured = {}
   sequential, parallel = local_runner.LocalRunner._round_fn, \
       local_runner.LocalRunner._parallel_round_fn
 
-  def spy_sequential(self, mode, round_args):
-    fn = sequential(self, mode, round_args)
+  def spy_sequential(self, mode, inputs):
+    fn = sequential(self, mode, inputs)
     # The round's last argument: how many of the stacked clients train (None:
     # all of them, as the local runner calls it; the ray runner's shards pad).
-    captured.update(fn=fn, args=(*round_args, None))
+    captured.update(fn=fn, args=(inputs, None))
     return fn
 
-  def spy_parallel(self, mode, round_args):
-    fn = parallel(self, mode, round_args)
+  def spy_parallel(self, mode, inputs):
+    fn = parallel(self, mode, inputs)
 
     def call(*a):
       captured.update(fn=fn, args=a)
@@ -215,7 +217,7 @@ def export(args) -> None:
   local_runner.LocalRunner._round_fn = spy_sequential
   local_runner.LocalRunner._parallel_round_fn = spy_parallel
   try:
-    driver = registry.get_algorithm("fedavg").make_driver(task, data, config)
+    driver = registry.build_driver("fedavg", task, data, config)
     driver.setup()
     rng = np.random.default_rng(np.random.SeedSequence([args.seed, 7]))
     sampled = driver_lib.sample_clients(rng, len(data.client_ids), args.clients)
@@ -232,7 +234,7 @@ def export(args) -> None:
       "lr": _lr(args), "seed": args.seed, "sampled": [int(k) for k in sampled],
       "client_batching": described.get("client_batching"), "chunk": described.get("chunk"),
       "examples_per_round": int(args.epochs * sizes[list(sampled)].sum()),
-      "steps_per_client_padded": int(captured["args"][4].shape[1]),
+      "steps_per_client_padded": int(captured["args"][0].indices.shape[1]),
       "tf_device": described.get("device")}
   runner = driver.runner
   if described.get("client_batching") == "parallel":

@@ -80,7 +80,7 @@ def child(args) -> int:
            f"--runner={runner}", f"--output_dir={out_dir}", "--overwrite"]
   if runner == "ray":
     flags.append(f"--ray_workers={args.ray_workers}")
-  import run_experiment
+  from tff_cluster import experiment as run_experiment
   start = time.perf_counter()
   code = run_experiment.main(flags)
   if code != 0:

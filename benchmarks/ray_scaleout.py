@@ -85,7 +85,8 @@ def measure(args, runner: str, workers=None):
   from runner_speed import CLIENTS_PER_ROUND, SEED, TASK_SETTINGS
   from tff_cluster import tasks
   from tff_cluster import registry
-  from tff_cluster.host import loop
+  from tff_cluster.host.driver import TrainingConfig, sample_clients
+  from tff_cluster.runners.config import RunnerConfig
   from tff_cluster.spec.task import DataOptions
   setting = TASK_SETTINGS[args.task]
   options = dict(seed=SEED)
@@ -96,16 +97,17 @@ def measure(args, runner: str, workers=None):
   task = tasks.get_task(args.task)
   data = task.load_data(DataOptions(**options))
   rounds = args.warmup + args.rounds_timed
-  config = loop.TrainingConfig(
+  config = TrainingConfig(
       rounds=rounds, clients_per_round=CLIENTS_PER_ROUND, local_epochs=10,
-      batch_size=10, client_lr=setting["lr"], seed=SEED, runner=runner,
-      ray_workers=workers, ray_address=args.ray_address if runner == "ray" else None)
-  driver = registry.get_algorithm(args.algo).make_driver(task, data, config)
+      batch_size=10, client_lr=setting["lr"], seed=SEED,
+      runner=RunnerConfig(runner, ray_workers=workers,
+                          ray_address=args.ray_address if runner == "ray" else None))
+  driver = registry.build_driver(args.algo, task, data, config)
   driver.setup()
   rng = np.random.default_rng(np.random.SeedSequence([SEED, 7]))
   seconds, shard_max, shard_sum = [], [], []
   for r in range(1, rounds + 1):
-    sampled = loop.sample_clients(rng, data.num_clients, CLIENTS_PER_ROUND)
+    sampled = sample_clients(rng, data.num_clients, CLIENTS_PER_ROUND)
     t0 = time.perf_counter()
     driver.run_round(r, sampled)
     elapsed = time.perf_counter() - t0

@@ -351,9 +351,9 @@ class CpuMeter:
 def schedule(num_clients: int, num_rounds: int):
   """The sampled clients of rounds 1..num_rounds (the training loop's sampling)."""
   import numpy as np
-  from tff_cluster.host import loop
+  from tff_cluster.host.driver import sample_clients
   rng = np.random.default_rng(np.random.SeedSequence([SEED, 7]))
-  return [loop.sample_clients(rng, num_clients, CLIENTS_PER_ROUND)
+  return [sample_clients(rng, num_clients, CLIENTS_PER_ROUND)
           for _ in range(num_rounds)]
 
 
@@ -458,12 +458,13 @@ def load_task(name: str, args):
 
 
 def make_config(name: str, args, runner: str, jit: str, rounds: int):
-  from tff_cluster.host import loop
+  from tff_cluster.host.driver import TrainingConfig
+  from tff_cluster.runners.config import RunnerConfig
   setting = TASK_SETTINGS[name]
-  return loop.TrainingConfig(
+  return TrainingConfig(
       rounds=rounds, clients_per_round=CLIENTS_PER_ROUND,
       local_epochs=getattr(args, setting["epochs"]), batch_size=BATCH_SIZE,
-      client_lr=setting["lr"], seed=SEED, runner=runner, jit=jit)
+      client_lr=setting["lr"], seed=SEED, runner=RunnerConfig(runner, jit=jit))
 
 
 def measure_driver(task_name, task, data, args, algorithm, runner, jit, sampled_rounds):
@@ -475,7 +476,7 @@ def measure_driver(task_name, task, data, args, algorithm, runner, jit, sampled_
   ctx = runtime.tff_runtime() if runner == "tff" else contextlib.nullcontext()
   with ctx:
     try:
-      driver = registry.get_algorithm(algorithm).make_driver(
+      driver = registry.build_driver(algorithm, 
           task, data, config, **ALGO_OPTIONS[algorithm])
       described = driver.describe()
       t0 = time.perf_counter()
@@ -494,7 +495,7 @@ def auto_jit(task, data, args, task_name) -> Optional[bool]:
   """What jit='auto' resolves to for this task's model (local runner)."""
   from tff_cluster import registry
   config = make_config(task_name, args, "local", "auto", 1)
-  return registry.get_algorithm("fedavg").make_driver(task, data, config).describe()["jit"]
+  return registry.build_driver("fedavg", task, data, config).describe()["jit"]
 
 
 # ---------------------------------------------------------------------------
@@ -505,7 +506,7 @@ def measure_tff_learning(task, data, args, task_name, sampled_rounds):
   import numpy as np
   import tensorflow as tf
   import tensorflow_federated as tff
-  from tff_cluster.host import loop
+  from tff_cluster.host.driver import initial_weights
   from tff_cluster.learning import schedule
   from tff_cluster.runners.tff import runtime
   setting = TASK_SETTINGS[task_name]
@@ -520,7 +521,7 @@ def measure_tff_learning(task, data, args, task_name, sampled_rounds):
         loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         input_spec=element_spec)
 
-  w0 = loop.initial_weights(task, SEED)
+  w0 = initial_weights(task, SEED)
   num_trainable = len(task.model_fn().trainable_variables)
   with runtime.tff_runtime():
     t0 = time.perf_counter()

@@ -44,22 +44,24 @@ def measure(args, addresses):
   import numpy as np
   from tff_cluster import tasks
   from tff_cluster import registry
-  from tff_cluster.host import loop
+  from tff_cluster.host.driver import TrainingConfig, sample_clients
+  from tff_cluster.runners.config import RunnerConfig
   from tff_cluster.runners.tff import runtime
   from tff_cluster.spec.task import DataOptions
   task = tasks.get_task("femnist_fedprox")
   data = task.load_data(DataOptions(seed=0, data_dir=os.path.abspath(args.data_dir)))
-  config = loop.TrainingConfig(
+  config = TrainingConfig(
       rounds=args.rounds, clients_per_round=20, local_epochs=1, batch_size=10,
-      client_lr=0.003, seed=0, runner="tff",
-      tff_workers=None if addresses is None else ",".join(addresses))
-  driver = registry.get_algorithm("fedavg").make_driver(task, data, config)
+      client_lr=0.003, seed=0,
+      runner=RunnerConfig("tff",
+                          tff_workers=None if addresses is None else ",".join(addresses)))
+  driver = registry.build_driver("fedavg", task, data, config)
   driver.setup()
   rng = np.random.default_rng(np.random.SeedSequence([0, 7]))
   seconds = []
   import time
   for r in range(1, args.rounds + 1):
-    sampled = loop.sample_clients(rng, data.num_clients, 20)
+    sampled = sample_clients(rng, data.num_clients, 20)
     t0 = time.perf_counter()
     driver.run_round(r, sampled)
     seconds.append(time.perf_counter() - t0)

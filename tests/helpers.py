@@ -186,7 +186,7 @@ def assert_workers_gone(seen: Set[int], timeout: float = 0.0) -> None:
 
 def main_in_process(args, capsys):
   """Runs run_experiment.main in this process; returns (exit code, stdout, stderr)."""
-  import run_experiment
+  from tff_cluster import experiment as run_experiment
   try:
     code = run_experiment.main(["run_experiment.py", *args])
   except SystemExit as e:

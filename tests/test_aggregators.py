@@ -3,7 +3,7 @@
 import numpy as np
 import tensorflow as tf
 
-from tff_cluster.core.aggregators import ClusterMean, ClusterSum, Sum
+from tff_cluster.core.aggregators import ClusterMean, ClusterSum, Mean, Sum
 
 
 def _round(clients, k, old):
@@ -93,3 +93,11 @@ def test_cluster_sum_is_bit_equal_to_a_scalar_times_its_one_hot_row():
     want = score * tf.one_hot(key, 4, dtype=tf.float32)
     got = ClusterSum(4).client(tf.constant(key, tf.int32), [score])[0]
     np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
+def test_mean_divides_the_sums_by_the_weight_and_gives_zeros_without_weight():
+  # Two clients: weights 1 and 3, values 2 and 6 -> sums 20 and 4; mean 5.
+  (m,) = Mean.mean([tf.constant([20.0, 4.0])], tf.constant(4.0))
+  np.testing.assert_allclose(m.numpy(), [5.0, 1.0])
+  (z,) = Mean.mean([tf.constant([0.0, 0.0])], tf.constant(0.0))
+  np.testing.assert_array_equal(z.numpy(), [0.0, 0.0])

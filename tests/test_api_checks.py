@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 from tff_cluster import api, models
+from tff_cluster.host.driver import Diverged, TrainingConfig
 from tff_cluster.spec import hparams as hp
 from tff_cluster.data.federated import FederatedData
 
@@ -147,3 +148,42 @@ def test_labels_outside_num_classes_are_refused():
     api.build("fedavg", mclr, SCE, **SETTINGS).initialize(bad)
   assert one_line(e) == ("initialize(): client 'c1' has test label 12; valid: integers "
                          "0..9 (the data's num_classes=10)")
+
+
+def test_the_api_takes_every_training_and_runner_setting_of_the_cli():
+  """The CLI's training and runner flags are the settings `build` takes
+  (but clients_per_round: `next` is given its clients), so that the two
+  cannot drift apart; both build them with `TrainingConfig.checked`."""
+  from tff_cluster import cli, experiment
+  defined = {f.name for f in experiment.FLAGS.get_flags_for_module(experiment)}
+  settings = defined - set(cli.GENERAL) - set(cli.ALGO_HPARAMS)
+  assert settings - {"clients_per_round"} == set(api.SETTINGS)
+  config = api.training_config(runner="tff", tff_workers="h1:8000,h2:8000",
+                               tff_worker_grace=3.0, tff_subround_timeout=9.0, eval_every=2,
+                               divergence_ratio=5.0, **SETTINGS)
+  assert config == TrainingConfig.checked(
+      rounds=api.DEFAULT_ROUNDS, runner="tff", tff_workers="h1:8000,h2:8000",
+      tff_worker_grace=3.0, tff_subround_timeout=9.0, eval_every=2, divergence_ratio=5.0,
+      **SETTINGS)
+  assert (config.runner.name, config.runner.tff_worker_grace, config.eval_every) == ("tff", 3.0, 2)
+  with pytest.raises(ValueError) as e:
+    api.build("fedavg", mclr, SCE, tff_worker_grace=3.0, **SETTINGS)
+  assert one_line(e) == ("tff_worker_grace given with runner=local; valid: runner=tff with "
+                         "them, or neither")
+  with pytest.raises(ValueError) as e:
+    api.build("fedavg", mclr, SCE, clients_per_round=2, **SETTINGS)
+  assert one_line(e).startswith("unknown setting 'clients_per_round' for fedavg; valid: ")
+
+
+def test_eval_every_and_divergence_ratio_apply_to_a_process(data):
+  process = api.build("fedavg", mclr, SCE, rounds=3, eval_every=2, **SETTINGS)
+  state = process.initialize(data)
+  evaluated = []
+  for _ in range(3):
+    out = process.next(state)
+    state = out.state
+    evaluated.append("test_accuracy" in out.metrics)
+  assert evaluated == [False, True, True]  # every 2nd round, and the last
+  process = api.build("fedavg", mclr, SCE, divergence_ratio=1e-9, **SETTINGS)
+  with pytest.raises(Diverged, match="divergence_ratio=1e-09"):
+    process.next(process.initialize(data))

@@ -22,6 +22,8 @@ import pfedmo_table2  # noqa: E402
 import wecfl_table2  # noqa: E402
 import xla_compile_growth  # noqa: E402
 from tff_cluster.io import checkpoint  # noqa: E402
+from tff_cluster.host.driver import TrainingConfig
+from tff_cluster.runners.config import RunnerConfig
 
 
 @pytest.fixture
@@ -466,10 +468,11 @@ def test_gpu_hlo_round_grouped_cnn_prototype_equals_the_sequential_round():
       task="femnist", model="cnn_dropout", no_dropout=True, data_dir=str(femnist), seed=0,
       lr=0.1)
   task, data = gpu_hlo_round._load(args)
-  config = loop.TrainingConfig(rounds=1, clients_per_round=2, local_epochs=1,
-                                     batch_size=20, client_lr=0.1, seed=0, runner="local",
-                                     jit="off", client_batching="sequential")
-  driver = registry.get_algorithm("fedavg").make_driver(task, data, config)
+  config = TrainingConfig(rounds=1, clients_per_round=2, local_epochs=1,
+                                     batch_size=20, client_lr=0.1, seed=0,
+                                     runner=RunnerConfig("local", jit="off",
+                                                         client_batching="sequential"))
+  driver = registry.build_driver("fedavg", task, data, config)
   driver.setup()
   start = driver.model_weights()
   sampled = np.array([3, 17])
@@ -524,7 +527,7 @@ def test_personalized_baselines_cells_are_settings_the_cli_accepts():
   """Every cell of the personalized table resolves (the CLI's checks, no
   TensorFlow): the right algorithms get K, and the own-solver ones take no
   task momentum."""
-  import run_experiment
+  from tff_cluster import experiment as run_experiment
   from tff_cluster import registry
   for task, spec in personalized_baselines.TASKS.items():
     for algo in personalized_baselines.ALGOS:

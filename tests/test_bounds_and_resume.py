@@ -19,7 +19,7 @@ import os
 import numpy as np
 import pytest
 
-import run_experiment
+from tff_cluster import experiment as run_experiment
 from tests.helpers import (SMALL_ARGS, assert_one_line_error, main_in_process,
                            read_metrics_csv)
 from tff_cluster.spec import hparams as hp

@@ -15,17 +15,19 @@ import pytest
 import tensorflow as tf
 
 from tff_cluster import clustering, registry, tasks
-from tff_cluster.algorithms import ifca, pacfl
+from tff_cluster.algorithms.ifca import ifca
+from tff_cluster.algorithms.pacfl import pacfl
 from tff_cluster.host import loop
+from tff_cluster.host.driver import TrainingConfig
 from tff_cluster.learning import optimizers
 from tff_cluster.spec.task import DataOptions
 
 
 def _config(**kw):
   base = dict(rounds=3, clients_per_round=8, local_epochs=1, batch_size=10, client_lr=0.05,
-              seed=4, runner="local")
+              seed=4)
   base.update(kw)
-  return loop.TrainingConfig(**base)
+  return TrainingConfig(**base)
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +37,7 @@ def two_clusters():
 
 
 def _driver(task, data, algo, config, **options):
-  return registry.get_algorithm(algo).make_driver(task, data, config, **options)
+  return registry.build_driver(algo, task, data, config, **options)
 
 
 # --------------------------------------------------------------------------- #
@@ -264,8 +266,8 @@ def test_per_cluster_server_optimizer_by_hand():
                           server_optimizer=optimizers.server_heavy_ball(eta, beta))
   w = [np.array([[1.0, 2.0], [3.0, 4.0]], np.float32), np.array([[0.5], [0.7]], np.float32)]
   state = d.initial_state([[w[0][j], w[1][j]] for j in range(2)])
-  assert [b.shape for b in state["buffer"]] == [(2, 2)]
-  state["buffer"] = [np.array([[0.1, -0.1], [1.0, 1.0]], np.float32)]
+  assert [b.shape for b in state["server_opt_state"]] == [(2, 2)]
+  state["server_opt_state"] = [np.array([[0.1, -0.1], [1.0, 1.0]], np.float32)]
   # Two clients in cluster 0 with updates (1, 0), (0, 2) and stats 0.2, 0.4.
   summed = collections.OrderedDict(
       update_sums=[np.array([[1.0, 2.0], [0, 0]], np.float32),
@@ -273,11 +275,11 @@ def test_per_cluster_server_optimizer_by_hand():
       weight_sums=np.array([2.0, 0.0], np.float32))
   new = d.server_update(state, summed, "train")
   m0 = beta * np.array([0.1, -0.1]) + (-np.array([0.5, 1.0]))
-  np.testing.assert_allclose(new["buffer"][0][0], m0, rtol=1e-6)
+  np.testing.assert_allclose(new["server_opt_state"][0][0], m0, rtol=1e-6)
   np.testing.assert_allclose(new["models"][0][0], [1.0, 2.0] - eta * m0, rtol=1e-6)
   np.testing.assert_allclose(new["models"][1][0], [0.8], rtol=1e-6)
   np.testing.assert_array_equal(new["models"][0][1], w[0][1])  # no clients: kept
-  np.testing.assert_array_equal(new["buffer"][0][1], [1.0, 1.0])
+  np.testing.assert_array_equal(new["server_opt_state"][0][1], [1.0, 1.0])
   np.testing.assert_array_equal(new["models"][1][1], w[1][1])
   # Without a server optimizer: the mean update added (IFCA's rule).
   plain = ifca.IFCADefinition(_specs((2,), (1,)), 1, 2, aggregation="uniform",
@@ -484,7 +486,7 @@ def test_a_mixture_round_by_hand(algo, three_clients):
 
 
 def test_fedrc_weights_divide_by_the_label_prior():
-  from tff_cluster.algorithms import fedrc
+  from tff_cluster.algorithms.fedrc import fedrc
   d = fedrc.FedRCDefinition(_specs((2, 3), (3,)), 2, 2, num_classes=3)
   log_prior = np.log(np.array([[0.5, 0.25, 0.25], [0.1, 0.1, 0.8]], np.float32))
   pi = np.array([0.4, 0.6], np.float32)
@@ -627,7 +629,7 @@ def test_stocfl_recovers_the_true_clusters_of_the_clients_it_has_seen(two_cluste
 
 
 def test_lowest_loss_counts_take_the_lowest_index_on_ties():
-  from tff_cluster.algorithms import fedsoft
+  from tff_cluster.algorithms.fedsoft import fedsoft
   # Columns are examples: [0.5, 0.1, 0.1] ties clusters 1 and 2 -> 1;
   # [0.2, 0.2, 0.7] -> 0; [0.3, 0.9, 0.3] -> 0; [0.4, 0.3, 0.2] -> 2.
   losses = tf.constant([[0.5, 0.2, 0.3, 0.4], [0.1, 0.2, 0.9, 0.3], [0.1, 0.7, 0.3, 0.2]])

@@ -7,8 +7,9 @@ import tensorflow as tf
 
 from tff_cluster import tasks
 from tff_cluster import registry
-from tff_cluster.host import loop
-from tff_cluster.algorithms import cfl_mgd
+from tff_cluster.host.driver import TrainingConfig
+from tff_cluster.runners.config import RunnerConfig
+from tff_cluster.algorithms.cfl_mgd import cfl_mgd
 from tff_cluster.spec.task import DataOptions
 
 
@@ -37,7 +38,11 @@ def _cfl(spec, k, *, num_clients, **given):
            "norm": "grad_avg_norm"}
   options = registry.get_algorithm("cfl_mgd").options(
       num_groups=k, **{flags[n]: v for n, v in given.items()})
-  return cfl_mgd.make_definition(spec, 1, options, num_clients=num_clients)
+  o = options
+  return cfl_mgd.CFLMGDDefinition(spec, 1, k, option=o.cfl_mgd_option, beta=o.cfl_mgd_beta,
+                                  buffer=o.cfl_mgd_buffer, norm=o.grad_avg_norm,
+                                  num_clients=num_clients, loss_batches=o.ifca_loss_batches,
+                                  grad_batches=o.cfl_mgd_grad_batches)
 
 
 def _f32(structure):
@@ -131,10 +136,10 @@ def _one_point_task(name, model_fn, loss, label):
 def _two_option_two_steps(task, runner, lr, beta, momenta):
   """One CFL-MGD option-II round (P = 1, its one client, 2 local steps of batch
   1) started from the server buffer `momenta`; returns the state in numpy."""
-  config = loop.TrainingConfig(rounds=1, clients_per_round=1, local_steps=2,
+  config = TrainingConfig(rounds=1, clients_per_round=1, local_steps=2,
                                      local_epochs=None, batch_size=1, client_lr=lr, seed=0,
-                                     runner=runner)
-  driver = registry.get_algorithm("cfl_mgd").make_driver(
+                                     runner=RunnerConfig(runner))
+  driver = registry.build_driver("cfl_mgd", 
       task, task.load_data(None), config, num_groups=1, cfl_mgd_beta=beta)
   driver.setup()
   state = driver.runner.numpy_state(driver.state)
@@ -210,9 +215,9 @@ def small():
 
 def _steps_config(**kw):
   base = dict(rounds=3, clients_per_round=6, local_steps=4, local_epochs=None, batch_size=10,
-              client_lr=0.05, seed=4, runner="local")
+              client_lr=0.05, seed=4)
   base.update(kw)
-  return loop.TrainingConfig(**base)
+  return TrainingConfig(**base)
 
 
 def _rounds(driver, rounds, data):
@@ -235,26 +240,26 @@ def test_option_two_with_beta_zero_is_ifca_with_uniform_averaging(small, init, l
   with the same learning-rate schedule and IFCA's initialisations."""
   task, data = small
   config = _steps_config(lr_decay=lr_decay)
-  mgd = registry.get_algorithm("cfl_mgd").make_driver(task, data, config, num_groups=3,
+  mgd = registry.build_driver("cfl_mgd", task, data, config, num_groups=3,
                                                         cfl_mgd_beta=0.0, **INITS[init])
-  ifca = registry.get_algorithm("ifca").make_driver(task, data, config, num_groups=3,
+  ifca = registry.build_driver("ifca", task, data, config, num_groups=3,
                                                       ifca_agg="uniform", **INITS[init])
   mgd.setup()
   ifca.setup()
   a, b = _rounds(mgd, 3, data), _rounds(ifca, 3, data)
-  np.testing.assert_array_equal(mgd.assignment, ifca.assignment)
+  np.testing.assert_array_equal(mgd.host.assignment, ifca.host.assignment)
   for x, y in zip(a["models"], b["models"]):
     np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7)
-  assert mgd._summary["init"] == init and not np.array_equal(a["models"][0][0],
+  assert mgd.host.summary["init"] == init and not np.array_equal(a["models"][0][0],
                                                              a["models"][0][1])
 
 
 def test_one_cluster_with_beta_zero_is_fedavg_on_equal_work(small):
   task, data = small
   config = _steps_config()  # 4 steps of 10 examples each: equal FedAvg weights
-  mgd = registry.get_algorithm("cfl_mgd").make_driver(task, data, config, num_groups=1,
+  mgd = registry.build_driver("cfl_mgd", task, data, config, num_groups=1,
                                                         cfl_mgd_beta=0.0)
-  fedavg = registry.get_algorithm("fedavg").make_driver(task, data, config)
+  fedavg = registry.build_driver("fedavg", task, data, config)
   mgd.setup()
   fedavg.setup()
   start = [np.asarray(w[0]) for w in mgd.runner.numpy_state(mgd.state)["models"]]
@@ -268,14 +273,14 @@ def test_one_cluster_with_beta_zero_is_fedavg_on_equal_work(small):
 def test_option_one_participants_take_their_cluster_buffer(small):
   task, data = small
   config = _steps_config(local_steps=1)
-  driver = registry.get_algorithm("cfl_mgd").make_driver(
+  driver = registry.build_driver("cfl_mgd", 
       task, data, config, num_groups=2, cfl_mgd_option="gradient", cfl_mgd_beta=0.9)
   driver.setup()
   sampled = np.array([0, 3, 5, 8])
   driver.run_round(1, sampled)
   momenta = driver.runner.numpy_state(driver.state)["momenta"]
   for k in sampled:
-    p = driver.assignment[k]
+    p = driver.host.assignment[k]
     for u, v in zip(driver.client_states[int(k)]["velocity"], momenta):
       np.testing.assert_array_equal(u, v[p])
 

@@ -12,13 +12,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import run_experiment
+from tff_cluster import experiment as run_experiment
 from tff_cluster import tasks
 from tests.conftest import REPO_ROOT
 from tests.helpers import (SMALL_ARGS, assert_workers_gone, main_in_process,
                            read_metrics_csv, run_watching_workers)
 from tff_cluster import registry
 from tff_cluster.host import loop
+from tff_cluster.host.driver import TrainingConfig
 from tff_cluster import models
 from tff_cluster.learning.evaluation import Evaluator
 from tff_cluster.io.results import ResultsWriter
@@ -136,7 +137,8 @@ def test_flags_an_algorithm_ignores_are_reported_not_silently_dropped(capsys):
   settings = _resolve(["--algo=fedavg", "--mu=0.5", "--num_groups=3"])
   err = capsys.readouterr().err
   assert "mu" not in settings and "num_groups" not in settings
-  assert settings["algo_options"] == {"client_weighting": "processed"}
+  assert settings["algo_options"] == {d.name: d.default for d in
+                                      registry.get_algorithm("fedavg").hparams}
   assert "warning: --mu, --num_groups ignored by --algo=fedavg" in err
   # FedProx uses --mu, and takes the task default (Synthetic: 1.0) when unset.
   assert _resolve(["--algo=fedprox", "--mu=0.5"])["mu"] == 0.5
@@ -332,9 +334,9 @@ def _brute_force_accuracy(model, data, weights_per_client):
 def test_recorded_accuracy_matches_brute_force_predict(tmp_path):
   task = tasks.registry()["synthetic"]
   data = task.load_data(DataOptions(seed=2, num_clients=20))
-  config = loop.TrainingConfig(rounds=2, clients_per_round=5, local_epochs=1,
+  config = TrainingConfig(rounds=2, clients_per_round=5, local_epochs=1,
                                      batch_size=10, client_lr=0.05, seed=2)
-  runner = registry.get_algorithm("fedavg").make_driver(task, data, config)
+  runner = registry.build_driver("fedavg", task, data, config)
   writer = ResultsWriter(str(tmp_path / "out"), loop.BASE_COLUMNS,
                          tensorboard=False, figures=False)
   try:

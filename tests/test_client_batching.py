@@ -11,12 +11,13 @@ import tensorflow as tf
 from tests import test_runners
 from tests.conftest import exhaustive, shared_data, tiered
 from tests.helpers import assert_one_line_error, main_in_process
-from tff_cluster import models
-from tff_cluster.host import loop
+from tff_cluster import models, registry
+from tff_cluster.host.driver import TrainingConfig
+from tff_cluster.runners.config import RunnerConfig
 from tff_cluster.learning import functional
 from tff_cluster.learning import schedule
 from tff_cluster.learning import trainers
-from tff_cluster.algorithms import fedavg
+from tff_cluster.algorithms.fedavg import fedavg
 from tff_cluster.learning import optimizers
 from tff_cluster.runners import local_runner
 
@@ -229,10 +230,10 @@ def test_keras3_models_are_refused_naming_the_layer(layer, words):
 def test_the_choice_is_recorded(cluster_data):
   task, data = cluster_data
   for batching, expected in (("auto", "sequential"), ("parallel", "parallel")):
-    config = loop.TrainingConfig(rounds=1, clients_per_round=2, local_epochs=1,
+    config = TrainingConfig(rounds=1, clients_per_round=2, local_epochs=1,
                                        batch_size=10, client_lr=0.01,
-                                       client_batching=batching)
-    info = fedavg.make_driver(task, data, config).describe()
+                                       runner=RunnerConfig(client_batching=batching))
+    info = registry.build_driver("fedavg", task, data, config).describe()
     assert info["client_batching"] == expected
     assert ("chunk" in info) == (expected == "parallel")
 

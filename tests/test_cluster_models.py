@@ -6,14 +6,17 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests import references
 from tff_cluster import tasks
 from tests.conftest import shared_data
 from tff_cluster import models, registry
 from tff_cluster.learning import evaluation
 from tff_cluster.host import loop
+from tff_cluster.host.driver import TrainingConfig
 from tff_cluster.learning import schedule
-from tff_cluster.algorithms import cfl, wecfl
-from tff_cluster.algorithms import ifca
+from tff_cluster.algorithms.cfl import cfl
+from tff_cluster.algorithms.wecfl import wecfl
+from tff_cluster.algorithms.ifca import ifca
 from tff_cluster.spec.task import DataOptions
 
 
@@ -81,7 +84,7 @@ def test_last_dense_indices_point_at_the_last_dense_layer():
   assert len(ordered) == len(weights)
   bn = [layer for layer in model.layers if isinstance(layer, tf.keras.layers.BatchNormalization)]
   assert bn and all(layer.momentum == 0.9 and layer.epsilon == 1e-5 for layer in bn)
-  assert models.count_trainable(model) == 29034
+  assert references.count_trainable(model) == 29034
 
 
 # --------------------------------------------------------------------------- #
@@ -96,13 +99,13 @@ def small():
 
 def _config(**kw):
   base = dict(rounds=3, clients_per_round=12, local_epochs=1, batch_size=10,
-              client_lr=0.02, seed=4, runner="local")
+              client_lr=0.02, seed=4)
   base.update(kw)
-  return loop.TrainingConfig(**base)
+  return TrainingConfig(**base)
 
 
 def _run(task, data, algo, config, **options):
-  driver = registry.get_algorithm(algo).make_driver(task, data, config, **options)
+  driver = registry.build_driver(algo, task, data, config, **options)
   loop.run_training(task, data, config, driver, None, progress=False)
   return driver
 
@@ -110,7 +113,7 @@ def _run(task, data, algo, config, **options):
 def test_wecfl_recovers_well_separated_clusters_with_data_weights(small, monkeypatch):
   task, data = small
   config = _config()
-  driver = registry.get_algorithm("wecfl").make_driver(task, data, config, num_groups=2)
+  driver = registry.build_driver("wecfl", task, data, config, num_groups=2)
   driver.setup()
   sizes = np.asarray(data.num_train_samples(), float)
   np.testing.assert_allclose([float(driver.fresh_client_state("train", k)["weight"])
@@ -140,7 +143,7 @@ def test_wecfl_recovers_well_separated_clusters_with_data_weights(small, monkeyp
 def test_fesem_uses_uniform_kmeans_weights_and_its_centre_option(small, monkeypatch):
   task, data = small
   for center, expect_uniform in (("uniform", True), ("data", False)):
-    driver = registry.get_algorithm("fesem").make_driver(
+    driver = registry.build_driver("fesem", 
         task, data, _config(), num_groups=2, fesem_center=center)
     assert driver.kmeans_weights == "uniform"
     a = driver.aggregation_weights()
@@ -162,7 +165,7 @@ def test_wecfl_features_by_hand(small):
               "fc": [0.0] * 180 + [1.0] * 3 + [2.0] * 30 + [3.0] * 10,
               "all": [0.0] * 180 + [1.0] * 3 + [2.0] * 30 + [3.0] * 10}
   for features, values in expected.items():
-    driver = registry.get_algorithm("wecfl").make_driver(
+    driver = registry.build_driver("wecfl", 
         mlp, data, _config(), num_groups=2, wecfl_features=features)
     np.testing.assert_array_equal(driver.feature(weights), values)
   # The FMNIST CNN: its only Dense layer is the classifier, so fc is the
@@ -173,7 +176,7 @@ def test_wecfl_features_by_hand(small):
   weights = [np.full(s.shape, float(i)) for i, s in enumerate(spec)]
   kernel, bias = 8, 9  # conv, BN scale/offset x 2, then the Dense kernel and bias
   assert [tuple(spec[i].shape) for i in (kernel, bias)] == [(1568, 10), (10,)]
-  feats = {f: registry.get_algorithm("wecfl").make_driver(
+  feats = {f: registry.build_driver("wecfl", 
       cnn, data, _config(), num_groups=2, wecfl_features=f).feature(weights)
       for f in ("last_layer", "fc", "all")}
   np.testing.assert_array_equal(feats["last_layer"], np.full(15680, 8.0))
@@ -183,7 +186,7 @@ def test_wecfl_features_by_hand(small):
 
 def test_wecfl_one_step_is_the_nearest_current_cluster_model(small):
   task, data = small
-  driver = registry.get_algorithm("wecfl").make_driver(
+  driver = registry.build_driver("wecfl", 
       task, data, _config(), num_groups=2, wecfl_kmeans="one_step", wecfl_features="all")
   driver.setup()
   base = driver._models()[0]
@@ -201,17 +204,16 @@ def test_wecfl_ari_on_fmnist_clusterwise_dir_k10_seed0():
   """The paper: K = 10 matches the true partition after 1 round (ARI >= 0.95 by round 5)."""
   task = tasks.get_task("fmnist_clusterwise_dir")
   data = task.load_data(DataOptions(seed=0, data_dir=str(shared_data("fashion_mnist"))))
-  config = loop.TrainingConfig(rounds=2, clients_per_round=200, local_steps=10,
+  config = TrainingConfig(rounds=2, clients_per_round=200, local_steps=10,
                                      local_epochs=None, batch_size=32, client_lr=0.001,
-                                     client_momentum=0.9, client_state="persist", seed=0,
-                                     runner="local")
-  driver = registry.get_algorithm("wecfl").make_driver(task, data, config, num_groups=10)
+                                     client_momentum=0.9, client_state="persist", seed=0)
+  driver = registry.build_driver("wecfl", task, data, config, num_groups=10)
   driver.setup()
   from tff_cluster import clustering
   scores = []
   for r in (1, 2):
     driver.run_round(r, np.arange(data.num_clients))
-    scores.append(clustering.adjusted_rand_index(data.true_clusters, driver.assignment))
+    scores.append(clustering.adjusted_rand_index(data.true_clusters, driver.host.assignment))
   assert max(scores) >= 0.95, scores
 
 
@@ -221,7 +223,7 @@ def test_wecfl_ari_on_fmnist_clusterwise_dir_k10_seed0():
 
 def _cfl(small, **options):
   task, data = small
-  driver = registry.get_algorithm("cfl").make_driver(task, data, _config(), **options)
+  driver = registry.build_driver("cfl", task, data, _config(), **options)
   driver.setup()
   return driver
 
@@ -247,7 +249,7 @@ def test_cfl_splits_opposed_updates_into_global_indices(small):
   new = driver.choose(1, sampled, trained, base)
   assert new[0] == new[2] and new[1] == new[3] and new[0] != new[1]
   assert sorted({int(new[0]), int(new[1])}) == [0, 1]  # one child keeps slot 0
-  assert driver.splits == 1 and driver.refused == 0
+  assert driver.host.splits == 1 and driver.host.refused == 0
 
 
 def test_cfl_does_not_split_in_warmup_small_or_agreeing_clusters(small):
@@ -266,7 +268,7 @@ def test_cfl_refuses_a_split_without_a_free_slot(small):
   driver = _cfl(small, num_groups=1, cfl_eps1=1.0, cfl_eps2=1.0, cfl_warmup_rounds=0)
   base, trained = _updates_as_models(driver, [[2, 0.1], [-2, 0], [2, 0], [-2, -0.1]])
   assert (driver.choose(1, np.arange(4), trained, base) == 0).all()
-  assert driver.refused == 1 and driver.splits == 0
+  assert driver.host.refused == 1 and driver.host.splits == 0
 
 
 def test_cfl_children_start_from_their_members_mean(small):
@@ -275,9 +277,9 @@ def test_cfl_children_start_from_their_members_mean(small):
                 cfl_eps2=0.0, cfl_warmup_rounds=1)
   # Every cluster model is the mean of its members' trained models: with
   # all clients sampled each round, the clusters' models differ from each other.
-  assert len(np.unique(driver.assignment)) >= 2
+  assert len(np.unique(driver.host.assignment)) >= 2
   m = driver._models()
-  used = np.unique(driver.assignment)
+  used = np.unique(driver.host.assignment)
   assert not np.allclose(m[used[0]][0], m[used[1]][0])
 
 
@@ -341,7 +343,7 @@ def test_ifca_fedavg_warm_shares_all_but_the_last_layer_and_forces_equal_groups(
   task, data = small
   task = dataclasses.replace(task, model_fn=lambda: models.mlp(60, 8, 10))
   config = _config(clients_per_round=7)
-  driver = ifca.make_driver(task, data, config, num_groups=3, ifca_init="fedavg_warm",
+  driver = registry.build_driver("ifca", task, data, config, num_groups=3, ifca_init="fedavg_warm",
                             ifca_warm_rounds=2, ifca_forced_rounds=1)
   driver.setup()
   m = driver._models()

@@ -78,7 +78,7 @@ def _read_rows(run_dir):
 
 def run_case(name: str, out_dir: str):
   """Runs CASES[name] in this process; its metric rows."""
-  import run_experiment
+  from tff_cluster import experiment as run_experiment
   argv = ["run_experiment.py", *CASES[name], f"--output_dir={out_dir}"]
   assert run_experiment.main(argv) == 0
   return _read_rows(out_dir)
@@ -140,7 +140,7 @@ def _pythons() -> dict[str, str]:
   """The interpreters of the two stacks: this one and the other one named in
   the environment ("" where it is not)."""
   from tff_cluster import stack
-  if stack.tff_available():
+  if stack.tff_problem() is None:
     return {"tff-stack": sys.executable, "today": TODAY_PYTHON}
   return {"tff-stack": TFF_PYTHON, "today": sys.executable}
 
@@ -151,7 +151,7 @@ def _cli(python, case, out_dir, *extra):
   a subprocess of `python` (without TF_USE_LEGACY_KERAS)."""
   args = [*CASES[case], "--checkpoint_every=1", f"--output_dir={out_dir}", *extra]
   if python == sys.executable and not os.environ.get("TF_USE_LEGACY_KERAS"):
-    import run_experiment
+    from tff_cluster import experiment as run_experiment
     assert run_experiment.main(["run_experiment.py", *args]) == 0
     return
   argv = [python, str(REPO_ROOT / "run_experiment.py"), *args]
@@ -206,7 +206,7 @@ def write_reference() -> None:
   import tempfile
 
   from tff_cluster import stack
-  if not stack.tff_available():
+  if stack.tff_problem() is not None:
     sys.exit("write the reference on the TFF stack (.venv-tff/bin/python -m "
              "tests.test_cross_stack --write)")
   cases = {}

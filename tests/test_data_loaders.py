@@ -558,7 +558,7 @@ def test_a_file_backed_task_under_ray_is_a_catalogue_read_again_per_shard():
   the host; each shard reads the task again and keeps its clients, equal to
   the same clients of the whole federation, in arrays of their own (views of
   a whole-dataset array would keep all of it alive in the actor)."""
-  import run_experiment
+  from tff_cluster import experiment as run_experiment
   from tff_cluster import tasks
   from tff_cluster.data.federated import LazyFederatedData, materialize
   from tff_cluster.cli import load_task_data

@@ -5,7 +5,7 @@ Conventions (docs/README.md says them for writers):
   of a page see the names of earlier ones), from a temporary directory.
 - A fenced ```bash block runs each `python run_experiment.py ...` command in
   this process, with `--output_dir` pointed at a temporary directory, and
-  requires exit status 0; `python -m tff_cluster.plot` lines draw those runs
+  requires exit status 0; `python -m tff_cluster.io.plot` lines draw those runs
   (their directories mapped to where the test put them); every other line of
   it must be such a command.
 - A block whose nearest non-empty line before it starts with
@@ -202,7 +202,7 @@ def _python_pages():
 @pytest.mark.parametrize("block", _cli_blocks())
 @pytest.mark.xla  # the pages' commands run as users' runs do (3 x 30 rounds: XLA pays)
 def test_shell_blocks(block, tmp_path, capsys, monkeypatch):
-  import run_experiment
+  from tff_cluster import experiment as run_experiment
   from absl import flags
 
   monkeypatch.chdir(REPO_ROOT)
@@ -210,7 +210,7 @@ def test_shell_blocks(block, tmp_path, capsys, monkeypatch):
   for n, words in enumerate(commands(block.code)):
     args = cli_args(words)
     where = f"{_rel(block.page)}:{block.line}: {' '.join(words)}"
-    if block.run and words[:3] == ["python", "-m", "tff_cluster.plot"]:
+    if block.run and words[:3] == ["python", "-m", "tff_cluster.io.plot"]:
       # The runs the block made, drawn into the temporary directory.
       from tff_cluster.io import plot
       argv = [run_dirs.get(a, a) for a in words[3:]]
@@ -219,7 +219,7 @@ def test_shell_blocks(block, tmp_path, capsys, monkeypatch):
       assert plot.main(argv) == 0, f"{where}: {capsys.readouterr().err[-2000:]}"
     elif block.run:
       assert args is not None, (
-          f"{where}: only `python run_experiment.py` and `python -m tff_cluster.plot` "
+          f"{where}: only `python run_experiment.py` and `python -m tff_cluster.io.plot` "
           f"commands run in the tests; mark the block with a line `{MARKER} <reason>`")
       given = [a.split("=", 1)[1] for a in args if a.startswith("--output_dir=")]
       out = tmp_path / str(n)

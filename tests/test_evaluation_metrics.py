@@ -13,6 +13,7 @@ from tff_cluster import tasks
 from tff_cluster import models, registry
 from tff_cluster.learning import evaluation
 from tff_cluster.host import loop
+from tff_cluster.host.driver import TrainingConfig
 
 from tff_cluster.data.federated import FederatedData
 from tff_cluster.learning.evaluation import CHOOSE_BY_TEST_LOSS, Evaluator
@@ -153,10 +154,10 @@ def test_two_round_run_writes_both_columns(tmp_path):
   from sklearn.metrics import f1_score
   task = tasks.get_task("synthetic")
   data = task.load_data(DataOptions(seed=3, num_clients=6))
-  config = loop.TrainingConfig(rounds=2, clients_per_round=3, batch_size=10,
-                                     client_lr=0.02, seed=1, runner="local",
+  config = TrainingConfig(rounds=2, clients_per_round=3, batch_size=10,
+                                     client_lr=0.02, seed=1,
                                      local_epochs=1)
-  driver = registry.get_algorithm("fedavg").make_driver(task, data, config)
+  driver = registry.build_driver("fedavg", task, data, config)
   writer = ResultsWriter(str(tmp_path), [*loop.BASE_COLUMNS, *driver.extra_columns],
                          tensorboard=False, figures=False)
   summary = loop.run_training(task, data, config, driver, writer, progress=False)

@@ -1,12 +1,11 @@
-"""docs/extending.md's worked example: the module on the page is the algorithm
+"""docs/extending.md's worked example: the package on the page is the algorithm
 its text describes, both runners give the same numbers for it, and
 `registry.register` takes it.
 
-The page's one ```python block is written as `mylab/fedavg_clip.py` in a
-temporary directory on `sys.path` (the path the page tells readers to use) and
-registered for this module's tests only: `test_runners`'
-`test_every_algorithm_has_a_parity_case` compares the registry with its own
-PARITY_CASES.
+The page's two ```python blocks are written as `mylab/fedavg_clip/__init__.py`
+(the spec) and `mylab/fedavg_clip/fedavg_clip.py` (the rule) in a temporary
+directory on `sys.path` (the paths the page tells readers to use) and
+registered for this module's tests only.
 """
 
 from __future__ import annotations
@@ -24,37 +23,40 @@ from tests.conftest import REPO_ROOT
 from tests.test_runners import SOLVER_CASES, cluster_data  # noqa: F401  (a fixture)
 from tff_cluster import registry
 from tff_cluster.host import loop
-from tff_cluster.algorithms import fedavg
+from tff_cluster.host.driver import TrainingConfig
 from tff_cluster.spec.hparams import HParam
 
 PAGE = REPO_ROOT / "docs" / "extending.md"
-PACKAGE, MODULE = "mylab", "mylab.fedavg_clip"
+PACKAGE, FOLDER, MODULE = "mylab", "mylab.fedavg_clip", "mylab.fedavg_clip.fedavg_clip"
 NAME = "fedavg_clip"
-# The page's parity case (step 5): some clients' updates are clipped, others not.
-PARITY_CASE = {"server_lr": 1.5, "clip_norm": 0.5}
 
 
-def example_source() -> str:
+def example_sources():
+  """The page's spec (`__init__.py`) and rule (`fedavg_clip.py`)."""
   blocks = re.findall(r"^```python\n(.*?)^```", PAGE.read_text(), re.S | re.M)
-  assert len(blocks) == 1, f"docs/extending.md has {len(blocks)} python blocks, not 1"
-  return blocks[0]
+  assert len(blocks) == 2, f"docs/extending.md has {len(blocks)} python blocks, not 2"
+  return blocks
 
 
 @pytest.fixture(scope="module")
 def example(tmp_path_factory):
   """The page's module, imported as mylab.fedavg_clip and registered."""
   root = tmp_path_factory.mktemp("extending")
-  (root / PACKAGE).mkdir()
+  spec_source, rule_source = example_sources()
+  (root / PACKAGE / "fedavg_clip").mkdir(parents=True)
   (root / PACKAGE / "__init__.py").write_text("")
-  (root / PACKAGE / "fedavg_clip.py").write_text(example_source())
+  (root / PACKAGE / "fedavg_clip" / "__init__.py").write_text(spec_source)
+  (root / PACKAGE / "fedavg_clip" / "fedavg_clip.py").write_text(rule_source)
   assert PACKAGE not in sys.modules, f"a module {PACKAGE!r} is already imported"
   sys.path.insert(0, str(root))
   try:
-    module = importlib.import_module(MODULE)
-    assert module.SPEC.name == NAME and module.SPEC.module == MODULE
-    registry.register(NAME, module.SPEC)
+    folder = importlib.import_module(FOLDER)
+    assert "tensorflow" not in folder.__dict__  # the spec imports no TensorFlow
+    (spec,) = folder.SPECS
+    assert spec.name == NAME and spec.module == MODULE
+    registry.register(NAME, spec)
     try:
-      yield module
+      yield folder
     finally:
       registry.ALGORITHMS.pop(NAME, None)
   finally:
@@ -65,7 +67,9 @@ def example(tmp_path_factory):
 
 def test_the_registry_loads_the_example_by_its_dotted_path(example):
   spec = registry.get_algorithm(NAME)
-  assert spec is example.SPEC and spec.load() is example
+  rule = importlib.import_module(MODULE)
+  assert spec is example.SPECS[0] and spec.load_host() is rule.ClippedFedAvgDriver
+  assert spec.load_definition() is rule.definition
   assert {d.name for d in spec.hparams} == {"server_lr", "clip_norm"}
   assert registry.all_hparams()["clip_norm"] is example.CLIP_NORM
 
@@ -80,13 +84,11 @@ def _one_line_error(call) -> str:
 
 def test_register_refuses_a_taken_name_and_bad_specs(example):
   before = dict(registry.ALGORITHMS)
-  spec = example.SPEC
+  spec = example.SPECS[0]
   assert "already registered" in _one_line_error(lambda: registry.register(NAME, spec))
   assert "'fedavg' is already registered" in _one_line_error(
       lambda: registry.register("fedavg", dataclasses.replace(spec, name="fedavg")))
   assert "spec.name" in _one_line_error(lambda: registry.register("other_name", spec))
-  bare = dataclasses.replace(spec, name="bare", module="fedavg_clip")
-  assert "full dotted path" in _one_line_error(lambda: registry.register("bare", bare))
   # An option named like another algorithm's, with another type: refused, not kept.
   clash = dataclasses.replace(spec, name="clash", hparams=(
       HParam("server_lr", int, 1, "an integer server_lr"),))
@@ -100,12 +102,13 @@ def test_a_round_is_the_pages_rule(example, cluster_data, tmp_path):  # noqa: F8
   client's FedAvg update (its local work alone, from the same model, on the
   same batches): clip to C, weighted mean, server step eta_s."""
   task, data = cluster_data
-  server_lr, clip = PARITY_CASE["server_lr"], PARITY_CASE["clip_norm"]
-  config = loop.TrainingConfig(rounds=2, clients_per_round=8, local_epochs=2,
-                                     batch_size=10, client_lr=0.02, seed=1, runner="local")
-  drv = registry.get_algorithm(NAME).make_driver(task, data, config, server_lr=server_lr,
+  (case,) = registry.get_algorithm(NAME).parity
+  server_lr, clip = case["server_lr"], case["clip_norm"]
+  config = TrainingConfig(rounds=2, clients_per_round=8, local_epochs=2,
+                                     batch_size=10, client_lr=0.02, seed=1)
+  drv = registry.build_driver(NAME, task, data, config, server_lr=server_lr,
                                                  clip_norm=clip)
-  assert isinstance(drv, example.ClippedFedAvgDriver)
+  assert isinstance(drv, importlib.import_module(MODULE).ClippedFedAvgDriver)
   rounds = []
   run_round = drv.run_round
 
@@ -121,7 +124,7 @@ def test_a_round_is_the_pages_rule(example, cluster_data, tmp_path):  # noqa: F8
   round_num, sampled, before, after, row = rounds[1]
   np.testing.assert_array_equal(before[0], rounds[0][3][0])  # round 1's model carried on
 
-  reference = fedavg.make_driver(task, data, config)
+  reference = registry.build_driver("fedavg", task, data, config)
   t = reference.definition.num_trainable
   deltas, weights, losses = [], [], []
   for k in sampled:
@@ -156,6 +159,7 @@ def test_a_round_is_the_pages_rule(example, cluster_data, tmp_path):  # noqa: F8
 @pytest.mark.parametrize("solver", sorted(SOLVER_CASES))
 def test_both_runners_give_the_same_numbers(example, solver, cluster_data, tmp_path,  # noqa: F811
                                             monkeypatch):
-  """tests/test_runners.py's parity check, with the page's case added to PARITY_CASES."""
-  monkeypatch.setitem(test_runners.PARITY_CASES, NAME, [PARITY_CASE])
+  """tests/test_runners.py's parity check, with the spec's case added to PARITY_CASES."""
+  monkeypatch.setitem(test_runners.PARITY_CASES, NAME,
+                      [dict(c) for c in registry.get_algorithm(NAME).parity])
   test_runners.test_runners_give_the_same_numbers(NAME, 0, solver, cluster_data, tmp_path)

@@ -10,9 +10,10 @@ tff = pytest.importorskip("tensorflow_federated", reason="needs the TFF stack")
 
 import tensorflow as tf  # noqa: E402
 
+from tests import references  # noqa: E402
 from tff_cluster import models  # noqa: E402
-from tff_cluster.learning import schedule, trainers  # noqa: E402
-from tff_cluster.algorithms.fedavg import build_fedavg  # noqa: E402
+from tff_cluster.learning import schedule  # noqa: E402
+from tff_cluster.algorithms.fedavg.fedavg import build_fedavg  # noqa: E402
 from tff_cluster.data.synthetic import NUM_CLASSES, NUM_FEATURES, generate_synthetic  # noqa: E402
 
 BATCH = 10
@@ -57,7 +58,7 @@ def _flat(model_weights):
 
 def _in_process_round(data, weights, round_num, clients, mu):
   """Each client's local SGD run here (no TFF), as (deltas, examples, loss_sums)."""
-  local_sgd = trainers.build_local_sgd(_model(), models.SPARSE_CE_LOGITS)
+  local_sgd = references.build_local_sgd(_model(), models.SPARSE_CE_LOGITS)
   deltas, examples, losses = [], [], []
   for k, ds in zip(clients, _round_datasets(data, round_num, clients)):
     out = local_sgd(weights, ds, LR, mu)

@@ -7,11 +7,13 @@ import pytest
 import tensorflow as tf
 
 from tff_cluster import tasks
-from tff_cluster import api, clustering, models
+from tests import references
+from tff_cluster import api, models, registry
 from tff_cluster.host import loop
+from tff_cluster.host.driver import TrainingConfig
+from tff_cluster.runners.config import RunnerConfig
 from tff_cluster.learning import schedule
-from tff_cluster.learning import trainers
-from tff_cluster.algorithms import fedgroup
+from tff_cluster.algorithms.fedgroup import fedgroup
 from tff_cluster.core.definition import round_params
 from tff_cluster.data.synthetic import generate_synthetic
 from tff_cluster.spec.task import DataOptions, TaskSpec
@@ -49,7 +51,7 @@ def build_local_sgd_cache(model):
   # One tf.function per test session keeps the in-process reference fast.
   if "fn" not in _LOCAL_SGD:
     _LOCAL_SGD["model"] = model
-    _LOCAL_SGD["fn"] = trainers.build_local_sgd(model, models.SPARSE_CE_LOGITS)
+    _LOCAL_SGD["fn"] = references.build_local_sgd(model, models.SPARSE_CE_LOGITS)
   return _LOCAL_SGD["fn"]
 
 
@@ -104,7 +106,7 @@ def test_server_update_applies_inter_group_step():
   zeros = [tf.zeros_like(t) for t in models_]
   new_models, new_updates, _, _ = fedgroup.group_server_update(
       models_, zeros, zeros, tf.constant([1.0, 1.0, 0.0]), 0.3, None, "alg2")
-  expected = clustering.inter_group_step_np(flat.astype(np.float64), 0.3)
+  expected = references.inter_group_step_np(flat.astype(np.float64), 0.3)
   got = np.concatenate([t.numpy() for t in new_models], axis=1)
   np.testing.assert_allclose(got, expected, atol=1e-5)
   # Groups with members record the change (the inter-group step included).
@@ -120,7 +122,7 @@ def test_direction_choice_matches_numpy_rule():
     got = fedgroup.direction_choice([tf.constant(update[:3]), tf.constant(update[3:])],
                                     [tf.constant(directions[:, :3]),
                                      tf.constant(directions[:, 3:])])
-    assert int(got) == target == clustering.assign_by_direction(update, directions)
+    assert int(got) == target == references.assign_by_direction(update, directions)
 
 
 @pytest.mark.tff
@@ -164,11 +166,12 @@ def test_round_is_groupwise_fedavg():
 def _driver_case(runner, rule, seed=0, **options):
   """A 12-client FedGroup driver after its cold start (3 of 12 pre-trained)."""
   data = _data(12, seed=seed)
-  config = loop.TrainingConfig(rounds=10, clients_per_round=2, local_epochs=1,
-                                     batch_size=10, client_lr=LR, seed=0, runner=runner)
+  config = TrainingConfig(rounds=10, clients_per_round=2, local_epochs=1,
+                                     batch_size=10, client_lr=LR, seed=0,
+                                     runner=RunnerConfig(runner))
   options = {"num_groups": 3, "pretrain_scale": 1.0, "newcomer_rule": rule,
              "pretrain_iters": 7, **options}
-  driver = fedgroup.make_driver(_cluster_task(), data, config, **options)
+  driver = registry.build_driver("fedgroup", _cluster_task(), data, config, **options)
   driver.setup()
   return data, config, driver
 
@@ -189,10 +192,10 @@ def _unflat(flat, like):
 @pytest.mark.parametrize("rule", ["paper", "flexcfl"])
 def test_newcomer_trains_from_its_chosen_group_and_lands_there(rule, runner):
   data, config, driver = _driver_case(runner, rule)
-  warm = int(np.flatnonzero(driver.assignment >= 0)[0])
-  warm_group = int(driver.assignment[warm])
+  warm = int(np.flatnonzero(driver.host.assignment >= 0)[0])
+  warm_group = int(driver.host.assignment[warm])
   target = (warm_group + 1) % 3  # the group the newcomer must choose
-  cold = int(np.flatnonzero(driver.assignment < 0)[0])
+  cold = int(np.flatnonzero(driver.host.assignment < 0)[0])
   state = driver.runner.numpy_state(driver.state)
   round_num = 1
   # The newcomer pre-trains from the rule's start model with the cold-start
@@ -218,7 +221,7 @@ def test_newcomer_trains_from_its_chosen_group_and_lands_there(rule, runner):
   driver.state = driver.runner.put_state(state)
   row = driver.run_round(round_num, np.array(sorted([warm, cold])))
   assert row["num_cold_clients"] == 1
-  assert driver.assignment[cold] == target
+  assert driver.host.assignment[cold] == target
   new = driver.runner.numpy_state(driver.state)["group_models"]
   # Its round's update was computed from w_target and is the target's only one.
   group_start = [layer[target] for layer in state["group_models"]]
@@ -237,20 +240,20 @@ def test_newcomer_trains_from_its_chosen_group_and_lands_there(rule, runner):
 
 def test_rac_redraws_every_round_rac_once_keeps_the_first_draw():
   _, _, rac = _driver_case("local", "paper", cold_start="rac")
-  pretrained = np.flatnonzero(rac.pretrained)
-  kept = rac.assignment[pretrained].copy()
-  others = np.flatnonzero(~rac.pretrained)[:2]
+  pretrained = np.flatnonzero(rac.host.pretrained)
+  kept = rac.host.assignment[pretrained].copy()
+  others = np.flatnonzero(~rac.host.pretrained)[:2]
   sampled = np.sort(np.concatenate([others, pretrained[:1]]))
   history = []
   for t in range(1, 9):
     row = rac.run_round(t, sampled)
     assert row["num_cold_clients"] == 0  # nobody goes through the newcomer rule
-    history.append(rac.assignment[others].copy())
+    history.append(rac.host.assignment[others].copy())
   history = np.array(history)
   # Each non-pre-trained client drew again every round: several groups, and
   # the draws are the driver's uniform ones (not a function of the previous).
   assert all(len(set(history[:, i])) > 1 for i in range(2)), history
-  np.testing.assert_array_equal(rac.assignment[pretrained], kept)
+  np.testing.assert_array_equal(rac.host.assignment[pretrained], kept)
   # Tested with the last group it drew.
   _, client_model = rac.eval_models()
   np.testing.assert_array_equal(client_model[others], history[-1])
@@ -259,8 +262,8 @@ def test_rac_redraws_every_round_rac_once_keeps_the_first_draw():
   first = None
   for t in range(1, 5):
     once.run_round(t, others)
-    first = once.assignment[others].copy() if first is None else first
-    np.testing.assert_array_equal(once.assignment[others], first)
+    first = once.host.assignment[others].copy() if first is None else first
+    np.testing.assert_array_equal(once.host.assignment[others], first)
 
 
 def _eta_models():
@@ -307,7 +310,7 @@ def test_assigned_accuracy_leaves_out_clients_never_assigned():
 
 def test_assigned_accuracy_column_and_summary_in_a_run():
   data, config, driver = _driver_case("local", "paper")
-  driver = fedgroup.make_driver(_cluster_task(), data, config, num_groups=3,
+  driver = registry.build_driver("fedgroup", _cluster_task(), data, config, num_groups=3,
                                 pretrain_scale=1.0, pretrain_iters=7)
   summary = loop.run_training(_cluster_task(), data, config, driver, progress=False)
   assert "max_test_accuracy_assigned" in summary
@@ -344,9 +347,9 @@ def _cluster_task(num_clusters=4):
 def test_end_to_end_recovers_true_clusters(measure):
   data = tasks.get_task("synthetic_clusters").load_data(
       DataOptions(seed=1, num_clients=40, extra={"num_clusters": 4}))
-  config = loop.TrainingConfig(rounds=3, clients_per_round=10, local_epochs=2,
+  config = TrainingConfig(rounds=3, clients_per_round=10, local_epochs=2,
                                      batch_size=10, client_lr=0.01, seed=0)
-  runner = fedgroup.make_driver(_cluster_task(), data, config, num_groups=4,
+  runner = registry.build_driver("fedgroup", _cluster_task(), data, config, num_groups=4,
                                 measure=measure, pretrain_scale=20)
   summary = loop.run_training(_cluster_task(), data, config, runner, progress=False)
   assert summary["cold_start_clients"] == 40
@@ -356,33 +359,33 @@ def test_end_to_end_recovers_true_clusters(measure):
 
 def test_rcc_rac_and_newcomers():
   data = _data(30, seed=2)
-  config = loop.TrainingConfig(rounds=10, clients_per_round=6, local_epochs=1,
+  config = TrainingConfig(rounds=10, clients_per_round=6, local_epochs=1,
                                      batch_size=10, client_lr=0.01, seed=0)
   task = _cluster_task()
   # RCC: exactly m pre-trained clients, each one group's centre.
-  rcc = fedgroup.make_driver(task, data, config, num_groups=3, cold_start="rcc")
+  rcc = registry.build_driver("fedgroup", task, data, config, num_groups=3, cold_start="rcc")
   rcc.setup()
-  assert sorted(rcc.assignment[rcc.assignment >= 0].tolist()) == [0, 1, 2]
+  assert sorted(rcc.host.assignment[rcc.host.assignment >= 0].tolist()) == [0, 1, 2]
   # RAC once: cold clients get a group before training (none stays cold after a round).
-  rac = fedgroup.make_driver(task, data, config, num_groups=3, cold_start="rac_once",
+  rac = registry.build_driver("fedgroup", task, data, config, num_groups=3, cold_start="rac_once",
                              pretrain_scale=2)
   rac.setup()
-  cold_before = rac.assignment < 0
+  cold_before = rac.host.assignment < 0
   assert cold_before.sum() == 30 - 6
   out = rac.run_round(1, np.arange(6, 12))
-  assert out["num_cold_clients"] == 0 and (rac.assignment[6:12] >= 0).all()
+  assert out["num_cold_clients"] == 0 and (rac.host.assignment[6:12] >= 0).all()
   # Newcomers: held out of pre-training and of the first 10% of rounds, then
   # they join through client cold start (and pay for the m directions).
-  runner = fedgroup.make_driver(task, data, config, num_groups=3, pretrain_scale=20,
+  runner = registry.build_driver("fedgroup", task, data, config, num_groups=3, pretrain_scale=20,
                                 newcomer_fraction=0.2)
   runner.setup()
-  assert runner.newcomers.sum() == 6 and runner.newcomer_rounds == 1
-  assert (runner.assignment[runner.newcomers] == -1).all()
-  assert (runner.assignment[~runner.newcomers] >= 0).all()
-  first = runner.run_round(1, np.flatnonzero(runner.newcomers))
+  assert runner.host.newcomers.sum() == 6 and runner.newcomer_rounds == 1
+  assert (runner.host.assignment[runner.host.newcomers] == -1).all()
+  assert (runner.host.assignment[~runner.host.newcomers] >= 0).all()
+  first = runner.run_round(1, np.flatnonzero(runner.host.newcomers))
   assert first["num_cold_clients"] == 0  # resampled without newcomers
-  later = runner.run_round(2, np.flatnonzero(runner.newcomers))
+  later = runner.run_round(2, np.flatnonzero(runner.host.newcomers))
   assert later["num_cold_clients"] == 6
-  assert (runner.assignment[runner.newcomers] >= 0).all()
+  assert (runner.host.assignment[runner.host.newcomers] >= 0).all()
   p = runner.num_params * 4
   assert later["bytes_down"] == 6 * p + 6 * (1 + 3) * p and later["bytes_up"] == 6 * p

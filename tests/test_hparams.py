@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-import run_experiment
+from tff_cluster import experiment as run_experiment
 from tff_cluster import registry
 from tff_cluster import cli
 from tff_cluster.spec import hparams as hp

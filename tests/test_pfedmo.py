@@ -12,9 +12,11 @@ import tensorflow as tf
 from tff_cluster import tasks
 from tff_cluster import models, registry
 from tff_cluster.host import loop
+from tff_cluster.host.driver import TrainingConfig
+from tff_cluster.runners.config import RunnerConfig
 from tff_cluster.learning import schedule
 from tff_cluster.learning import trainers
-from tff_cluster.algorithms.pfedmo import (PFedMoDefinition, personalise,
+from tff_cluster.algorithms.pfedmo.pfedmo import (PFedMoDefinition, personalise,
                                            running_max_scores, soft_cross_entropy)
 from tff_cluster.data import federated
 from tff_cluster.data.federated import FederatedData
@@ -206,10 +208,10 @@ def workers():
 
 
 def _run(task, data, algo, rounds=3, runner="local", **options):
-  config = loop.TrainingConfig(rounds=rounds, clients_per_round=data.num_clients,
+  config = TrainingConfig(rounds=rounds, clients_per_round=data.num_clients,
                                      local_epochs=None, local_steps=6, batch_size=10,
-                                     client_lr=0.05, seed=2, runner=runner)
-  driver = registry.get_algorithm(algo).make_driver(task, data, config, **options)
+                                     client_lr=0.05, seed=2, runner=RunnerConfig(runner))
+  driver = registry.build_driver(algo, task, data, config, **options)
   loop.run_training(task, data, config, driver, progress=False)
   return driver, driver.runner.numpy_state(driver.state)
 
@@ -279,13 +281,13 @@ def test_representation_model_sees_only_the_public_set(workers):
 
 def test_pfedmo_refuses_partial_participation_and_client_momentum(workers):
   task, data = workers
-  config = loop.TrainingConfig(rounds=1, clients_per_round=2, local_epochs=1,
+  config = TrainingConfig(rounds=1, clients_per_round=2, local_epochs=1,
                                      batch_size=10, client_lr=0.05)
   with pytest.raises(ValueError, match="clients_per_round=2 for pfedmo"):
-    registry.get_algorithm("pfedmo").make_driver(task, data, config)
+    registry.build_driver("pfedmo", task, data, config)
   config = dataclasses.replace(config, clients_per_round=4, client_momentum=0.9)
   with pytest.raises(ValueError, match="client_momentum for fednag"):
-    registry.get_algorithm("fednag").make_driver(task, data, config)
+    registry.build_driver("fednag", task, data, config)
 
 
 def test_cli_defaults_to_every_worker_and_writes_both_accuracies(tmp_path, capsys):
@@ -382,10 +384,9 @@ def test_two_workers_over_four_aggregations_equal_the_papers_equations(rule):
   task = TaskSpec(name="tiny", description="", load_data=None,
                   model_fn=lambda: models.mclr(3, 3), loss=models.SPARSE_CE_LOGITS,
                   defaults={})
-  config = loop.TrainingConfig(rounds=4, clients_per_round=2, local_epochs=None,
-                                     local_steps=3, batch_size=20, client_lr=0.3, seed=0,
-                                     runner="local")
-  driver = registry.get_algorithm("pfedmo").make_driver(
+  config = TrainingConfig(rounds=4, clients_per_round=2, local_epochs=None,
+                                     local_steps=3, batch_size=20, client_lr=0.3, seed=0)
+  driver = registry.build_driver("pfedmo", 
       task, data, config, nag_momentum=0.5, pfedmo_pi=0.8, score_batch=6, pfedmo_model=rule)
   driver.w0 = w0
   driver.setup()
@@ -422,10 +423,9 @@ def test_a_federation_read_on_demand_is_read_once(workers):
     return data
 
   lazy = federated.reloading(data, load)
-  config = loop.TrainingConfig(rounds=1, clients_per_round=data.num_clients,
-                                     local_epochs=1, batch_size=10, client_lr=0.05,
-                                     runner="local")
-  registry.get_algorithm("pfedmo").make_driver(task, lazy, config)
+  config = TrainingConfig(rounds=1, clients_per_round=data.num_clients,
+                                     local_epochs=1, batch_size=10, client_lr=0.05)
+  registry.build_driver("pfedmo", task, lazy, config)
   assert len(calls) == 1
 
 

@@ -24,6 +24,8 @@ import pytest
 ray = pytest.importorskip("ray", reason="needs the ray extra (today's stack)")
 
 from tff_cluster import tasks  # noqa: E402
+from tff_cluster.host.driver import TrainingConfig
+from tff_cluster.runners.config import RunnerConfig
 from tests.conftest import REPO_ROOT, tiered  # noqa: E402
 from tests.helpers import (_is_descendant, metrics_rows_written,  # noqa: E402
                            rerun_in_loopback_namespace)
@@ -140,10 +142,10 @@ def _train(task, data, runner, rounds, tmp_path, name, workers=None, resume=None
   from tff_cluster import registry
   from tff_cluster.host import loop
   from tff_cluster.io.results import ResultsWriter
-  config = loop.TrainingConfig(
+  config = TrainingConfig(
       rounds=rounds, clients_per_round=8, batch_size=10, client_lr=0.02, seed=1,
-      runner=runner, ray_workers=workers, **SOLVER_CASES[SOLVER])
-  driver = registry.get_algorithm("fedavg").make_driver(task, data, config)
+      runner=RunnerConfig(runner, ray_workers=workers), **SOLVER_CASES[SOLVER])
+  driver = registry.build_driver("fedavg", task, data, config)
   os.makedirs(tmp_path / name, exist_ok=True)
   writer = ResultsWriter(str(tmp_path / name), [*loop.BASE_COLUMNS], tensorboard=False,
                          figures=False,
@@ -192,7 +194,7 @@ def test_a_file_backed_task_is_read_by_the_actors(ray_instance, tmp_path):
   """LEAF FEMNIST through the CLI's loader with --runner=ray: the driver
   keeps the catalogue, each actor reads the files and keeps its shard; the
   rows and buffers equal the local runner's on the whole data."""
-  import run_experiment
+  from tff_cluster import experiment as run_experiment
   from tff_cluster.data.federated import LazyFederatedData
   from tff_cluster.cli import load_task_data
   from tests.conftest import SHARED_DATA
@@ -292,7 +294,7 @@ def test_a_killed_actor_ends_the_run_and_resume_finishes_it(tmp_path):
   flags = ["--algo=fedavg", "--num_clients=20", "--clients_per_round=6", f"--rounds={rounds}",
            "--local_epochs=1", "--checkpoint_every=1"]
   whole = tmp_path / "whole"  # (the uninterrupted run in this process)
-  import run_experiment
+  from tff_cluster import experiment as run_experiment
   assert run_experiment.main(["run_experiment.py", "--task=synthetic", "--progress=false",
                               *flags, "--runner=local", f"--output_dir={whole}"]) == 0
   run = tmp_path / "run"
@@ -541,6 +543,7 @@ def test_ray_flags_without_the_ray_runner_are_a_usage_error(tmp_path):
 
 def test_api_refuses_ray_settings_without_the_ray_runner():
   from tff_cluster import api, models
-  with pytest.raises(ValueError, match="runner='ray'"):
-    api.Process("fedavg", lambda: models.mclr(60, 10), "sparse_categorical_crossentropy",
-                client_lr=0.01, batch_size=10, local_epochs=1, ray_workers=2)
+  with pytest.raises(ValueError, match="^ray_workers given with runner=local; valid: "
+                     "runner=ray with them, or neither$"):
+    api.build("fedavg", lambda: models.mclr(60, 10), "sparse_categorical_crossentropy",
+              client_lr=0.01, batch_size=10, local_epochs=1, ray_workers=2)

@@ -13,12 +13,13 @@ import zipfile
 import numpy as np
 import pytest
 
-import run_experiment
+from tff_cluster import experiment as run_experiment
 from tff_cluster import tasks
 from tests.helpers import SMALL_ARGS, main_in_process, read_metrics_csv
 from tff_cluster import registry
 from tff_cluster.io import checkpoint
 from tff_cluster.host import loop
+from tff_cluster.host.driver import TrainingConfig
 from tff_cluster.io import results
 from tff_cluster.io.results import ResultsWriter
 from tff_cluster.spec.task import DataOptions
@@ -124,11 +125,11 @@ def small():
 
 
 def _train(task, data, run_dir, rounds=4, resume=None, algo="fedavg"):
-  config = loop.TrainingConfig(rounds=rounds, clients_per_round=4, local_epochs=1,
-                                     batch_size=10, client_lr=0.02, seed=4, runner="local",
+  config = TrainingConfig(rounds=rounds, clients_per_round=4, local_epochs=1,
+                                     batch_size=10, client_lr=0.02, seed=4,
                                      client_momentum=0.5, client_state="persist",
                                      eval_every=2)
-  driver = registry.get_algorithm(algo).make_driver(task, data, config)
+  driver = registry.build_driver(algo, task, data, config)
   writer = ResultsWriter(str(run_dir), [*loop.BASE_COLUMNS, *driver.extra_columns],
                          overwrite=True, tensorboard=False,
                          resume_rows=None if resume is None else resume["rows"])

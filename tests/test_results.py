@@ -1,5 +1,5 @@
 """Results worth reading: NaN conventions, groups.csv, TensorBoard tags and
-HParams, config.json provenance, the plot tool (`python -m tff_cluster.plot`),
+HParams, config.json provenance, the plot tool (`python -m tff_cluster.io.plot`),
 groups.png and summary.json's final ARI and purity."""
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import pytest
 from tests.conftest import REPO_ROOT
 from tests.helpers import read_metrics_csv
 from tff_cluster.learning import evaluation
-from tff_cluster.host import loop
+from tff_cluster.host.driver import client_groups
+from tff_cluster.learning.evaluation import CHOOSE_BY_TEST_LOSS
 from tff_cluster.io import plot
 from tff_cluster.io import results
 from tff_cluster.io import rundir
@@ -190,15 +191,15 @@ def test_client_groups_values():
   assignment = np.array([0, -1, 2, -1])
   client_model = np.where(assignment >= 0, assignment, aux)
   np.testing.assert_array_equal(
-      loop.client_groups(client_model, None, assignment, 4), [0, -1, 2, -1])
+      client_groups(client_model, None, assignment, 4), [0, -1, 2, -1])
   np.testing.assert_array_equal(  # no assignment kept: the indices as given
-      loop.client_groups(np.array([0, 0, 0, 0]), None, None, 4), [0, 0, 0, 0])
+      client_groups(np.array([0, 0, 0, 0]), None, None, 4), [0, 0, 0, 0])
   chosen = np.array([1, 0, 1, 1])
-  np.testing.assert_array_equal(loop.client_groups(
-      loop.CHOOSE_BY_TEST_LOSS, chosen, assignment, 4), chosen)
-  assert loop.client_groups(loop.CHOOSE_BY_TEST_LOSS, None, assignment, 4) is None
+  np.testing.assert_array_equal(client_groups(
+      CHOOSE_BY_TEST_LOSS, chosen, assignment, 4), chosen)
+  assert client_groups(CHOOSE_BY_TEST_LOSS, None, assignment, 4) is None
   np.testing.assert_array_equal(
-      loop.client_groups(evaluation.Ensemble("logits"), None, None, 4), [-1, -1, -1, -1])
+      client_groups(evaluation.Ensemble("logits"), None, None, 4), [-1, -1, -1, -1])
 
 
 def test_groups_csv_keeps_the_checkpointed_rounds_on_resume(tmp_path):
@@ -242,7 +243,7 @@ def test_groups_csv_long_writes_the_changes_and_resumes_from_them(tmp_path):
 
 
 def _run(out_dir, *args):
-  import run_experiment
+  from tff_cluster import experiment as run_experiment
   code = run_experiment.main(["run_experiment.py", *SMALL, f"--output_dir={out_dir}", *args])
   assert code == 0
   return out_dir
@@ -304,7 +305,7 @@ def test_groups_csv_after_resume_equals_the_uninterrupted_run(fedgroup_run, tmp_
   os.remove(os.path.join(checkpoint.directory(str(run)), "round-000004.npz"))
   with open(run / "groups.csv", "ab") as f:
     f.write(b"5,0,1")
-  import run_experiment
+  from tff_cluster import experiment as run_experiment
   assert run_experiment.main(["run_experiment.py", "--resume", f"--output_dir={run}",
                               "--progress=false"]) == 0
   assert (run / "groups.csv").read_bytes() == whole
@@ -453,7 +454,7 @@ def test_a_writer_without_figures_draws_no_png(tmp_path):
 def _one_line_error(code, err, *needles):
   assert code == 2, err
   lines = [line for line in err.splitlines() if line.strip()]
-  assert len(lines) == 1 and lines[0].startswith("python -m tff_cluster.plot: error: "), err
+  assert len(lines) == 1 and lines[0].startswith("python -m tff_cluster.io.plot: error: "), err
   assert "Traceback" not in err
   for needle in needles:
     assert needle in lines[0], (needle, lines[0])
@@ -480,7 +481,7 @@ def test_plot_cli_errors_are_one_line(tmp_path, capsys):
   _one_line_error(plot.main([str(tmp_path / "empty")]), capsys.readouterr().err,
                   "no rows yet")
   # The module as a program, as users run it.
-  proc = subprocess.run([sys.executable, "-m", "tff_cluster.plot", str(tmp_path / "nope")],
+  proc = subprocess.run([sys.executable, "-m", "tff_cluster.io.plot", str(tmp_path / "nope")],
                         cwd=str(REPO_ROOT), capture_output=True, text=True, timeout=120)
   _one_line_error(proc.returncode, proc.stderr, "does not exist")
 

@@ -13,6 +13,7 @@ from tests.test_tasks import write_cifar
 from tff_cluster import models
 from tff_cluster.learning import evaluation
 from tff_cluster.host import loop
+from tff_cluster.host.driver import Driver, TrainingConfig, sample_clients
 from tff_cluster.data.federated import DataError, FederatedData
 from tff_cluster.data.partition import rotate_images
 from tff_cluster.learning.evaluation import CHOOSE_BY_TEST_LOSS, Evaluator
@@ -295,19 +296,19 @@ def test_rounds_sample_only_clients_with_training_data():
   rng = np.random.default_rng(0)
   candidates = np.array([0, 1, 5, 7])
   for _ in range(20):
-    picked = loop.sample_clients(rng, candidates, 3)
+    picked = sample_clients(rng, candidates, 3)
     assert set(picked) <= set(candidates) and len(set(picked)) == 3
   # With every client a candidate, the draw equals the one from range(n).
-  a = loop.sample_clients(np.random.default_rng(4), 10, 4)
-  b = loop.sample_clients(np.random.default_rng(4), np.arange(10), 4)
+  a = sample_clients(np.random.default_rng(4), 10, 4)
+  b = sample_clients(np.random.default_rng(4), np.arange(10), 4)
   np.testing.assert_array_equal(a, b)
 
 
 def test_run_training_refuses_more_clients_per_round_than_training_clients():
   data = _two_model_data()
   task = tasks.get_task("synthetic")
-  config = loop.TrainingConfig(rounds=1, clients_per_round=3, local_epochs=1,
-                                     batch_size=2, client_lr=0.1, runner="local")
+  config = TrainingConfig(rounds=1, clients_per_round=3, local_epochs=1,
+                                     batch_size=2, client_lr=0.1)
   with pytest.raises(ValueError, match="clients_per_round=3: 2 clients have training "
                                        "data; valid: 1..2"):
     loop.run_training(task, data, config, driver=None, progress=False)
@@ -359,13 +360,13 @@ def test_test_only_clients_are_evaluated_never_trained(algo, runner, tmp_path, c
                                                       monkeypatch):
   _need(MNIST)
   trained = []
-  original = loop.Driver.train_clients
+  original = Driver.train_clients
 
   def recording(self, mode, state, clients, *args, **kwargs):
     trained.extend(self.data.client_ids[int(k)] for k in clients)
     return original(self, mode, state, clients, *args, **kwargs)
 
-  monkeypatch.setattr(loop.Driver, "train_clients", recording)
+  monkeypatch.setattr(Driver, "train_clients", recording)
   out = tmp_path / "run"
   code, _, err = main_in_process(
       [f"--algo={algo}", f"--runner={runner}", f"--data_dir={MNIST}",

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from tff_cluster import registry
+from tff_cluster.host.driver import TrainingConfig
 from tff_cluster.io import plot
 from tff_cluster.io import results
 from tff_cluster.io import rundir
@@ -90,11 +91,11 @@ def algorithm_columns():
   out = {}
   for algo in registry.ALGORITHMS:
     algo_task, options = with_case_model(task, PARITY_CASES[algo][0])
-    config = loop.TrainingConfig(**{
+    config = TrainingConfig.checked(**{
         "rounds": 2, "batch_size": 10, "client_lr": 0.02, "local_epochs": 1,
         "clients_per_round": data.num_clients if algo in ALL_CLIENTS else 4, "seed": 1,
         "runner": "local", **options.pop("_config", {})})
-    driver = registry.get_algorithm(algo).make_driver(algo_task, data, config, **options)
+    driver = registry.build_driver(algo, algo_task, data, config, **options)
     out[algo] = [*loop.BASE_COLUMNS, *driver.extra_columns]
   return out
 

@@ -15,9 +15,11 @@ from tff_cluster import tasks
 from tests.conftest import REPO_ROOT, tiered
 from tff_cluster import models, registry
 from tff_cluster.host import loop
+from tff_cluster.host.driver import TrainingConfig, initial_weights
+from tff_cluster.runners.config import RunnerConfig
 from tff_cluster.learning import evaluation, schedule
 from tff_cluster.learning import trainers
-from tff_cluster.algorithms import fedavg
+from tff_cluster.algorithms.fedavg import fedavg
 from tff_cluster.core.definition import Definition
 from tff_cluster.io.results import ResultsWriter
 from tff_cluster.learning import optimizers
@@ -28,117 +30,12 @@ from tff_cluster.spec.task import DataOptions, TaskSpec
 # Parity: every registered algorithm, both runners, same seed -> same numbers.
 # A new algorithm must add its case here (test_every_algorithm_has_a_parity_case).
 
-PARITY_CASES = {
-    "fedavg": [{}, {"client_weighting": "samples"}],
-    "fedprox": [{"mu": 0.5}],
-    # pretrain_scale 2 pre-trains 6 of 24 clients: the others join by client
-    # cold start, so the pretrain, newcomer and warm modes all run.
-    # (Short pre-training: 50 steps with momentum 0.9 amplify float32 rounding
-    # differences beyond the tolerance in this small, unstable setting.)
-    "fedgroup": [{"num_groups": 3, "pretrain_scale": 2.0, "pretrain_iters": 7},
-                 {"num_groups": 3, "measure": "madc", "group_agg_lr": 0.1,
-                  "group_agg_rule": "authors", "newcomer_rule": "flexcfl",
-                  "pretrain_scale": 2.0, "pretrain_epochs": 1}],
-    "ifca": [{"num_groups": 3},
-             {"num_groups": 2, "ifca_init": "good_init", "ifca_agg": "num_examples",
-              "ifca_loss_batches": 2},
-             {"num_groups": 3, "ifca_init": "fedavg_warm", "ifca_warm_rounds": 2,
-              "ifca_forced_rounds": 2, "ifca_agg": "samples"}],
-    # (A smaller lr: momentum carried across rounds by the cluster buffers
-    # amplifies float32 rounding beyond the tolerance at lr 0.02 in this setting.)
-    "cfl_mgd": [{"num_groups": 3, "cfl_mgd_beta": 0.9, "_config": {"client_lr": 0.005}},
-                {"num_groups": 3, "cfl_mgd_option": "gradient", "ifca_loss_batches": 2},
-                {"num_groups": 2, "cfl_mgd_option": "gradient", "cfl_mgd_buffer": "server",
-                 "grad_avg_norm": "members", "cfl_mgd_grad_batches": 0},
-                # IFCA's initialisations: the forced and assign modes.
-                {"num_groups": 3, "cfl_mgd_beta": 0.5, "ifca_init": "fedavg_warm",
-                 "ifca_warm_rounds": 1, "ifca_forced_rounds": 2,
-                 "_config": {"client_lr": 0.005}},
-                {"num_groups": 2, "cfl_mgd_option": "gradient", "ifca_init": "good_init",
-                 "ifca_eval": "test_loss"}],
-    "wecfl": [{"num_groups": 3},
-              {"num_groups": 3, "wecfl_features": "all", "wecfl_kmeans": "one_step",
-               "kmeans_weights": "uniform", "wecfl_mu": 0.5}],
-    "fesem": [{"num_groups": 3, "fesem_center": "data"}],
-    # eps chosen so that splits happen within the 4 rounds.
-    "cfl": [{"num_groups": 4, "cfl_eps1": 2.0, "cfl_eps2": 0.1, "cfl_warmup_rounds": 1},
-            {"num_groups": 2, "cfl_eps1": 2.0, "cfl_eps2": 0.1, "cfl_warmup_rounds": 0,
-             "cfl_weighting": "data"}],
-    "fedavg_plus": [{"ensemble_size": 2}],
-    "fedavgm": [{"server_lr": 0.8, "server_momentum": 0.5}],
-    "fedmom": [{"server_momentum": 0.5, "client_weighting": "samples"}],
-    "slowmo": [{"server_lr": 1.2, "server_momentum": 0.5}],
-    # (Small lr and beta: with 2 local epochs the fixed server momentum term
-    # raises the clients' local losses in this setting, on TFF's process as
-    # on ours, and the check below that the run trained would not hold.)
-    "mime_lite": [{"mime_momentum": 0.2, "_config": {"client_lr": 0.005}},
-                  {"mime_momentum": 0.9, "mime_momentum_form": "paper",
-                   "_config": {"client_lr": 0.005}}],
-    "mime": [{"mime_momentum": 0.2, "_config": {"client_lr": 0.005}},
-             {"mime_momentum": 0.9, "mime_momentum_form": "paper",
-              "_config": {"client_lr": 0.005}}],
-    "fedprox_plus": [{"ensemble_size": 2, "mu": 0.5, "ensemble_vote": "probs",
-                      "client_weighting": "samples"}],
-    # (24 workers, all of them every round; the synthetic task has no public
-    # set, so pFedMo draws one from the pooled training data.)
-    "pfedmo": [{"pfedmo_pi": 1.0, "nag_momentum": 0.5, "score_batch": 16,
-                "_config": {"client_lr": 0.01}},
-               {"pfedmo_pi": 0.5, "nag_momentum": 0.3, "agg_weights": "uniform",
-                "public_fraction": 0.2, "pfedmo_model": "mix"}],
-    "fednag": [{"nag_momentum": 0.6, "_config": {"client_lr": 0.01}}],
-    # kmeans_loss's forced and assign calls; a per-cluster heavy-ball server step.
-    "hypcluster": [{"num_groups": 3},
-                   {"num_groups": 2, "hypcluster_init": "random", "server_lr": 0.8,
-                    "hypcluster_server_momentum": 0.5, "hypcluster_eval": "assigned",
-                    "ifca_loss_batches": 2}],
-    # The clustering round inside the 4 rounds, cut by a threshold. (Round 3:
-    # with it in round 2, the two rounds after it in 4 small clusters amplify
-    # float32 rounding in the side-by-side CNN+LSTM run to 5e-6 in one conv
-    # weight, past the tolerance's atol.)
-    "flhc": [{"num_groups": 4, "flhc_round": 3, "flhc_threshold": 0.5,
-              "flhc_metric": "cosine", "flhc_linkage": "average"}],
-    "pacfl": [{"num_groups": 4, "pacfl_basis": 3, "pacfl_beta": 3.0,
-               "pacfl_proximity": "principal"}],
-    # FedEM aggregates over all clients, FedRC over the sampled ones.
-    "fedem": [{"num_groups": 2}],
-    "fedrc": [{"num_groups": 2, "fedrc_predict": "hard"}],
-    # The code's chain of global trainings; the parallel reading.
-    "stocfl": [{"stocfl_tau": 0.3},
-               {"stocfl_global": "parallel", "stocfl_obbs": 10, "stocfl_obep": 2,
-                "stocfl_mu": 0.5}],
-    # Cluster-wise selection with re-estimates every 2 rounds; every client.
-    "fedsoft": [{"num_groups": 2, "fedsoft_k": 5, "fedsoft_tau": 2, "fedsoft_lambda": 0.5},
-                {"num_groups": 3, "fedsoft_selection": "all", "fedsoft_eval": "local"}],
-    "fedgrouprox": [{"num_groups": 3, "mu": 0.5, "pretrain_scale": 2.0, "pretrain_iters": 7,
-                     "group_agg_lr": 0.1, "cold_start": "rac"}],
-    # The personalized methods; `_model`: the model they run instead of the
-    # task's MCLR (a body and a head need two layers, FedBN a BatchNorm).
-    "ditto": [{"ditto_lambda": 0.5}],
-    "fedper": [{"_model": "mlp", "head_layers": 1}],
-    "fedrep": [{"_model": "mlp", "fedrep_head_epochs": 1}],
-    "lg_fedavg": [{"_model": "mlp", "client_weighting": "samples"}],
-    "fedbn": [{"_model": "mlp_bn"}],
-    "local_only": [{}],
-    # `_weights_atol`: its final weights are every client's fine-tuned copy (24
-    # clients, a whole epoch each; under momentum 0.9 the runners' float32
-    # rounding reached 1.2e-5 in 2 of 600 weights of a copy); its rows are
-    # held at the usual tolerance.
-    "fedavg_ft": [{"ft_epochs": 1, "ft_mu": 0.5, "_weights_atol": 5e-5}],
-    # First-order meta-steps; Hessian-free (a third batch, its finite difference).
-    # (A smaller inner lr: at 0.02 the meta-steps amplified the runners' float32
-    # rounding to 4e-4 in a test loss by round 3.)
-    "perfedavg": [{"perfedavg_beta": 0.02, "_config": {"client_lr": 0.005}},
-                  {"perfedavg_variant": "hf", "perfedavg_beta": 0.02, "perfedavg_delta": 0.01,
-                   "_config": {"client_lr": 0.005}}],
-    # Output mixing with alpha adapted at each round's first step; weight
-    # mixing, alpha adapted at every step, the examples-weighted mean.
-    "apfl": [{"apfl_adaptive": True, "apfl_alpha": 0.4},
-             {"apfl_mix": "params", "apfl_adaptive": True, "apfl_agg": "examples"}],
-    # eta_p 0.01, the authors' Synthetic setting (at 0.05 the inner steps of
-    # two of the 24 clients are unstable and amplify rounding to 1e-1).
-    "pfedme": [{"pfedme_lambda": 2.0, "pfedme_personal_lr": 0.01, "pfedme_k": 2,
-                "pfedme_beta": 1.5}],
-}
+# Each algorithm's runner-parity cases, declared on its spec
+# (`AlgorithmSpec.parity`, beside its rule). A case's keys starting with "_"
+# are the test's own: `_config` (settings of the run), `_model` (a model of
+# the task instead of its MCLR) and `_weights_atol`.
+PARITY_CASES = {name: [dict(case) for case in spec.parity]
+                for name, spec in registry.ALGORITHMS.items()}
 # Local-solver settings every algorithm shares, run on both runners too.
 SOLVER_CASES = {
     "epochs": dict(local_epochs=2),
@@ -162,23 +59,9 @@ def cluster_data():
   return task, data
 
 
-def _own_momentum(algo):
-  """Whether `algo`'s definition declares its own local momentum
-  (`Definition.own_momentum`): it refuses --client_momentum."""
-  module = sys.modules[registry.get_algorithm(algo).load().make_driver.__module__]
-  return any(isinstance(c, type) and issubclass(c, Definition) and c.own_momentum
-             for c in vars(module).values())
-
-
 # Algorithms whose momentum is their own (CFL-MGD's beta): --client_momentum
 # is refused for them, the rest of a solver case applies.
-OWN_MOMENTUM = {a for a in registry.ALGORITHMS if _own_momentum(a)}
-
-
-def test_the_registry_names_the_algorithms_with_their_own_solver():
-  """`AlgorithmSpec.own_momentum` (read by the CLI, which imports no
-  TensorFlow) says what the definitions say."""
-  assert {a for a, spec in registry.ALGORITHMS.items() if spec.own_momentum} == OWN_MOMENTUM
+OWN_MOMENTUM = {a for a, spec in registry.ALGORITHMS.items() if spec.own_momentum}
 
 
 # Algorithms where every client takes part in every round (cross-silo).
@@ -204,13 +87,13 @@ def solver_for(algo, solver):
 
 
 def _run(task, data, algo, options, runner, tmp_path, solver, rounds=ROUNDS):
-  solver = solver_for(algo, solver)
+  settings = solver_for(algo, solver)
   task, options = with_case_model(task, options)
-  config = loop.TrainingConfig(**{
+  config = TrainingConfig.checked(**{
       "rounds": rounds, "batch_size": 10, "client_lr": 0.02,
       "clients_per_round": data.num_clients if algo in ALL_CLIENTS else 8,
-      "seed": 1, "runner": runner, **solver, **options.pop("_config", {})})
-  driver = registry.get_algorithm(algo).make_driver(task, data, config, **options)
+      "seed": 1, "runner": runner, **settings, **options.pop("_config", {})})
+  driver = registry.build_driver(algo, task, data, config, **options)
   columns = [*loop.BASE_COLUMNS, *driver.extra_columns]
   writer = ResultsWriter(str(tmp_path / runner), columns, tensorboard=False, figures=False)
   summary = loop.run_training(task, data, config, driver, writer, progress=False)
@@ -241,13 +124,7 @@ def assert_same_run(a, b, weights_atol=ATOL):
   rows_a, summary_a, weights_a, model_a = a
   rows_b, summary_b, weights_b, model_b = b
   _assert_same_rows(rows_a, rows_b)
-  if isinstance(model_a, evaluation.Mixture):  # each client's mixture weights
-    np.testing.assert_allclose(model_a.weights, model_b.weights, rtol=RTOL, atol=ATOL)
-  elif isinstance(model_a, evaluation.OutputMix):  # each client's model and alpha
-    np.testing.assert_array_equal(model_a.personal, model_b.personal)
-    np.testing.assert_allclose(model_a.alpha, model_b.alpha, rtol=RTOL, atol=ATOL)
-  else:
-    np.testing.assert_array_equal(model_a, model_b)  # group assignments
+  evaluation.deployment(model_a).assert_same(model_b, rtol=RTOL, atol=ATOL)
   if "final_assignment" in summary_a:
     assert summary_a["final_assignment"] == summary_b["final_assignment"]
   for wa, wb in zip(weights_a, weights_b):
@@ -330,9 +207,10 @@ def test_batchnorm_model_parity_with_partial_batches(tmp_path):
   data = task.load_data(None)
   out = {}
   for runner in ("tff", "local"):
-    config = loop.TrainingConfig(rounds=2, clients_per_round=3, local_epochs=1,
-                                       batch_size=5, client_lr=0.01, seed=0, runner=runner)
-    driver = fedavg.make_driver(task, data, config)
+    config = TrainingConfig(rounds=2, clients_per_round=3, local_epochs=1,
+                                       batch_size=5, client_lr=0.01, seed=0,
+                                       runner=RunnerConfig(runner))
+    driver = registry.build_driver("fedavg", task, data, config)
     if runner == "local":
       assert driver.describe()["exact_batches"] and driver.describe()["jit"] is False
     loop.run_training(task, data, config, driver, progress=False)
@@ -450,11 +328,11 @@ def test_heavy_ball_steps_match_hand_computation(trainer_kind):
 def test_client_momentum_buffer_persists_or_resets(cluster_data):
   task, data = cluster_data
   base = dict(rounds=2, clients_per_round=24, local_epochs=1, batch_size=10,
-              client_lr=0.02, seed=0, runner="local", client_momentum=0.5)
+              client_lr=0.02, seed=0, client_momentum=0.5)
   runs = {}
   for state in ("persist", "reset"):
-    config = loop.TrainingConfig(client_state=state, **base)
-    driver = fedavg.make_driver(task, data, config)
+    config = TrainingConfig(client_state=state, **base)
+    driver = registry.build_driver("fedavg", task, data, config)
     driver.setup()
     driver.run_round(1, np.arange(24))
     kept = dict(driver.client_states)
@@ -469,7 +347,7 @@ def test_client_momentum_buffer_persists_or_resets(cluster_data):
 
 
 def test_learning_rate_decays_per_round():
-  config = loop.TrainingConfig(rounds=3, clients_per_round=1, local_epochs=1,
+  config = TrainingConfig(rounds=3, clients_per_round=1, local_epochs=1,
                                      batch_size=1, client_lr=0.1, lr_decay=0.5)
   assert [config.lr_at(t) for t in (0, 1, 2, 3)] == [0.1, 0.1, 0.05, 0.025]
 
@@ -477,11 +355,12 @@ def test_learning_rate_decays_per_round():
 @pytest.mark.parametrize("runner", ["tff", "local"])
 def test_runners_reject_out_of_range_keys(runner, cluster_data):
   task, data = cluster_data
-  config = loop.TrainingConfig(rounds=1, clients_per_round=2, local_epochs=1,
-                                     batch_size=10, client_lr=0.01, runner=runner)
-  driver = registry.get_algorithm("fedgroup").make_driver(task, data, config,
+  config = TrainingConfig(rounds=1, clients_per_round=2, local_epochs=1,
+                                     batch_size=10, client_lr=0.01,
+                                     runner=RunnerConfig(runner))
+  driver = registry.build_driver("fedgroup", task, data, config,
                                                             num_groups=2)
-  state = driver.definition.initial_state(loop.initial_weights(task, 0))
+  state = driver.definition.initial_state(initial_weights(task, 0))
   with pytest.raises(ValueError, match=r"invalid client keys \[2\]; valid: 0..1"):
     driver.runner.run("warm", state, [0, 1], 1, config.local_work, 0.01, keys=[0, 2])
 
@@ -500,9 +379,9 @@ def test_gpu_is_chosen_when_tensorflow_sees_one(monkeypatch, cluster_data):
   # On a GPU, XLA pays for every model without batch statistics.
   assert local_runner.resolve_jit("auto", "cnn", False, "/GPU:0") is True
   task, data = cluster_data
-  config = loop.TrainingConfig(rounds=1, clients_per_round=2, local_epochs=1,
-                                     batch_size=10, client_lr=0.01, runner="local")
-  info = fedavg.make_driver(task, data, config).describe()
+  config = TrainingConfig(rounds=1, clients_per_round=2, local_epochs=1,
+                                     batch_size=10, client_lr=0.01)
+  info = registry.build_driver("fedavg", task, data, config).describe()
   assert info["device"] == "/GPU:0" and info["jit"] is True
 
 
@@ -538,10 +417,12 @@ def test_a_process_near_the_kernels_map_limit_refuses_an_xla_runner(monkeypatch,
   task, data = cluster_data
   monkeypatch.setattr(local_runner, "memory_maps", lambda: (limit - 10, limit))
   config = dict(rounds=1, clients_per_round=2, local_epochs=1, batch_size=10,
-                client_lr=0.01, runner="local")
+                client_lr=0.01)
   with pytest.raises(local_runner.CompiledCodeLimit):  # MCLR: XLA on a CPU
-    fedavg.make_driver(task, data, loop.TrainingConfig(**config))
-  info = fedavg.make_driver(task, data, loop.TrainingConfig(**config, jit="off")).describe()
+    registry.build_driver("fedavg", task, data, TrainingConfig(**config))
+  info = registry.build_driver(
+      "fedavg", task, data,
+      TrainingConfig(**config, runner=RunnerConfig(jit="off"))).describe()
   assert info["jit"] is False  # nothing to compile: allowed
 
 
@@ -621,10 +502,10 @@ def test_stacked_client_states_equal_numpy_stack_with_shared_and_strided_memory(
 
 def test_new_clients_share_one_set_of_initial_state_arrays(cluster_data):
   task, data = cluster_data
-  config = loop.TrainingConfig(rounds=1, clients_per_round=2, local_epochs=1,
-                                     batch_size=10, client_lr=0.02, seed=0, runner="local",
+  config = TrainingConfig(rounds=1, clients_per_round=2, local_epochs=1,
+                                     batch_size=10, client_lr=0.02, seed=0,
                                      client_momentum=0.5, client_state="persist")
-  driver = fedavg.make_driver(task, data, config)
+  driver = registry.build_driver("fedavg", task, data, config)
   a, b = driver.fresh_client_state("train", 0), driver.fresh_client_state("train", 1)
   assert a is not b
   leaves = list(zip(tf.nest.flatten(a), tf.nest.flatten(b)))

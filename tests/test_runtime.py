@@ -80,8 +80,8 @@ def test_failing_run_stops_its_worker(tmp_path):
   # The real main(), with round 2 of the FedAvg runner raising.
   code = textwrap.dedent(f"""
       import sys
-      import run_experiment
-      from tff_cluster.algorithms import fedavg
+      from tff_cluster import experiment as run_experiment
+      from tff_cluster.algorithms.fedavg import fedavg
       original = fedavg.FedAvgDriver.run_round
       def run_round(self, round_num, sampled):
         if round_num == 2:

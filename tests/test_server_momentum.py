@@ -9,8 +9,10 @@ import tensorflow as tf
 from tff_cluster import tasks
 from tff_cluster import registry
 from tff_cluster.host import loop
-from tff_cluster.algorithms.fedavg import FedAvgDefinition
-from tff_cluster.algorithms.server_momentum import SERVER_OPTIMIZERS
+from tff_cluster.host.driver import TrainingConfig
+from tff_cluster.runners.config import RunnerConfig
+from tff_cluster.algorithms.fedavg.fedavg import FedAvgDefinition
+from tff_cluster.algorithms.fedavg.fedavg import SERVER_OPTIMIZERS
 from tff_cluster.spec.task import DataOptions
 
 SPEC = [tf.TensorSpec([2], tf.float32)]
@@ -27,6 +29,7 @@ def _summed(mean_delta, lr=0.1, clients=2):
 
 def _definition(kind, spec, server_lr, server_momentum):
   """FedAvg's definition with `kind`'s server optimizer."""
+  kind = registry.get_algorithm(kind).fixed["server_optimizer"]
   return FedAvgDefinition(spec, 1, mu=0.0, weighting="processed",
                           server_optimizer=SERVER_OPTIMIZERS[kind](server_lr, server_momentum))
 
@@ -106,16 +109,16 @@ def small():
 
 
 def _final(task, data, algo, config, **options):
-  driver = registry.get_algorithm(algo).make_driver(task, data, config, **options)
+  driver = registry.build_driver(algo, task, data, config, **options)
   loop.run_training(task, data, config, driver, None, progress=False)
   return [np.asarray(w) for w in driver.runner.numpy_state(driver.state)["model"]]
 
 
 def _config(**kw):
   base = dict(rounds=3, clients_per_round=4, local_epochs=1, batch_size=10, client_lr=0.05,
-              seed=2, runner="local")
+              seed=2)
   base.update(kw)
-  return loop.TrainingConfig(**base)
+  return TrainingConfig(**base)
 
 
 @pytest.mark.parametrize("algo", ["fedmom", "fedavgm", "slowmo"])
@@ -145,8 +148,8 @@ def test_mime_lite_tff_runner_matches_tffs_build_weighted_mime_lite(small):
   same client datasets end at the same weights."""
   import tensorflow_federated as tff
   task, data = small
-  config = _config(runner="tff", client_lr=0.05)
-  driver = registry.get_algorithm("mime_lite").make_driver(task, data, config,
+  config = _config(runner=RunnerConfig("tff"), client_lr=0.05)
+  driver = registry.build_driver("mime_lite", task, data, config,
                                                              mime_momentum=0.5)
   driver.setup()
   sampled = np.array([0, 2, 3, 5])
@@ -235,10 +238,9 @@ def test_mime_rounds_equal_the_update_rules_worked_in_numpy(algo, form):
   data = FederatedData(["a", "b"], train, {"a": split(3, 0.0), "b": split(3, 0.8)}, 3)
   task = TaskSpec(name="t", description="", load_data=None, model_fn=lambda: models.mclr(3, 3),
                   loss=models.SPARSE_CE_LOGITS, defaults={})
-  config = loop.TrainingConfig(rounds=2, clients_per_round=2, local_epochs=None,
-                                     local_steps=3, batch_size=16, client_lr=0.4, seed=0,
-                                     runner="local")
-  driver = registry.get_algorithm(algo).make_driver(
+  config = TrainingConfig(rounds=2, clients_per_round=2, local_epochs=None,
+                                     local_steps=3, batch_size=16, client_lr=0.4, seed=0)
+  driver = registry.build_driver(algo, 
       task, data, config, mime_momentum=0.6, server_lr=0.9, mime_momentum_form=form)
   driver.setup()
   expected = _numpy_mime(driver.w0, [train["a"], train["b"]], 0.4, 0.6, 0.9, form,
@@ -264,7 +266,7 @@ def test_mime_refuses_batchnorm_models():
   data = FederatedData(["a"], {"a": arrays}, {"a": arrays}, 10)
   task = TaskSpec(name="bn", description="", load_data=None, model_fn=models.fmnist_cnn,
                   loss=models.SPARSE_CE_LOGITS, defaults={})
-  config = loop.TrainingConfig(rounds=1, clients_per_round=1, local_epochs=1,
-                                     batch_size=4, client_lr=0.1, runner="local")
+  config = TrainingConfig(rounds=1, clients_per_round=1, local_epochs=1,
+                                     batch_size=4, client_lr=0.1)
   with pytest.raises(ValueError, match="BatchNorm"):
-    registry.get_algorithm("mime").make_driver(task, data, config)
+    registry.build_driver("mime", task, data, config)

@@ -14,6 +14,7 @@ import pytest
 
 from tests.helpers import SMALL_ARGS, assert_one_line_error, main_in_process
 from tff_cluster.spec import hparams as hp
+from tff_cluster.host.driver import TrainingConfig
 from tff_cluster import models, stack
 
 
@@ -33,7 +34,7 @@ def test_tff_problem_names_both_install_routes(no_tff, monkeypatch):
   assert "TensorFlow Federated is not installed" in problem and "\n" not in problem
   for needle in ROUTES:
     assert needle in problem, needle
-  assert not stack.tff_available()
+  assert stack.tff_problem() is not None
   with pytest.raises(stack.TffUnavailableError, match="uv sync --extra tff"):
     stack.require_tff()
   # The trap on Python 3.12+: `pip install tensorflow-federated` gives 0.1.0.
@@ -52,7 +53,7 @@ def test_tff_runner_without_tff_is_one_line_in_cli_and_api(no_tff, tmp_path, cap
   with pytest.raises(stack.TffUnavailableError, match="requirements-tff.txt"):
     api.build("fedavg", lambda: models.mclr(4, 2), models.SPARSE_CE_LOGITS, client_lr=0.1,
               local_epochs=1, batch_size=2, runner="tff")
-  from tff_cluster.algorithms import fedavg
+  from tff_cluster.algorithms.fedavg import fedavg
   with pytest.raises(stack.TffUnavailableError, match="uv sync --extra tff"):
     fedavg.build_fedavg(lambda: models.mclr(4, 2), models.SPARSE_CE_LOGITS, None,
                         client_lr=0.1)
@@ -68,8 +69,8 @@ def test_tff_files_without_tff_are_a_data_error(no_tff, tmp_path):
 
 def test_local_is_the_default_runner(tmp_path, capsys):
   from tff_cluster.host import loop
-  assert hp.RUNNER.default == "local" and loop.TrainingConfig(
-      rounds=1, clients_per_round=1, local_epochs=1, batch_size=1, client_lr=0.1).runner == "local"
+  assert hp.RUNNER.default == "local" and TrainingConfig(
+      rounds=1, clients_per_round=1, local_epochs=1, batch_size=1, client_lr=0.1).runner.name == "local"
   out = tmp_path / "out"
   code, _, err = main_in_process([*SMALL_ARGS, "--rounds=1", f"--output_dir={out}"], capsys)
   assert code == 0, err

@@ -544,12 +544,3 @@ def test_tasks_are_importable_outside_a_checkout(tmp_path):
                        text=True, timeout=300)
   assert out.returncode == 0, out.stderr[-2000:]
   assert out.stdout.startswith("3 ")
-
-
-def test_checkout_alias_is_the_package():
-  import sys
-
-  import tasks as checkout_tasks
-  from tasks import fmnist as alias
-  from tff_cluster.tasks import fmnist
-  assert alias is fmnist and checkout_tasks is sys.modules["tff_cluster.tasks"]

@@ -74,7 +74,7 @@ def test_the_data_source_draws_the_training_loops_clients_and_batches(data):
 
 
 def _fedavg_process(source):
-  from tff_cluster.algorithms import fedavg
+  from tff_cluster.algorithms.fedavg import fedavg
   return fedavg.build_fedavg(_model, models.SPARSE_CE_LOGITS, source.element_spec, _initial(),
                              client_lr=LR)
 

@@ -27,6 +27,8 @@ from tests.helpers import (assert_one_line_error, descendant_workers,  # noqa: E
                            main_in_process, rerun_in_loopback_namespace)
 from tff_cluster import registry
 from tff_cluster.host import loop
+from tff_cluster.host.driver import TrainingConfig
+from tff_cluster.runners.config import RunnerConfig
 from tff_cluster.runners.tff import runtime
 from tff_cluster.runners.tff import workers  # noqa: E402
 from tff_cluster.runners.ray_runner import loopback_only  # noqa: E402
@@ -64,11 +66,12 @@ def _run(algo, options, addresses):
   `addresses`; persisted client momentum (per-client state)."""
   task = tasks.get_task("synthetic_clusters")
   data = task.load_data(DataOptions(seed=2, num_clients=16, extra={"num_clusters": 3}))
-  config = loop.TrainingConfig(
+  config = TrainingConfig(
       rounds=3, clients_per_round=8, local_epochs=1, batch_size=10, client_lr=0.02, seed=1,
-      runner="tff", client_momentum=0.5, client_state="persist",
-      tff_workers=None if addresses is None else ",".join(addresses), tff_worker_grace=10)
-  driver = registry.get_algorithm(algo).make_driver(task, data, config, **options)
+      runner=RunnerConfig("tff",
+                          tff_workers=None if addresses is None else ",".join(addresses),
+                          tff_worker_grace=10), client_momentum=0.5, client_state="persist")
+  driver = registry.build_driver(algo, task, data, config, **options)
   try:
     summary = loop.run_training(task, data, config, driver, None, progress=False)
   finally:

@@ -15,6 +15,12 @@ options)` returns an algorithm's definition and its raw TFF computations (the
 (`runner='local'`, TFF-free; `'tff'`; or `'ray'`, local's client loop on Ray
 actors) and the algorithm's host side, and checks what it is given:
 
+* `build(algo, model_fn, loss, **settings)` takes every training and runner
+  setting of the CLI by its flag's name (`SETTINGS`; not clients_per_round:
+  `next` is given its clients) and the algorithm's options, built and checked
+  by the constructor the CLI builds a run's settings with
+  (`TrainingConfig.checked`, through `training_config`); `Process(algo,
+  model_fn, loss, training, options)` takes them as values.
 * `initialize(data)` takes a `FederatedData` (or a pair of TFF `ClientData`,
   train and test) and runs the algorithm's set-up, e.g. FedGroup's cold
   start. Only a state made by `initialize` (or returned by `next`) of this
@@ -59,16 +65,18 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Union
 import numpy as np
 
 from tff_cluster import models, registry, stack
-from tff_cluster.host import loop
 from tff_cluster.learning import functional
 from tff_cluster.learning import layer_forms
+from tff_cluster.learning import optimizers
 from tff_cluster.spec import hparams as hp
 from tff_cluster.data.client_data import from_client_data
-from tff_cluster.learning.evaluation import Evaluator, is_rule, per_client
+from tff_cluster.learning.evaluation import Evaluator, deployment
 from tff_cluster.host import round as host_round
 from tff_cluster.host.model_spec import ModelSpec
+from tff_cluster.host import driver as host_driver
+from tff_cluster.host.driver import Context, LossRatio, TrainingConfig
+from tff_cluster.core.definition import LocalSolver
 from tff_cluster.io import checkpoint
-from tff_cluster.models import loss_kind  # noqa: F401  (public)
 from tff_cluster.data.federated import FederatedData
 
 _PROCESS_IDS = itertools.count()
@@ -136,24 +144,40 @@ def _no_trainable_problem(model) -> Optional[str]:
           "least one trainable weight")
 
 
-def _setting(decl: hp.HParam, value, required: bool = False):
-  """`value` of the API argument `decl.name`, checked by the declaration the
-  CLI checks its flag with, the message in the API's words (argument=value,
-  Python values); None takes the declaration's default, or is refused when
-  the argument is `required`."""
-  if value is None and not required:
-    return decl.default
+# The rounds a process plans for when `rounds` is not given (the last one is
+# evaluated whatever `eval_every`).
+DEFAULT_ROUNDS = 100
+# The settings `build` takes besides the algorithm's options and the model's:
+# every training and runner setting of the CLI (`SETTINGS`, the same
+# names) but clients_per_round, since `next` is given its clients.
+SETTINGS = tuple(name for name in host_driver.SETTINGS if name != "clients_per_round")
+
+
+def _in_api_words(error: hp.HParamError, given) -> hp.HParamError:
+  """A refusal of a setting (in flag words) as the API says it: argument=value
+  with Python values (`given`: the argument's), the choices quoted."""
+  decl = error.setting
+  if decl is None:
+    return hp.HParamError(str(error).replace("--", ""))
+  valid = error.valid or decl.valid_text()
+  if decl.choices:
+    valid = ", ".join(repr(c) for c in decl.choices)
+  elif decl.type is bool:
+    valid = "True or False"
+  return hp.HParamError(f"invalid {decl.name}={given!r}; valid: {valid}")
+
+
+def training_config(**settings) -> TrainingConfig:
+  """`TrainingConfig.checked` of `settings` (`SETTINGS` by name;
+  `rounds` `DEFAULT_ROUNDS` when not given; clients_per_round every client
+  with training data), each refusal one line in the API's words."""
+  unknown = sorted(set(settings) - set(SETTINGS))
+  if unknown:
+    raise ValueError(f"unknown setting {unknown[0]!r}; valid: {', '.join(SETTINGS)}")
   try:
-    if value is None:
-      raise hp.HParamError(f"; valid: {decl.valid_text()}")
-    return decl.check(value)
+    return TrainingConfig.checked(**{"rounds": DEFAULT_ROUNDS, **settings})
   except hp.HParamError as e:
-    valid = str(e).partition("; valid: ")[2] or decl.valid_text()
-    if decl.choices:
-      valid = ", ".join(repr(c) for c in decl.choices)
-    elif decl.type is bool:
-      valid = "True or False"
-    raise hp.HParamError(f"invalid {decl.name}={value!r}; valid: {valid}") from None
+    raise _in_api_words(e, settings.get(e.setting.name) if e.setting else None) from None
 
 
 def _declared_input_shape(model) -> Optional[tuple]:
@@ -298,78 +322,55 @@ def _other_keras(model, tf_keras_model) -> Optional[str]:
 class Process:
   """One algorithm on one runner; see the module docstring."""
 
-  def __init__(self, algo: str, model_fn, loss, *, client_lr: float, batch_size: int,
-               local_epochs: Optional[int] = None, local_steps: Optional[int] = None,
-               runner: str = "local", seed: int = 0, initial_weights=None,
-               lr_decay: float = 1.0, client_momentum: float = 0.0,
-               client_state: str = "persist", jit: str = "auto", evaluate: bool = True,
-               client_batching: str = "auto", client_chunk: int = 4,
-               rounds: int = 100, ray_workers: Optional[int] = None,
-               ray_address: Optional[str] = None, **hparams):
+  def __init__(self, algo: str, model_fn, loss, training: TrainingConfig,
+               options: Optional[Dict[str, Any]] = None, *, initial_weights=None,
+               evaluate: bool = True):
+    """`training`: the training and runner settings (`training_config`);
+    `options`: the algorithm's, by name (checked here, the declared defaults
+    filling the rest); `initial_weights`: the model's (default its own
+    initializer, seeded by `training.seed`); `evaluate`: test every client
+    after every `training.eval_every`-th round (and round `training.rounds`)."""
     spec = registry.get_algorithm(algo)  # KeyError names the valid algorithms
     declared = {d.name: d for d in spec.hparams}
-    unknown = sorted(set(hparams) - set(declared))
+    options = dict(options or {})
+    unknown = sorted(set(options) - set(declared))
     if unknown:
       raise ValueError(f"unknown setting {unknown[0]!r} for {algo}; valid: "
-                       f"{', '.join(sorted(declared)) or 'none'}")
-    for name, value in hparams.items():  # each by its declaration, in the API's words
-      _setting(declared[name], value)
-    resolved = spec.options(**hparams)  # checked, the declared defaults filled in
-    if (local_epochs is None) == (local_steps is None):
-      raise ValueError("give exactly one of local_epochs and local_steps")
-    # Every setting by the declaration the CLI checks its flag with.
-    client_lr = _setting(hp.CLIENT_LR, client_lr, required=True)
-    batch_size = _setting(hp.BATCH_SIZE, batch_size, required=True)
-    local_epochs = _setting(hp.LOCAL_EPOCHS, local_epochs)
-    local_steps = _setting(hp.LOCAL_STEPS, local_steps)
-    rounds = _setting(hp.ROUNDS, rounds, required=True)
-    seed = _setting(hp.SEED, seed)
-    lr_decay = _setting(hp.LR_DECAY, lr_decay)
-    client_momentum = _setting(hp.CLIENT_MOMENTUM, client_momentum)
-    client_state = _setting(hp.CLIENT_STATE, client_state)
-    jit = _setting(hp.JIT, jit)
-    client_batching = _setting(hp.CLIENT_BATCHING, client_batching)
-    client_chunk = _setting(hp.CLIENT_CHUNK, client_chunk)
-    runner = _setting(hp.RUNNER, runner)
-    ray_workers = _setting(hp.RAY_WORKERS, ray_workers)
-    ray_address = _setting(hp.RAY_ADDRESS, ray_address)
-    if ray_address == "":
-      raise ValueError("invalid ray_address=''; valid: 'HOST:PORT' of a Ray head, or 'auto'")
+                       f"{', '.join([*sorted(declared), *SETTINGS])}")
+    for name, value in options.items():  # each by its declaration, in the API's words
+      try:
+        declared[name].check(value)
+      except hp.HParamError as e:
+        raise _in_api_words(e, value) from None
+    resolved = spec.options(**options)  # checked, the declared defaults filled in
     if not isinstance(evaluate, bool):
       raise ValueError(f"invalid evaluate={evaluate!r}; valid: True or False")
-    if runner == "tff":
+    runner = training.runner
+    if runner.name == "tff":
       stack.require_tff()
-    if runner != "ray" and (ray_workers is not None or ray_address is not None):
-      raise ValueError(f"ray_workers / ray_address given with runner={runner!r}; valid: "
-                       "runner='ray' with them, or neither")
     model = _check_model_fn(model_fn)
-    if client_batching == "parallel" and runner != "tff":
+    if runner.client_batching == "parallel" and runner.name != "tff":
       problem = _side_by_side_problem(model)
       if problem is not None:
         raise ValueError(problem)
     self.algo = algo
-    self.loss = loss_kind(loss)
+    self.loss = models.loss_kind(loss)
     self._model_fn = model_fn
     self._model: Optional[ModelSpec] = None  # made by initialize: built for the data
     self._layout = self._num_trainable = None
     if models.has_weights(model):
       self._set_layout(model)
-    self._train_settings = dict(
-        client_lr=client_lr, batch_size=batch_size, local_epochs=local_epochs,
-        local_steps=local_steps, runner=runner, seed=seed, lr_decay=lr_decay,
-        client_momentum=client_momentum, client_state=client_state, jit=jit,
-        client_batching=client_batching, client_chunk=client_chunk, ray_workers=ray_workers,
-        ray_address=ray_address)
+    self._training = training
     self._options = resolved
-    self._rounds = rounds
     self._all_clients = spec.all_clients
     self._initial_weights = None if initial_weights is None else [
         np.asarray(w) for w in initial_weights]
     if self._layout is not None:
       self._check_initial_weights()
-    self._evaluate_each_round = evaluate
+    self._evaluate = evaluate
     self._id = next(_PROCESS_IDS)
     self._driver = None
+    self._loss_ratio = None
     self._data: Optional[FederatedData] = None
     self._evaluator = None
     self._latest: Optional[ProcessState] = None
@@ -409,8 +410,8 @@ class Process:
                        "with at least one weight to train")
     if _no_trainable_problem(model):
       raise ValueError(_no_trainable_problem(model))
-    if self._train_settings["client_batching"] == "parallel" and \
-        self._train_settings["runner"] != "tff":
+    runner = self._training.runner
+    if runner.client_batching == "parallel" and runner.name != "tff":
       import tensorflow as tf
       problem = _side_by_side_problem(model, tf.TensorSpec(shape, tf.as_dtype(dtype)))
       if problem is not None:
@@ -460,21 +461,18 @@ class Process:
     if problem is not None:
       raise ValueError(problem)
     self._model = ModelSpec(model_fn, self.loss)
-    config = loop.TrainingConfig(
-        rounds=self._rounds, clients_per_round=data.num_training_clients,
-        **self._train_settings)
-    driver = self._task_driver(data, config)
-    if self._initial_weights is not None:
-      driver.w0 = [np.array(w) for w in self._initial_weights]
+    config = dataclasses.replace(self._training,
+                                 clients_per_round=data.num_training_clients)
+    driver = registry.build_driver(self.algo, self._model, data, config, self._options,
+                                   initial_weights=self._initial_weights)
+    # The divergence rule of the training loop (`training.divergence_ratio`).
+    self._loss_ratio = LossRatio(self._model, data, driver.w0, config.divergence_ratio,
+                                 evaluator=driver.make_evaluator("train"))
     driver.setup()
     self._driver, self._data = driver, data
     self._evaluator = Evaluator(self._model.model_fn, self.loss, data)
     self._latest = ProcessState(self._id, 0, driver.snapshot())
     return self._latest
-
-  def _task_driver(self, data, config):
-    spec = registry.get_algorithm(self.algo)
-    return spec.load().make_driver(self._model, data, config, self._options)
 
   def _check_state(self, state) -> None:
     if not isinstance(state, ProcessState):
@@ -525,8 +523,11 @@ class Process:
       clients = self._data.training_clients().tolist()
     sampled = self._client_indices(clients)
     round_num = state.round_num + 1
+    training = self._training
+    evaluate = self._evaluate and (round_num % training.eval_every == 0
+                                   or round_num == training.rounds)
     outcome = host_round.run_round(driver, round_num, sampled,
-                                   self._evaluator if self._evaluate_each_round else None)
+                                   self._evaluator if evaluate else None, self._loss_ratio)
     client_model = (outcome.client_model if outcome.result is None
                     else outcome.result.client_model)
     new = ProcessState(self._id, round_num, driver.snapshot())
@@ -535,7 +536,7 @@ class Process:
 
   def _client_results(self, client_model) -> Dict[str, Dict[str, Any]]:
     ids = self._data.client_ids
-    if is_rule(client_model):
+    if deployment(client_model).rule:
       return {c: {"model": -1} for c in ids}
     assignment = np.asarray(client_model).reshape(-1)
     return {c: {"model": int(assignment[i]) if assignment[i] >= 0 else -1}
@@ -588,7 +589,7 @@ class Process:
       given = dict(x_key=x_key, y_key=y_key, flatten=flatten, num_classes=num_classes)
       data = self._as_federated_data(
           client_data, {k: v for k, v in given.items() if v != defaults[k]})
-      if per_client(client_model) and data.client_ids != self._data.client_ids:
+      if deployment(client_model).per_client and data.client_ids != self._data.client_ids:
         raise ValueError("evaluate(): the data's client ids differ from initialize()'s; "
                          "valid: the same clients (each is tested with its own model)")
       problem = _model_data_problem(self._model.model_fn(), self.loss, data)
@@ -600,12 +601,27 @@ class Process:
             "client_model": np.asarray(result.client_model).tolist()}
 
 
-def build(algo: str, model_fn, loss, **settings) -> Process:
-  """The process of `algo` (see `Process` and the module docstring)."""
-  return Process(algo, model_fn, loss, **settings)
+def build(algo: str, model_fn, loss, *, initial_weights=None, evaluate: bool = True,
+          **settings) -> Process:
+  """The process of `algo` (see `Process` and the module docstring):
+  `settings` are the training and runner settings (`SETTINGS`, the CLI's
+  flags of the same names, checked by `training_config`) and the
+  algorithm's options, by name."""
+  spec = registry.get_algorithm(algo)  # KeyError names the valid algorithms
+  own = {d.name for d in spec.hparams}
+  options = {name: value for name, value in settings.items() if name in own}
+  unknown = sorted(set(settings) - own - set(SETTINGS))
+  if unknown:
+    raise ValueError(f"unknown setting {unknown[0]!r} for {algo}; valid: "
+                     f"{', '.join([*sorted(own), *SETTINGS])}")
+  training = training_config(**{name: value for name, value in settings.items()
+                                if name not in own})
+  return Process(algo, model_fn, loss, training, options,
+                 initial_weights=initial_weights, evaluate=evaluate)
 
 
-def computations(algo: str, model_fn, loss, element_spec, options=None, **definition_args):
+def computations(algo: str, model_fn, loss, element_spec, options=None, data=None,
+                 client_momentum: float = 0.0, server_optimizer=None, client_optimizer=None):
   """An algorithm's TFF computations, for TFF research pipelines.
 
   Returns `(definition, {mode: computation})`: the algorithm's `Definition`
@@ -616,18 +632,18 @@ def computations(algo: str, model_fn, loss, element_spec, options=None, **defini
   its `.computation` is the TFF computation itself, every output at SERVER
   (the per-client outputs gathered with their positions; see
   `tff_cluster.runners.tff.runner`); the state starts as
-  `definition.initial_state(weights)`. `definition_args` go to the
-  definition: the local solver (`momentum=...`) and what an algorithm needs
-  besides its options (CFL-MGD: `num_clients=...`). What the host does between
-  modes (cold starts, assignments) is the algorithm's driver's. The TFF stack
-  only; pFedMo, FedNAG and FedGroup build their definitions from the data:
-  run them through `build(..., runner="tff")`.
+  `definition.initial_state(weights)`. `data` (a `FederatedData`) is read by
+  the definitions made from the clients (CFL-MGD's number of clients,
+  pFedMo's public set, FedSoft's and FedRC's sizes; without it they are
+  refused in one line); `client_momentum` is the clients' heavy-ball beta
+  (a buffer that starts at zero every round). `server_optimizer` /
+  `client_optimizer`: a `tff.learning.optimizers` optimizer (or a
+  `learning.optimizers` chain) replacing the definition's server optimizer /
+  the clients' local step (`optimizers.from_tff`). What the host does between
+  modes (cold starts, assignments) is the algorithm's driver's. The TFF
+  stack only.
   """
   spec = registry.get_algorithm(algo)
-  module = spec.load()
-  if not hasattr(module, "make_definition"):
-    raise ValueError(f"{algo}'s definition is made from the data, so computations() cannot "
-                     f"build it alone; valid: build({algo!r}, ..., runner='tff')")
   stack.require_tff()
   from tff_cluster.runners.tff import runner as tff_runner
   model = _check_model_fn(model_fn)
@@ -636,8 +652,19 @@ def computations(algo: str, model_fn, loss, element_spec, options=None, **defini
     model_fn = functools.partial(models.built_model, model_fn,
                                  tuple(x.shape)[1:], x.dtype.name)
     model = model_fn()
-  definition = module.make_definition(
-      models.weights_type_spec(model), len(model.trainable_variables),
-      spec.options(**dict(options or {})), **definition_args)
+  if spec.own_momentum and client_momentum:
+    raise ValueError(f"invalid client_momentum for {algo}: {spec.own_momentum}; "
+                     "valid: client_momentum=0")
+  if client_optimizer is not None and (spec.own_momentum or client_momentum):
+    raise ValueError(f"invalid client_optimizer for {algo}: "
+                     f"{spec.own_momentum or 'client_momentum is given too'}; valid: None")
+  local = None if client_optimizer is None else optimizers.from_tff(client_optimizer)
+  context = Context(ModelSpec(model_fn, models.loss_kind(loss)), data, None,
+                    spec.options(**dict(options or {})), models.weights_type_spec(model),
+                    len(model.trainable_variables), models.get_weights(model),
+                    LocalSolver(float(client_momentum), optimizer=local))
+  definition = spec.load_definition()(context)
+  if server_optimizer is not None:
+    definition = definition.with_server_optimizer(optimizers.from_tff(server_optimizer))
   return definition, tff_runner.build_computations(definition, model_fn, models.loss_kind(loss),
                                                    element_spec)

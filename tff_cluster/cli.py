@@ -23,13 +23,13 @@ from tff_cluster import registry, stack, tasks
 from tff_cluster.io import results
 from tff_cluster.data.federated import DataError, FederatedData, reloading
 from tff_cluster.io import rundir
+from tff_cluster.runners.config import SETTING_RUNNERS, RunnerConfig
 from tff_cluster.spec.task import DataOptions
 
 ALGOS = registry.ALGORITHMS
 TASKS = tasks.registry()
 ALGO_HPARAMS = registry.all_hparams()
-RUNNER_HPARAMS = (hp.RUNNER, hp.JIT, hp.CLIENT_BATCHING, hp.CLIENT_CHUNK, hp.RAY_WORKERS, hp.RAY_ADDRESS, hp.TFF_WORKERS,
-                  hp.TFF_WORKER_GRACE, hp.TFF_SUBROUND_TIMEOUT)
+RUNNER_HPARAMS = hp.RUNNER_HPARAMS
 GENERAL = ("algo", "task", "model", "num_clients", "data_dir", "synthetic_alpha",
            "synthetic_beta", "glove_path", "task_arg", "output_dir", "overwrite",
            "progress", "checkpoint_every", "groups_format", "resume", "eval_only")
@@ -44,10 +44,7 @@ RESUME_MAY_CHANGE = ("rounds", "output_dir", "overwrite", "progress", "checkpoin
 # The runners each flag applies to. A resumed (or evaluated) run inherits only
 # the ones its runner takes: `--resume --runner=local` of a `ray` run does not
 # carry the run's `--ray_workers` over as if it had been typed.
-RUNNER_FLAG_RUNNERS = {"jit": ("local", "ray"), "client_batching": ("local", "ray"),
-                       "client_chunk": ("local", "ray"), "ray_workers": ("ray",),
-                       "ray_address": ("ray",), "tff_workers": ("tff",),
-                       "tff_worker_grace": ("tff",), "tff_subround_timeout": ("tff",)}
+RUNNER_FLAG_RUNNERS = SETTING_RUNNERS
 # Generated tasks whose clients all live in this process's memory: the mean
 # samples of a client (FedProx's sizes: floor(lognormal(4, 2)) + 50, mean
 # exp(6) + 50) and the bytes of one sample (60 float32 features, an int32 label).
@@ -94,7 +91,7 @@ def _resolve_declared(values, algo, task) -> dict:
     task_defaults.pop("client_momentum", None)
   try:
     settings.update(hp.resolve(training, given, task.name, task_defaults))
-    settings.update(hp.resolve(RUNNER_HPARAMS, given, task.name))
+    settings.update(RunnerConfig.of_flags(given).flags())
     settings.update(hp.resolve(algo.hparams, given, task.name, task.defaults))
     for name in ("num_clients", "synthetic_alpha", "synthetic_beta"):
       if settings[name] is None:
@@ -140,8 +137,9 @@ def _check_training(settings: dict, values, algo, task) -> None:
 
 
 def _check_runner(settings: dict, values) -> None:
-  """The runner's stack is installed and only its own flags are given.
-  Raises UsageError."""
+  """The runner's stack is installed (its flags were checked with
+  `RunnerConfig.checked`), a warning for local-runner flags the tff runner
+  ignores. Raises UsageError."""
   if stack.keras_problem() is not None:
     raise UsageError(stack.keras_problem())
   if settings["runner"] == "tff":
@@ -151,25 +149,8 @@ def _check_runner(settings: dict, values) -> None:
   for name in ("jit", "client_batching", "client_chunk"):
     if settings["runner"] == "tff" and values.get(name) is not None:
       print(f"warning: --{name} ignored by --runner={settings['runner']}", file=sys.stderr)
-  ray_flags = [f"--{name}" for name in ("ray_workers", "ray_address")
-               if values.get(name) is not None]
-  if ray_flags and settings["runner"] != "ray":
-    raise UsageError(f"{', '.join(ray_flags)} given with --runner={settings['runner']}; "
-                     "valid: --runner=ray with them, or neither")
-  tff_flags = [f"--{name}" for name in ("tff_workers", "tff_worker_grace",
-                                         "tff_subround_timeout") if values.get(name) is not None]
-  if tff_flags and settings["runner"] != "tff":
-    raise UsageError(f"{', '.join(tff_flags)} given with --runner={settings['runner']}; "
-                     "valid: --runner=tff with them, or neither")
-  if settings["tff_workers"] is not None:
-    try:
-      hp.parse_host_ports(settings["tff_workers"], "tff_workers")
-    except ValueError as e:
-      raise UsageError(str(e)) from None
   if settings["runner"] == "ray" and not stack.has_module("ray"):
     raise UsageError(stack.RAY_MISSING)
-  if settings["ray_address"] == "":
-    raise UsageError("invalid --ray_address=''; valid: HOST:PORT of a Ray head, or auto")
 
 
 def resolve_settings(values) -> dict:
@@ -324,6 +305,14 @@ def _check_config_types(run_dir: str, config: dict) -> None:
                      "valid: a run's config.json, where task_args is an object")
 
 
+def _known_options(new: Dict[str, Any], old: Dict[str, Any], algo) -> Dict[str, Any]:
+  """`new` without the options a run made before they existed lacks (`old`
+  has no such key) that stay at their declared default: that run ran as the
+  default does."""
+  defaults = {d.name: results.to_jsonable(d.default) for d in algo.hparams}
+  return {k: v for k, v in new.items() if k in old or k not in defaults or v != defaults[k]}
+
+
 def run_dir_settings(run_dir: str, given: Dict[str, Any], resume: bool,
                      eval_only: bool) -> dict:
   """--resume / --eval_only: the run's settings from its config.json, with the
@@ -340,6 +329,9 @@ def run_dir_settings(run_dir: str, given: Dict[str, Any], resume: bool,
   else:
     values["task_arg"] = [f"{k}={hp.format_value(v)}"
                           for k, v in (config.get("task_args") or {}).items()]
+  if "algo" in given and given["algo"] != config.get("algo"):
+    for name in config.get("algo_options") or {}:  # the run's algorithm's, not this one's
+      values.pop(name, None)
   runner = given.get("runner") or config.get("runner") or hp.RUNNER.default
   for name, runners in RUNNER_FLAG_RUNNERS.items():
     if runner not in runners:
@@ -353,6 +345,8 @@ def run_dir_settings(run_dir: str, given: Dict[str, Any], resume: bool,
     if key not in settings or key in RESUME_MAY_CHANGE:
       continue
     new = results.to_jsonable(settings[key])
+    if key == "algo_options" and isinstance(old, dict) and isinstance(new, dict):
+      new = _known_options(new, old, ALGOS[settings["algo"]])
     if new != old:
       raise UsageError(f"--resume: {key}={new} differs from the run's {key}={old} "
                        f"({run_dir}/config.json); valid: the run's settings, a "

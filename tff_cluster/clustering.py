@@ -1,4 +1,5 @@
-"""Clustering maths of FedGroup, as plain numpy / TensorFlow functions.
+"""Clustering maths shared by the clustered algorithms, as plain numpy /
+TensorFlow functions (FedGroup's measures first).
 
 Duan et al., "FedGroup: Efficient Clustered Federated Learning via Decomposed
 Data-Driven Measure" (arXiv:2010.06870). Nothing in here touches TFF: the
@@ -49,27 +50,6 @@ def flatten_weights(weights: Sequence[np.ndarray]) -> np.ndarray:
     raise ValueError("flatten_weights got no arrays; pass a non-empty list of "
                      "per-layer arrays")
   return np.concatenate(arrays)
-
-
-def flatten_stacked(stacked: Sequence[np.ndarray]) -> np.ndarray:
-  """Flattens per-layer arrays of shape [n, ...] into one float64 matrix [n, d].
-
-  Row i is `flatten_weights` of the i-th slice of every layer, so the layer
-  order (and within a layer, C order) is the same as for `flatten_weights`.
-  """
-  arrays = [np.asarray(w, dtype=np.float64) for w in stacked]
-  if not arrays:
-    raise ValueError("flatten_stacked got no arrays; pass a non-empty list of "
-                     "per-layer arrays with a leading dimension n")
-  if any(a.ndim == 0 for a in arrays):
-    raise ValueError("flatten_stacked needs arrays with a leading dimension n; "
-                     "got a scalar")
-  n = arrays[0].shape[0]
-  if any(a.shape[0] != n for a in arrays):
-    sizes = [a.shape[0] for a in arrays]
-    raise ValueError(f"flatten_stacked: leading dimensions differ {sizes}; all "
-                     "layers must stack the same n models")
-  return np.concatenate([a.reshape(n, -1) for a in arrays], axis=1)
 
 
 def _as_matrix(x: np.ndarray, name: str) -> np.ndarray:
@@ -239,37 +219,6 @@ def cluster_updates(updates: np.ndarray, num_groups: int, measure: str,
 # --------------------------------------------------------------------------- #
 
 
-def assign_many(updates: np.ndarray, group_updates: np.ndarray) -> np.ndarray:
-  """Cold start for several clients: `assign_by_direction` row by row.
-
-  g*_i = argmin_j (1 − cos(Δw_j, Δw_i)) / 2, the paper's newcomer assignment
-  (Δw_j: group j's update direction). Ties go to the lowest group index; a zero
-  update (cosine 0 with every group) therefore joins group 0.
-  """
-  updates = _as_matrix(updates, "updates")
-  group_updates = _as_matrix(group_updates, "group_updates")
-  if group_updates.shape[0] == 0:
-    raise ValueError("group_updates has no rows; need at least one group")
-  if updates.shape[1] != group_updates.shape[1]:
-    raise ValueError(f"updates and group_updates must have the same length d; "
-                     f"got {updates.shape[1]} and {group_updates.shape[1]}")
-  distance = (1.0 - cosine_similarity_matrix(updates, group_updates)) / 2.0
-  return np.argmin(distance, axis=1).astype(np.int64)  # first min on ties
-
-
-def assign_by_direction(update: np.ndarray, group_updates: np.ndarray) -> int:
-  """Cold start for one client: g* = argmin_j (1 − cos(Δw_j, Δw_i)) / 2.
-
-  `update` is the newcomer's flattened Δw_i [d]; `group_updates` [m, d] holds
-  one update direction per group. Ties go to the lowest index.
-  """
-  update = np.asarray(update, dtype=np.float64)
-  if update.ndim != 1:
-    raise ValueError(f"update must be a 1-D array [d]; got shape "
-                     f"{update.shape}")
-  return int(assign_many(update[None, :], group_updates)[0])
-
-
 # --------------------------------------------------------------------------- #
 # Inter-group aggregation.
 # --------------------------------------------------------------------------- #
@@ -333,15 +282,6 @@ def inter_group_step(stacked_weights: Sequence[tf.Tensor],
              else tf.constant(eta, dtype=w.dtype))
     out.append(w + eta_w * step)
   return out
-
-
-def inter_group_step_np(flat: np.ndarray, eta: float) -> np.ndarray:
-  """Numpy reference of `inter_group_step` on flattened models [m, d]."""
-  flat = _as_matrix(flat, "flat")
-  diff = flat[None, :, :] - flat[:, None, :]  # diff[j, l] = w_l − w_j
-  dist = np.linalg.norm(diff, axis=-1)
-  inv = np.divide(1.0, dist, out=np.zeros_like(dist), where=dist > 0.0)
-  return flat + eta * np.einsum("jl,jld->jd", inv, diff)
 
 
 # --------------------------------------------------------------------------- #

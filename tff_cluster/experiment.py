@@ -15,7 +15,6 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import contextlib
-import dataclasses
 import json
 import re
 import shutil
@@ -25,8 +24,8 @@ import time
 from absl import flags, logging
 
 from tff_cluster.spec import hparams as hp
-from tff_cluster import interrupts
-from tff_cluster.cli import (  # noqa: F401  (UsageError, resolve_settings: public)
+from tff_cluster import interrupts, registry
+from tff_cluster.cli import (
     ALGO_HPARAMS as _ALGO_HPARAMS, ALGOS as _ALGOS, GENERAL as _GENERAL,
     RUNNER_HPARAMS as _RUNNER_HPARAMS, TASKS as _TASKS, UsageError, flag_names,
     load_task_data, prepare_output_dir, resolve_settings, run_config, run_dir_settings)
@@ -159,6 +158,7 @@ def run(settings: dict) -> dict:
   tf = stack.import_tensorflow()
 
   from tff_cluster.host import loop
+  from tff_cluster.host.driver import SETTINGS, TrainingConfig
   from tff_cluster.io import results
   from tff_cluster.io import rundir
 
@@ -173,11 +173,9 @@ def run(settings: dict) -> dict:
     load_start = time.perf_counter()
     data = load_task_data(settings, task, _present())
     load_seconds = time.perf_counter() - load_start
-    config = loop.TrainingConfig(**{
-        field.name: settings[field.name]
-        for field in dataclasses.fields(loop.TrainingConfig)})
+    config = TrainingConfig.checked(**{name: settings[name] for name in SETTINGS})
     try:
-      driver = algo.make_driver(task, data, config, **settings["algo_options"])
+      driver = registry.build_driver(algo, task, data, config, **settings["algo_options"])
     except ValueError as e:
       raise UsageError(str(e)) from None
   except BaseException:
@@ -204,12 +202,12 @@ def run(settings: dict) -> dict:
     writer.write_config(record)
     device = record["runner_info"].get("device") if isinstance(
         record["runner_info"], dict) else None
-    print(f"{algo.name} on {task.name} ({task.model_name}, runner {config.runner}"
+    print(f"{algo.name} on {task.name} ({task.model_name}, runner {config.runner.name}"
           f"{f' on {device}' if device else ''}): "
           f"{data.description}; {data.num_clients} clients, {record['num_train_samples']} "
           f"train samples; results -> {out_dir}"
           + (f"; resuming after round {resume['round']}" if resume else ""), file=sys.stderr)
-    with _runtime_owner(config.runner):
+    with _runtime_owner(config.runner.name):
       return loop.run_training(
           task, data, config, driver, writer, progress=settings["progress"],
           checkpoint_dir=out_dir, checkpoint_every=settings["checkpoint_every"],

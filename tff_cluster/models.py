@@ -72,11 +72,6 @@ def loss_kind(loss) -> str:
                    f"{SPARSE_CE_LOGITS!r}, {BINARY_PROBS!r})")
 
 
-def count_trainable(model: tf.keras.Model) -> int:
-  """Number of trainable parameters (scalars) of a built model."""
-  return int(sum(int(np.prod(v.shape)) for v in model.trainable_variables))
-
-
 def mlp(input_dim: int, hidden: int, num_classes: int,
         name: str = "mlp") -> tf.keras.Model:
   """One-hidden-layer perceptron (ReLU), logits out.

@@ -68,10 +68,6 @@ def has_module(name: str) -> bool:
   return importlib.util.find_spec(name) is not None
 
 
-def tff_available() -> bool:
-  return tff_problem() is None
-
-
 def require_tff() -> None:
   """Raises `TffUnavailableError` (one line naming both install routes) unless
   TFF 0.87 is installed. Called before any `import tensorflow_federated`."""

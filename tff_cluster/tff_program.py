@@ -37,6 +37,7 @@ from typing import List, Optional
 import numpy as np
 import tensorflow as tf
 
+from tff_cluster import seeds
 from tff_cluster import stack
 
 stack.require_tff()
@@ -45,7 +46,7 @@ import tensorflow_federated as tff  # noqa: E402
 from tensorflow_federated.python.common_libs import serializable  # noqa: E402
 
 from tff_cluster import api  # noqa: E402
-from tff_cluster.algorithms import fedavg  # noqa: E402
+from tff_cluster.algorithms.fedavg import fedavg  # noqa: E402
 from tff_cluster.core.definition import round_params  # noqa: E402
 from tff_cluster.data.federated import FederatedData  # noqa: E402
 from tff_cluster.host.driver import sample_clients  # noqa: E402
@@ -61,7 +62,7 @@ class ClientDataSourceIterator(tff.program.FederatedDataSourceIterator):
 
   def __init__(self, round_num: int = 0, rng_state: Optional[dict] = None):
     self._round = int(round_num)
-    self._rng = np.random.default_rng(np.random.SeedSequence([self.source.seed, 7]))
+    self._rng = seeds.generator(self.source.seed, "client_sampling")
     if rng_state is not None:
       self._rng.bit_generator.state = rng_state
 
@@ -174,7 +175,9 @@ ROUND_MODES = {"mime": ("gradient", "train")}
 
 def build_learning_process(algo: str, model_fn, loss, element_spec, initial_weights,
                            client_lr: float, options=None, *, modes=None,
-                           model_index: int = 0, **definition_args):
+                           model_index: int = 0, data=None,
+                           client_momentum: float = 0.0, server_optimizer=None,
+                           client_optimizer=None):
   """`algo`'s round as a `tff.learning.templates.LearningProcess` that
   `tff.learning.programs.train_model` drives.
 
@@ -194,14 +197,23 @@ def build_learning_process(algo: str, model_fn, loss, element_spec, initial_weig
   state (K stacked models) model `model_index` (every cluster's is in the
   state, `state['models']`); `set_model_weights` sets that one.
 
-  Args: as `api.computations` (options by name, `definition_args` to the
-  definition), plus the clients' learning rate and `initial_weights`: one
+  `server_optimizer` / `client_optimizer`: a `tff.learning.optimizers`
+  optimizer (`build_sgdm`, `build_adam`, `build_yogi`, `build_adagrad`) run
+  as the library's chain of the same rule and numbers (`optimizers.from_tff`),
+  in place of the definition's server optimizer (per cluster for IFCA and
+  HypCluster: its state stacked) / of the clients' local step; anything
+  else is refused in one line.
+
+  Args: as `api.computations` (options by name, `data` and
+  `client_momentum` to the definition), plus the clients' learning rate and `initial_weights`: one
   model's weight list, or for a clustered one a list per cluster (K equal
   models would tie every client's choice to cluster 0).
   """
   _check_host_steps(algo, options)
   definition, computations = api.computations(algo, model_fn, loss, element_spec, options,
-                                              **definition_args)
+                                              data=data, client_momentum=client_momentum,
+                                              server_optimizer=server_optimizer,
+                                              client_optimizer=client_optimizer)
   initial = definition.initial_state(tf.nest.map_structure(np.asarray, list(initial_weights)))
   _check_process_algorithm(algo, computations, initial)
   modes = tuple(modes or ROUND_MODES.get(algo, ("train",)))

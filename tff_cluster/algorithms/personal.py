@@ -35,9 +35,9 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
-from tff_cluster.algorithms.fedavg import add_mean_update, client_weight, with_weight_spec
+from tff_cluster.core.weighting import add_mean_update, client_weight, with_weight_spec
 from tff_cluster.core import personal
-from tff_cluster.core.definition import ClientOutput, Definition
+from tff_cluster.core.definition import ClientOutput, Definition, LocalSolver
 from tff_cluster.host import driver
 from tff_cluster.learning import optimizers, schedule
 
@@ -82,8 +82,8 @@ class SplitDefinition(PersonalStateDefinition):
 
   def __init__(self, weights_spec, num_trainable: int, *, indices: Sequence[int],
                initial_weights, weighting: str, modes: Tuple[str, ...] = ("train",),
-               **solver):
-    super().__init__(weights_spec, num_trainable, **solver)
+               solver: LocalSolver = LocalSolver()):
+    super().__init__(weights_spec, num_trainable, solver)
     self.modes = tuple(modes)
     if self.modes != ("train",):
       # A masked phase starts its optimizer afresh (a frozen weight under a
@@ -156,8 +156,9 @@ class FullPersonalDefinition(PersonalStateDefinition):
   """
 
   def __init__(self, weights_spec, num_trainable: int, *, initial_weights, weighting: str,
-               lam: float = 0.0, federated: bool = True, **solver):
-    super().__init__(weights_spec, num_trainable, **solver)
+               lam: float = 0.0, federated: bool = True,
+               solver: LocalSolver = LocalSolver()):
+    super().__init__(weights_spec, num_trainable, solver)
     self.weighting = weighting
     self.lam = float(lam)
     self.federated = bool(federated)
@@ -217,16 +218,19 @@ class PersonalDriver(driver.Driver):
   (`phases`: (mode, local work or None for the run's)), one server model,
   each client tested with its own model.
 
+  `phases` is one round of mode `train` with the run's local work and
+  `unseen` ('initial' or 'global', the model a client never sampled is
+  tested with: `unseen_model`) 'initial'; a subclass sets its own after
+  this constructor (FedRep's two phases, Ditto's `--ditto_unseen`).
+
   `models_down`/`models_up`: the fraction of the model a sampled client
   receives and sends in a round (the shared part's size; 0 for local-only).
   """
 
-  def __init__(self, task, data, config: driver.TrainingConfig, make_definition,
-               phases: Sequence[Tuple[str, Optional[schedule.LocalWork]]] = (("train", None),),
-               unseen: str = "initial"):
-    super().__init__(task, data, config, make_definition)
-    self.phases = list(phases)
-    self.unseen = unseen
+  def __init__(self, context: driver.Context, definition: PersonalStateDefinition):
+    super().__init__(context, definition)
+    self.phases: List[Tuple[str, Optional[schedule.LocalWork]]] = [("train", None)]
+    self.unseen = "initial"
     self.state = None
 
   def setup(self):
@@ -273,32 +277,21 @@ class PersonalDriver(driver.Driver):
     return weights, index
 
 
-def make_split_driver(task, data, config: driver.TrainingConfig, options, choose,
-                      modes: Tuple[str, ...] = ("train",),
-                      phases: Sequence[Tuple[str, Optional[schedule.LocalWork]]] = (
-                          ("train", None),)) -> PersonalDriver:
-  """A `PersonalDriver` over a `SplitDefinition` whose personal weights are
-  `choose(model)` (indices into the model's weight list)."""
-  model = driver.ModelSpec.of(task)
-  indices = choose(model.model_fn())
-  w0 = driver.initial_weights(model, config.seed)
-
-  def make(specs, num_trainable, **solver):
-    return SplitDefinition(specs, num_trainable, indices=indices, initial_weights=w0,
-                           weighting=options.client_weighting, modes=modes, **solver)
-
-  return PersonalDriver(task, data, config, make, phases=phases)
+def split_definition(context: driver.Context, indices: Sequence[int],
+                     modes: Tuple[str, ...] = ("train",)) -> SplitDefinition:
+  """A `SplitDefinition` whose personal weights are `indices` (into the
+  model's weight list), starting at `context.w0`'s, weighted by the
+  options' `--client_weighting`."""
+  return SplitDefinition(context.weights_spec, context.num_trainable, indices=indices,
+                         initial_weights=context.w0,
+                         weighting=context.options.client_weighting, modes=modes,
+                         solver=context.solver)
 
 
-def make_full_driver(task, data, config: driver.TrainingConfig, *, weighting: str,
-                     lam: float = 0.0, federated: bool = True,
-                     unseen: str = "initial") -> PersonalDriver:
-  """A `PersonalDriver` over a `FullPersonalDefinition` (Ditto, local-only)."""
-  w0 = driver.initial_weights(driver.ModelSpec.of(task), config.seed)
-
-  def make(specs, num_trainable, **solver):
-    return FullPersonalDefinition(specs, num_trainable, initial_weights=w0,
-                                  weighting=weighting, lam=lam, federated=federated,
-                                  **solver)
-
-  return PersonalDriver(task, data, config, make, unseen=unseen)
+def full_definition(context: driver.Context, *, weighting: str, lam: float = 0.0,
+                    federated: bool = True) -> FullPersonalDefinition:
+  """A `FullPersonalDefinition` (Ditto, local-only) whose every v_k starts at
+  `context.w0`."""
+  return FullPersonalDefinition(context.weights_spec, context.num_trainable,
+                                initial_weights=context.w0, weighting=weighting, lam=lam,
+                                federated=federated, solver=context.solver)

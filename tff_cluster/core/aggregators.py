@@ -1,5 +1,5 @@
-"""How the clients' outputs are combined, written once: `Sum`, `ClusterSum`
-and `ClusterMean`.
+"""How the clients' outputs are combined, written once: `Sum`, `Mean`,
+`ClusterSum` and `ClusterMean`.
 
 The runners combine a round's `ClientOutput.summed` with one sum (TFF's
 `federated_sum`; `Sum.add` in-process). A per-cluster weighted mean rides on
@@ -29,6 +29,18 @@ class Sum:
   def add(total, value):
     """`total` + one client's `value`, leaf by leaf."""
     return tf.nest.map_structure(tf.add, total, value)
+
+
+class Mean:
+  """The weighted mean over the round's clients (one cluster): each client
+  sends (weight x value, weight), summed; the server divides."""
+
+  @staticmethod
+  def mean(sums: Sequence[tf.Tensor], weight: tf.Tensor) -> List[tf.Tensor]:
+    """sums / weight per tensor; zeros where no client had weight (`weight`
+    0: the sums are zeros, divided by 1)."""
+    safe = tf.where(weight > 0, weight, 1.0)
+    return [s / safe for s in sums]
 
 
 class ClusterSum:

@@ -28,6 +28,12 @@ def stack_models(initial_weights, k: int) -> List[np.ndarray]:
           for layer in range(len(initial_weights[0]))]
 
 
+def unstack_models(stacked, k: int) -> List[list]:
+  """One [K, ...] array per layer -> K models' weight lists (`stack_models`'
+  inverse)."""
+  return [[layer[j] for layer in stacked] for j in range(k)]
+
+
 def row_shape(k, w: tf.Tensor) -> tf.Tensor:
   """The shape that broadcasts a [K] vector against a [K, ...] stack like `w`."""
   return tf.concat([tf.reshape(k, [1]), tf.ones([tf.rank(w) - 1], tf.int32)], 0)

@@ -34,8 +34,12 @@ rounds.
 `aggregators.ClusterMean` contributions in the row of the client's key (or
 of the cluster the client chose itself, as IFCA's estimate), which
 `server_update` divides with `ClusterMean.mean`; `aggregators.ClusterSum`
-places a value per key without dividing. Server-side optimizers (`optimizers.server_sgd`,
-`server_heavy_ball`, ...) turn a pseudo-gradient into the next server model.
+places a value per key without dividing. Server optimizers are the same
+`learning.optimizers` chains as the clients' (`optimizers.server_sgd`,
+`server_heavy_ball`, `server_fedopt`, ...), run as
+`opt.update(pseudo_gradient, state, weights, lr)`: they turn a
+pseudo-gradient into the next server model, their state kept flat in the
+server state (`server_opt_state`).
 
 A definition may have several `modes` (e.g. FedGroup's group cold start
 `pretrain`, and rounds with or without clients that are not yet in a group):
@@ -52,6 +56,8 @@ call. The runners:
 from __future__ import annotations
 
 import collections
+import copy
+import dataclasses
 from typing import Any, List, NamedTuple, Sequence, Tuple
 
 import numpy as np
@@ -75,41 +81,51 @@ def round_params(lr: float) -> "collections.OrderedDict[str, np.ndarray]":
   return collections.OrderedDict(lr=np.float32(lr))
 
 
+@dataclasses.dataclass(frozen=True)
+class LocalSolver:
+  """The clients' local solver the run sets (`--client_momentum`,
+  `--client_state`): heavy-ball momentum `momentum` (0 = plain SGD), its
+  buffer kept by each client between rounds when `persist`; or `optimizer`,
+  a step (or chain ending in one) in its place (a TFF client optimizer as
+  `optimizers.from_tff` gives it, its learning rate its own)."""
+  momentum: float = 0.0
+  persist: bool = False
+  optimizer: Any = None
+
+  def step(self):
+    """The local step: `optimizer`, or `optimizers.heavy_ball(momentum)`."""
+    if self.optimizer is not None:
+      return self.optimizer
+    return optimizers.heavy_ball(self.momentum)
+
+
 class Definition:
   """Base class; see the module docstring.
 
   Args:
     weights_spec: `tf.TensorSpec` per model weight (trainable first).
     num_trainable: how many of them are trainable.
-    momentum: heavy-ball beta of the clients' local steps (`--client_momentum`;
-      0 = plain SGD): `local_step` is `optimizers.heavy_ball(momentum)`.
-    persist_momentum: keep each client's momentum buffer between rounds (the
-      client state's `velocity` holds it); otherwise it starts at zero every
-      round.
+    solver: the run's `LocalSolver`: `local_step` is its step; with
+      `solver.persist` (and momentum > 0) each client keeps its momentum
+      buffer between rounds (the client state's `velocity`), otherwise it
+      starts at zero every round.
 
   `client_optimizer` is the chain `local_update` trains with by default: the
   solver's `local_step` alone here; a subclass puts its own transforms in
-  front (FedProx's proximal term) or its own step in place. A subclass whose
-  local momentum is its own option names it in `own_momentum` (with `algo`,
-  its `--algo` name): it then refuses `--client_momentum` in one line and
-  keeps no momentum buffer.
+  front (FedProx's proximal term) or its own step in place (an algorithm
+  whose spec names its `own_momentum` is given the default, plain SGD,
+  solver).
   """
 
   modes: Tuple[str, ...] = ("train",)
-  algo: str = ""
-  own_momentum: str = ""
 
-  def __init__(self, weights_spec: Sequence[tf.TensorSpec], num_trainable: int, *,
-               momentum: float = 0.0, persist_momentum: bool = False):
-    if self.own_momentum and momentum:
-      raise ValueError(f"invalid --client_momentum for {self.algo}: {self.own_momentum}; "
-                       "valid: --client_momentum=0")
+  def __init__(self, weights_spec: Sequence[tf.TensorSpec], num_trainable: int,
+               solver: LocalSolver = LocalSolver()):
     self.weights_spec = [tf.TensorSpec(s.shape, s.dtype) for s in weights_spec]
     self.num_trainable = int(num_trainable)
-    self.local_step = optimizers.heavy_ball(momentum)
+    self.local_step = solver.step()
     self.client_optimizer = optimizers.chain(self.local_step)
-    self.persist_momentum = (bool(persist_momentum) and float(momentum) > 0
-                             and not self.own_momentum)
+    self.persist_momentum = bool(solver.persist) and float(solver.momentum) > 0
 
   @property
   def trainable_spec(self) -> List[tf.TensorSpec]:
@@ -150,6 +166,17 @@ class Definition:
 
   def server_update(self, state, summed, mode: str):
     raise NotImplementedError
+
+  def with_server_optimizer(self, optimizer: optimizers.Chain) -> "Definition":
+    """A copy of this definition whose server optimizer is `optimizer` (a
+    chain, e.g. `optimizers.from_tff` of a TFF optimizer); refused in one
+    line by a definition without one."""
+    if not hasattr(self, "server_optimizer"):
+      raise ValueError(f"{type(self).__name__} has no server optimizer; valid: the "
+                       "definitions with one (FedAvg's family, IFCA, HypCluster)")
+    new = copy.copy(self)
+    new.server_optimizer = optimizer
+    return new
 
   # -- per-client state ----------------------------------------------------
 

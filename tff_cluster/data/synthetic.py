@@ -18,6 +18,7 @@ from typing import Optional
 
 import numpy as np
 
+from tff_cluster import seeds
 from tff_cluster.data.federated import (DataError, FederatedData, LazyFederatedData,
                                         split_counts, split_train_test)
 
@@ -99,9 +100,9 @@ def _client_arrays(k: int, samples: int, alpha: float, beta: float, iid: bool, s
   """Client k's (train, test) arrays of `samples_per_client` data: drawn
   from the client's own generator (seeded by (seed, k)), the same recipe as
   `generate_synthetic`."""
-  rng = np.random.default_rng(np.random.SeedSequence([seed, 5, k]))
+  rng = seeds.generator(seed, "synthetic_clusters", k)
   if iid:
-    shared = np.random.default_rng(np.random.SeedSequence([seed, 6]))
+    shared = seeds.generator(seed, "synthetic_shared")
     w = shared.normal(0.0, 1.0, (NUM_FEATURES, NUM_CLASSES))
     b = shared.normal(0.0, 1.0, NUM_CLASSES)
     v = np.zeros(NUM_FEATURES)

@@ -21,27 +21,35 @@ from tff_cluster import clustering
 from tff_cluster.learning import schedule
 from tff_cluster import models
 from tff_cluster.data.federated import FederatedData, materialize
-from tff_cluster.learning.evaluation import (CHOOSE_BY_TEST_LOSS, ChooseByTestLoss,  # noqa: F401
-                                    Ensemble, Evaluator, Mixture, OutputMix)
+from tff_cluster.learning.evaluation import Evaluator, deployment
 from tff_cluster.host.model_spec import ModelSpec
-from tff_cluster.host.state import HostState, stored_as  # noqa: F401  (for algorithms)
+from tff_cluster.core.definition import LocalSolver
+from tff_cluster.spec.options import Options
+from tff_cluster.host.state import HostState
+from tff_cluster.runners.config import RunnerConfig
 from tff_cluster.runners.factory import make_runner
+from tff_cluster.spec import hparams as hp
 
 BYTES_PER_PARAMETER = 4  # float32
+# A run's settings by their flag names: the training settings every algorithm
+# shares, then the runner's (the CLI's `--flags`; `TrainingConfig.checked`).
+SETTINGS = tuple(d.name for d in (*hp.TRAINING, *hp.RUNNER_HPARAMS))
+# The training settings without a default.
+REQUIRED = ("rounds", "batch_size", "client_lr")
+
 
 @dataclasses.dataclass(frozen=True)
 class TrainingConfig:
-  """Hyper-parameters every algorithm shares (see `tff_cluster.spec.hparams.TRAINING`).
+  """Hyper-parameters every algorithm shares (see `tff_cluster.spec.hparams.TRAINING`),
+  and the runner that executes the run (`runner`, a `RunnerConfig`).
 
   Local work is `local_epochs` passes or `local_steps` mini-batch steps
   (exactly one of them). Round t's client learning rate is
-  client_lr * lr_decay^(t-1). `runner` is 'local', 'tff' or 'ray'; `jit`,
-  `client_batching` and `client_chunk` apply to the local and ray runners, `ray_workers` and `ray_address` to
-  the ray runner, `tff_workers` (HOST:PORT,...), `tff_worker_grace` and
-  `tff_subround_timeout` (seconds) to the tff runner.
+  client_lr * lr_decay^(t-1). `clients_per_round` None: every client with
+  training data (the API's, whose `next` is given its clients).
   """
   rounds: int
-  clients_per_round: int
+  clients_per_round: Optional[int]
   local_epochs: Optional[int]
   batch_size: int
   client_lr: float
@@ -51,21 +59,33 @@ class TrainingConfig:
   lr_decay: float = 1.0
   client_momentum: float = 0.0
   client_state: str = "persist"
-  runner: str = "local"
-  jit: str = "auto"
-  client_batching: str = "auto"
-  client_chunk: int = 4
-  ray_workers: Optional[int] = None
-  ray_address: Optional[str] = None
-  tff_workers: Optional[str] = None
-  tff_worker_grace: Optional[float] = None
-  tff_subround_timeout: Optional[float] = None
   divergence_ratio: float = 100.0
+  runner: RunnerConfig = RunnerConfig()
 
   def __post_init__(self):
     if (self.local_epochs is None) == (self.local_steps is None):
       raise ValueError("give exactly one of local_epochs and local_steps, got "
                        f"local_epochs={self.local_epochs}, local_steps={self.local_steps}")
+
+  @classmethod
+  def checked(cls, **values) -> "TrainingConfig":
+    """The config of `values`, settings by their flag names (`SETTINGS`; None
+    or absent: the declaration's default; `REQUIRED` ones must be given),
+    each checked by its declaration, the runner's by `RunnerConfig.checked`.
+    What the CLI and the API build a run's config with. Raises
+    `hp.HParamError` (one line, in flag words), or ValueError when not
+    exactly one of local_epochs and local_steps is given."""
+    unknown = sorted(set(values) - set(SETTINGS))
+    if unknown:
+      raise hp.HParamError(f"unknown setting {unknown[0]!r}; valid: {', '.join(SETTINGS)}")
+    training = {}
+    for decl in hp.TRAINING:
+      value = values.get(decl.name)
+      if value is None and decl.name in REQUIRED:
+        raise hp.HParamError(f"invalid --{decl.name}=None; valid: {decl.valid_text()}",
+                             decl.valid_text(), decl, None)
+      training[decl.name] = decl.check(decl.default if value is None else value)
+    return cls(**training, runner=RunnerConfig.of_flags(values))
 
   @property
   def local_work(self) -> schedule.LocalWork:
@@ -80,6 +100,11 @@ class TrainingConfig:
   def persist_momentum(self) -> bool:
     return self.client_momentum > 0 and self.client_state == "persist"
 
+  @property
+  def solver(self) -> LocalSolver:
+    """The clients' local solver (`--client_momentum`, `--client_state`)."""
+    return LocalSolver(self.client_momentum, self.persist_momentum)
+
 
 def initial_weights(model: ModelSpec, seed: int) -> List[np.ndarray]:
   """The seeded initialization (trainable then non-trainable) of `model`'s
@@ -93,6 +118,50 @@ def model_layout(model: ModelSpec):
   `ModelSpec`, or a `TaskSpec`)."""
   built = model.model_fn()
   return models.weights_type_spec(built), len(built.trainable_variables)
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+  """What an algorithm is built from: its definition function reads it to
+  make the `Definition`, and its driver is constructed with it.
+
+  `model` the `ModelSpec` trained; `data` the clients (None where a
+  definition is made without data: `tff_cluster.api.computations`); `config`
+  the shared settings; `options` the algorithm's checked `Options`;
+  `weights_spec` / `num_trainable` the model's weights (trainable first);
+  `w0` the seeded initial weights; `solver` the clients' local solver.
+  """
+  model: ModelSpec
+  data: Optional[FederatedData]
+  config: Optional[TrainingConfig]
+  options: Options
+  weights_spec: Sequence[tf.TensorSpec]
+  num_trainable: int
+  w0: Sequence[np.ndarray]
+  solver: LocalSolver = LocalSolver()
+
+  @classmethod
+  def of(cls, model, data, config: TrainingConfig, options: Options,
+         w0: Optional[Sequence[np.ndarray]] = None) -> "Context":
+    """The context of `model` (a `ModelSpec` or a `TaskSpec`) on `data`:
+    the model built once for its layout, and once under `config.seed` for
+    `w0` unless given; the data materialized where the runner holds it in this process
+    (the ray runner's actors make their own clients)."""
+    model = ModelSpec.of(model)
+    if config.runner.name != "ray":
+      data = materialize(data)
+    specs, num_trainable = model_layout(model)
+    if w0 is None:
+      w0 = initial_weights(model, config.seed)
+    return cls(model, data, config, options, specs, num_trainable,
+               [np.array(w) for w in w0], config.solver)
+
+  def need_data(self) -> FederatedData:
+    """`data`, or a one-line refusal where the definition is made without."""
+    if self.data is None:
+      raise ValueError(f"{self.options.algo}'s definition is made from the data; valid: "
+                       "build it with data (tff_cluster.api.build(..., runner='tff'))")
+    return self.data
 
 
 class Driver:
@@ -111,63 +180,38 @@ class Driver:
   for algorithm metrics at evaluation time; `summary()` at the end.
   `extra_columns` names its additional per-round metrics.
 
-  A checkpoint keeps `state`, `client_states` and `host` whole. The fields of
-  `host` read as the driver's own attributes too (`driver.assignment`, or by
-  checkpoint key, `driver._summary`); they are written through `host`.
+  A checkpoint keeps `state`, `client_states` and `host` whole.
   """
   extra_columns: Sequence[str] = ()
   state: Any = None
 
-  def __init__(self, model: ModelSpec, data: FederatedData, config: TrainingConfig,
-               make_definition):
-    """`model`: the `ModelSpec` to train (or a `TaskSpec`, whose model spec is
-    taken). `make_definition(weight_specs, num_trainable, momentum=...,
-    persist_momentum=...)` builds the algorithm's `Definition` for the model
-    and the config's local solver. The driver keeps the seeded initial
-    weights `w0` and the model's size `num_params`; its host state starts
-    empty (a subclass sets its own)."""
-    if config.runner != "ray":  # the ray runner's actors make their own clients
-      data = materialize(data)
+  @classmethod
+  def check(cls, context: Context) -> None:
+    """Refuses, with a `ValueError` of one line, options this driver cannot
+    run on the context's data and settings. The registry calls it before
+    the definition and the runner are made (a refused run starts no TFF
+    worker and no Ray); a subclass extends it (`super().check(context)`)."""
+    del context
+
+  def __init__(self, context: Context, definition):
+    """`context`: the model, data, settings, options and initial weights
+    (`Context.of`); `definition`: the algorithm's `Definition`, made from the
+    same context. The driver keeps the seeded initial weights `w0` and the
+    model's size `num_params`; its host state starts empty (a subclass sets
+    its own)."""
     self.host = HostState()
-    self.model = model = ModelSpec.of(model)
-    self.data = data
-    self.config = config
-    specs, num_trainable = model_layout(model)
-    definition = make_definition(specs, num_trainable, momentum=config.client_momentum,
-                                 persist_momentum=config.persist_momentum)
+    self.model, self.data, self.config = context.model, context.data, context.config
+    self.options = context.options
+    model, data, config = self.model, self.data, self.config
     self.definition = definition
-    self.w0 = initial_weights(model, config.seed)
+    self.w0 = [np.asarray(w) for w in context.w0]
     self.num_params = int(sum(np.size(w) for w in self.w0))
-    self.runner = make_runner(config.runner, definition, model.model_fn,
-                              model.loss, data, config.seed, config.jit,
-                              client_batching=config.client_batching,
-                              client_chunk=config.client_chunk,
-                              ray_workers=config.ray_workers, ray_address=config.ray_address,
-                              tff_workers=config.tff_workers,
-                              tff_worker_grace=config.tff_worker_grace,
-                              tff_subround_timeout=config.tff_subround_timeout)
+    self.runner = make_runner(config.runner, definition, model, data, config.seed)
     # Per-client states, keyed by `state_key_offset + client index`, where
     # the runner keeps them (in memory, or with the ray runner's actors).
     self.client_states = self.runner.client_store()
     self.state_key_offset = 0
     self._fresh_client_states: Dict[str, Any] = {}
-
-  def __getattr__(self, name: str):
-    """A field of the host state, by its name or its checkpoint key (only
-    names that are no attribute of the driver itself reach here)."""
-    host = self.__dict__.get("host")
-    field = None if host is None else host.checkpoint_keys().get(name, name)
-    if field is not None and field in host.checkpoint_keys().values():
-      return getattr(host, field)
-    raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
-  def __setattr__(self, name: str, value) -> None:
-    host = self.__dict__.get("host")
-    if host is not None and name != "host" and (
-        name in host.checkpoint_keys() or name in host.checkpoint_keys().values()):
-      raise AttributeError(f"{name!r} is a field of the host state: set it on "
-                           f"`driver.host` ({type(host).__name__})")
-    super().__setattr__(name, value)
 
   def make_evaluator(self, split: str = "test") -> Evaluator:
     """An evaluator of every client's `split`: the runner's (in this process,
@@ -415,14 +459,8 @@ def client_groups(client_model, chosen, assignment, num_clients: int
   `client_model` is what `Driver.eval_models` returned: indices, where a
   driver that keeps an `assignment` with -1 for clients in no group yet (e.g.
   FedGroup, whose eval_models tests them with the auxiliary model) gives -1
-  for those; `CHOOSE_BY_TEST_LOSS`: `chosen`, the evaluation's choice (None
-  on a round without evaluation: not known); an ensemble: -1 for everyone.
+  for those; a rule: what its `Deployment.groups` says (`CHOOSE_BY_TEST_LOSS`:
+  `chosen`, the evaluation's choice, None on a round without evaluation: not
+  known; an ensemble or a mixture: -1 for everyone).
   """
-  if isinstance(client_model, ChooseByTestLoss):
-    return None if chosen is None else np.asarray(chosen, np.int64)
-  if isinstance(client_model, (Ensemble, Mixture, OutputMix)):
-    return np.full(num_clients, -1, np.int64)
-  groups = np.array(client_model, np.int64)
-  if assignment is not None and np.shape(assignment) == groups.shape:
-    groups[np.asarray(assignment) < 0] = -1
-  return groups
+  return deployment(client_model).groups(chosen, assignment, num_clients)

@@ -2,8 +2,8 @@
 
 An algorithm module provides a *driver* (`tff_cluster.host.driver.Driver`): the
 host-side logic around its `Definition`, executed by a runner
-(`tff_cluster.runners`). The loop here is algorithm- and runner-agnostic. The
-driver module's names are re-exported here for callers of the loop.
+(`tff_cluster.runners`). The loop here is algorithm- and runner-agnostic; the
+settings it runs with are `tff_cluster.host.driver.TrainingConfig`.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
+from tff_cluster import seeds
 from tff_cluster import interrupts
 from tff_cluster.progress import progress_bar
 from tff_cluster.io import checkpoint
@@ -25,11 +26,9 @@ from tff_cluster import models
 from tff_cluster.io import results
 from tff_cluster.io import rundir
 from tff_cluster.data.federated import FederatedData
-from tff_cluster.host.driver import (BYTES_PER_PARAMETER, Diverged, Driver,  # noqa: F401
-                                LossRatio, TrainingConfig, _all_finite, check_num_groups,
-                                client_groups, initial_weights, model_layout,
+from tff_cluster.host.driver import (Diverged, Driver, LossRatio, TrainingConfig, client_groups,
                                 sample_clients)
-from tff_cluster.learning.evaluation import CHOOSE_BY_TEST_LOSS, Evaluator, is_rule  # noqa: F401
+from tff_cluster.learning.evaluation import deployment
 from tff_cluster.host import round as host_round
 from tff_cluster.io.results import ResultsWriter, summarize
 from tff_cluster.runners.base import WorkerLost
@@ -94,7 +93,7 @@ class TrainingRun:
     self.evaluator = driver.make_evaluator()
     self.data = driver.data  # materialized by the driver unless its runner makes the clients
     self.start = time.perf_counter()
-    self.rng = np.random.default_rng(np.random.SeedSequence([config.seed, 7]))
+    self.rng = seeds.generator(config.seed, "client_sampling")
     self.rows: List[Dict[str, Any]] = []
     self.extras: Dict[str, Any] = {}
     self.best: Optional[Dict[str, Any]] = None
@@ -210,7 +209,7 @@ class TrainingRun:
     """The final models and the best round's (`save_models`), in `models_dir`."""
     data = self.data
     weights, client_model = self.driver.eval_models()
-    if is_rule(client_model) or data.test_only().any():
+    if deployment(client_model).rule or data.test_only().any():
       # Chosen at evaluation (test-only clients always are): the last round's.
       client_model = (self.last_choice if self.last_choice is not None else
                       self.evaluator.evaluate(weights, client_model).client_model)

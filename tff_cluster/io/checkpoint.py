@@ -593,6 +593,33 @@ def read_rows(run_dir: str, spec: Dict[str, Any]) -> List[Dict[str, Any]]:
   return rows
 
 
+# Server state keys renamed since a checkpoint was written: old name -> new.
+# `buffer`: the server optimizer's state (FedAvg's family, IFCA, HypCluster),
+# the same flat list under its new name.
+RENAMED_STATE_KEYS = {"buffer": "server_opt_state"}
+
+
+def _rename_server_state_keys(payload: Dict[str, Any]) -> None:
+  """The driver's server state of an older checkpoint with its keys renamed
+  (`RENAMED_STATE_KEYS`), in place, their order kept."""
+  driver = payload.get("driver")
+  state = driver.get("state") if isinstance(driver, dict) else None
+  if isinstance(state, dict) and any(k in state for k in RENAMED_STATE_KEYS):
+    renamed = [(RENAMED_STATE_KEYS.get(k, k), v) for k, v in state.items()]
+    driver["state"] = type(state)(renamed) if isinstance(state, collections.OrderedDict) \
+        else dict(renamed)
+
+
+# Host-state keys of checkpoints written before the fields took their own
+# names (the driver's attribute names of tff-cluster 0.1): old key -> field.
+RENAMED_HOST_KEYS = {"_rng": "rng", "_summary": "summary", "_forced_rng": "forced_rng"}
+
+
+def renamed_host_keys(host: Dict[str, Any]) -> Dict[str, Any]:
+  """A checkpoint's host state with its old keys renamed (`RENAMED_HOST_KEYS`)."""
+  return {RENAMED_HOST_KEYS.get(k, k): v for k, v in host.items()}
+
+
 def _load_checked(run_dir: str, round_num: int) -> Dict[str, Any]:
   path = path_of(run_dir, round_num)
   name = os.path.relpath(path, run_dir)
@@ -618,6 +645,9 @@ def _load_checked(run_dir: str, round_num: int) -> Dict[str, Any]:
     files.check(os.path.relpath(files.path, run_dir))
     if isinstance(payload.get("driver"), dict):
       payload["driver"]["client_states"] = files if parts else {}
+  _rename_server_state_keys(payload)
+  if isinstance(payload.get("driver"), dict) and isinstance(payload["driver"].get("host"), dict):
+    payload["driver"]["host"] = renamed_host_keys(payload["driver"]["host"])
   if "rows_file" in payload:
     spec = payload.pop("rows_file")
     if not isinstance(spec, dict) or not isinstance(spec.get("count"), int):

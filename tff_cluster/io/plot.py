@@ -1,6 +1,6 @@
 """Curves of one or more runs, from their result directories.
 
-  python -m tff_cluster.plot RUN_DIR [RUN_DIR ...] [--out plot.png]
+  python -m tff_cluster.io.plot RUN_DIR [RUN_DIR ...] [--out plot.png]
                              [--metric test_accuracy] [--title TEXT]
                              [--separate_seeds] [--dpi 120]
 
@@ -36,7 +36,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from tff_cluster.spec import hparams as hp
 from tff_cluster.io import rundir
 
-PROG = "python -m tff_cluster.plot"
+PROG = "python -m tff_cluster.io.plot"
 
 # The settings that define a run (config.json keys, `rundir`'s, from their
 # declarations), in the order labels name them. First the key settings, which

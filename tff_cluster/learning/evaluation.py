@@ -31,6 +31,7 @@ the models the algorithm returns.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from typing import Callable, Optional, Sequence
 
@@ -42,25 +43,119 @@ from tff_cluster import models
 from tff_cluster.data.federated import FederatedData
 
 
-# Which model a client is tested with (`Driver.eval_models`, `Evaluator.evaluate`):
-# an index per client, or one of these rules.
+class Deployment(abc.ABC):
+  """Which model each client is tested with (`Driver.eval_models`' second
+  value, normalized by `deployment`): a fixed index per client (`Assigned`)
+  or a rule applied at evaluation. Hosts, runners and tests only call these
+  members, so a new rule is one subclass in this module."""
+
+  per_client = True  # says something of each client by its position
+  rule = True  # decided at evaluation, not a fixed index per client
+
+  @abc.abstractmethod
+  def rows(self, lo: int, hi: int) -> "Deployment":
+    """The deployment of clients lo..hi-1 (a shard's)."""
+
+  @abc.abstractmethod
+  def groups(self, chosen, assignment, num_clients: int) -> Optional[np.ndarray]:
+    """Each client's group/model index for groups.csv (-1: none), or None when
+    not known; `chosen` is the evaluation's choice (None on a round without
+    evaluation), `assignment` the driver's (-1: a client in no group yet)."""
+
+  @abc.abstractmethod
+  def evaluate(self, evaluator: "Evaluator", weights) -> "EvalResult":
+    """`evaluator`'s result with every client tested as this deployment says."""
+
+  @abc.abstractmethod
+  def assert_same(self, other, rtol: float = 0.0, atol: float = 0.0) -> None:
+    """Raises AssertionError unless `other` (anything `deployment` takes) is
+    the same deployment: the same kind and integers, real values (mixture
+    weights, alphas) within `np.testing.assert_allclose(self's, other's,
+    rtol, atol)` (exactly by default)."""
+
+  def _same_kind(self, other) -> "Deployment":
+    """`other` as a `Deployment`; AssertionError unless of this one's kind."""
+    other = deployment(other)
+    if type(self) is not type(other):
+      raise AssertionError(f"deployments {type(self).__name__} and {type(other).__name__}")
+    return other
+
+
+def _no_group(num_clients: int) -> np.ndarray:
+  return np.full(num_clients, -1, np.int64)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Assigned(Deployment):
+  """Client k is tested with model `index[k]` (what a driver's bare index
+  array says)."""
+  index: np.ndarray
+  rule = False
+
+  def rows(self, lo: int, hi: int) -> "Assigned":
+    return Assigned(self.index[lo:hi])
+
+  def groups(self, chosen, assignment, num_clients: int) -> np.ndarray:
+    """The indices, -1 where `assignment` (when given, of the same shape) is
+    negative (e.g. FedGroup's clients in no group yet, tested with its
+    auxiliary model)."""
+    groups = np.array(self.index, np.int64)
+    if assignment is not None and np.shape(assignment) == groups.shape:
+      groups[np.asarray(assignment) < 0] = -1
+    return groups
+
+  def evaluate(self, evaluator: "Evaluator", weights) -> "EvalResult":
+    return evaluator._evaluate_assigned(weights, self.index)  # noqa: SLF001
+
+  def assert_same(self, other, rtol: float = 0.0, atol: float = 0.0) -> None:
+    np.testing.assert_array_equal(self.index, self._same_kind(other).index,
+                                  err_msg="each client's model")
 
 
 @dataclasses.dataclass(frozen=True)
-class ChooseByTestLoss:
+class ChooseByTestLoss(Deployment):
   """Each client takes the model of lowest mean loss on its own test data."""
+  per_client = False
+
+  def rows(self, lo: int, hi: int) -> "ChooseByTestLoss":
+    return self
+
+  def groups(self, chosen, assignment, num_clients: int) -> Optional[np.ndarray]:
+    """`chosen`, the evaluation's choice (None on a round without one)."""
+    return None if chosen is None else np.asarray(chosen, np.int64)
+
+  def evaluate(self, evaluator: "Evaluator", weights) -> "EvalResult":
+    return evaluator._evaluate_by_test_loss(weights)  # noqa: SLF001
+
+  def assert_same(self, other, rtol: float = 0.0, atol: float = 0.0) -> None:
+    self._same_kind(other)
 
 
 @dataclasses.dataclass(frozen=True)
-class Ensemble:
+class Ensemble(Deployment):
   """Every client is tested with the ensemble of all models: the argmax of the
   mean of their logits (`vote='logits'`) or of their probabilities ('probs')
   (FedAvg+ / FedProx+). `EvalResult.client_model` is then -1 for every client."""
   vote: str
+  per_client = False
+
+  def rows(self, lo: int, hi: int) -> "Ensemble":
+    return self
+
+  def groups(self, chosen, assignment, num_clients: int) -> np.ndarray:
+    return _no_group(num_clients)
+
+  def evaluate(self, evaluator: "Evaluator", weights) -> "EvalResult":
+    return evaluator._evaluate_ensemble(weights, self.vote)  # noqa: SLF001
+
+  def assert_same(self, other, rtol: float = 0.0, atol: float = 0.0) -> None:
+    other = self._same_kind(other)
+    if self.vote != other.vote:
+      raise AssertionError(f"votes {self.vote!r} and {other.vote!r}")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class Mixture:
+class Mixture(Deployment):
   """Each client k is tested with its own mixture of the models' predicted
   probabilities, sum_m weights[k, m] softmax(logits_m) (FedEM, FedRC):
   `weights` [clients, models], rows summing to 1. `EvalResult.client_model`
@@ -68,8 +163,18 @@ class Mixture:
   weights: np.ndarray
 
   def rows(self, lo: int, hi: int) -> "Mixture":
-    """The mixture of clients lo..hi-1 (a shard's)."""
     return Mixture(np.asarray(self.weights)[lo:hi])
+
+  def groups(self, chosen, assignment, num_clients: int) -> np.ndarray:
+    return _no_group(num_clients)
+
+  def evaluate(self, evaluator: "Evaluator", weights) -> "EvalResult":
+    return evaluator._evaluate_ensemble(weights, "probs",  # noqa: SLF001
+                                        np.asarray(self.weights))
+
+  def assert_same(self, other, rtol: float = 0.0, atol: float = 0.0) -> None:
+    np.testing.assert_allclose(self.weights, self._same_kind(other).weights, rtol=rtol,
+                               atol=atol, err_msg="each client's mixture weights")
 
 
 CHOOSE_BY_TEST_LOSS = ChooseByTestLoss()
@@ -77,7 +182,7 @@ ENSEMBLE_VOTES = {"logits": Ensemble("logits"), "probs": Ensemble("probs")}
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class OutputMix:
+class OutputMix(Deployment):
   """Client k tested with the mixed outputs alpha[k] f(weights[personal[k]];
   x) + (1 - alpha[k]) f(weights[shared]; x) (APFL's personal prediction); a
   client with personal[k] = -1 with weights[shared] alone.
@@ -87,20 +192,34 @@ class OutputMix:
   shared: int = 0
 
   def rows(self, lo: int, hi: int) -> "OutputMix":
-    """The clients lo..hi-1 (a shard's)."""
     return OutputMix(np.asarray(self.personal)[lo:hi], np.asarray(self.alpha)[lo:hi],
                      self.shared)
 
+  def groups(self, chosen, assignment, num_clients: int) -> np.ndarray:
+    return _no_group(num_clients)
 
-def is_rule(client_model) -> bool:
-  """Whether `client_model` is a rule (decided at evaluation), not indices."""
-  return isinstance(client_model, (ChooseByTestLoss, Ensemble, Mixture, OutputMix))
+  def evaluate(self, evaluator: "Evaluator", weights) -> "EvalResult":
+    return evaluator._evaluate_output_mix(weights, self)  # noqa: SLF001
+
+  def assert_same(self, other, rtol: float = 0.0, atol: float = 0.0) -> None:
+    other = self._same_kind(other)
+    if self.shared != other.shared:
+      raise AssertionError(f"shared model {self.shared} and {other.shared}")
+    np.testing.assert_array_equal(self.personal, other.personal,
+                                  err_msg="each client's personal model")
+    np.testing.assert_allclose(self.alpha, other.alpha, rtol=rtol, atol=atol,
+                               err_msg="each client's alpha")
 
 
-def per_client(client_model) -> bool:
-  """Whether `client_model` says something of each client by its position
-  (indices, a per-client mixture): data with other clients cannot take it."""
-  return not isinstance(client_model, (ChooseByTestLoss, Ensemble))
+def deployment(client_model) -> Deployment:
+  """`client_model` as a `Deployment`: a bare index array or list is
+  `Assigned`; a str is refused (TypeError)."""
+  if isinstance(client_model, Deployment):
+    return client_model
+  if isinstance(client_model, str):
+    raise TypeError(f"client_model must be indices, ChooseByTestLoss() or Ensemble(vote), "
+                    f"got {client_model!r}")
+  return Assigned(np.asarray(client_model))
 
 
 def ensemble_predict(outputs: np.ndarray, vote: str, loss: str) -> tuple:
@@ -283,40 +402,14 @@ class Evaluator:
 
   def evaluate(self, weights: Sequence[Sequence[np.ndarray]],
                client_model) -> EvalResult:
-    """Client k is tested with `weights[client_model[k]]`; with
-    `client_model=CHOOSE_BY_TEST_LOSS` each client takes the model of lowest
-    mean loss on its own test data (ties: the lowest index), as IFCA's test
-    clients do. Test-only clients (no training data) take their
-    lowest-test-loss model whatever `client_model` says for them (an array's
-    entry for them is ignored, e.g. -1). `result.client_model` is the choice
-    either way."""
-    if isinstance(client_model, Ensemble):
-      return self._evaluate_ensemble(weights, client_model.vote)
-    if isinstance(client_model, Mixture):
-      return self._evaluate_ensemble(weights, "probs", np.asarray(client_model.weights))
-    if isinstance(client_model, OutputMix):
-      return self._evaluate_output_mix(weights, client_model)
-    if isinstance(client_model, str):
-      raise TypeError(f"client_model must be indices, ChooseByTestLoss() or Ensemble(vote), "
-                      f"got {client_model!r}")
-    if isinstance(client_model, ChooseByTestLoss):
-      every = [self._evaluate_indices(weights, np.full(len(self._y), j))
-               for j in range(len(weights))]
-      mean_loss = np.stack([np.where(r.per_client_count > 0,
-                                     r.per_client_loss_sum / np.maximum(r.per_client_count, 1),
-                                     0.0) for r in every])
-      choice = np.argmin(mean_loss, axis=0)
-      pick = lambda field: np.choose(choice, [getattr(r, field) for r in every])  # noqa: E731
-      correct, loss_sum = pick("per_client_correct"), pick("per_client_loss_sum")
-      total = self._counts.sum()
-      return EvalResult(float(correct.sum() / total), float(loss_sum.sum() / total),
-                        correct, self._counts.copy(), loss_sum, client_model=choice,
-                        per_client_f1=pick("per_client_f1"),
-                        client_weight=self._weight.copy())
-    client_model = np.asarray(client_model)
-    if self._test_only.any():
-      client_model = self._choose_for_test_only(weights, client_model)
-    return self._evaluate_indices(weights, client_model)
+    """Every client tested as `client_model` (indices or a `Deployment`, see
+    `deployment`) says: client k with `weights[client_model[k]]`; with
+    `CHOOSE_BY_TEST_LOSS` each client takes the model of lowest mean loss on
+    its own test data (ties: the lowest index), as IFCA's test clients do.
+    Test-only clients (no training data) take their lowest-test-loss model
+    whatever indices say for them (their entry is ignored, e.g. -1).
+    `result.client_model` is the choice either way."""
+    return deployment(client_model).evaluate(self, weights)
 
   def mean_losses(self, weights: Sequence[np.ndarray]) -> np.ndarray:
     """Each client's mean loss under one model's `weights` (NaN for a client
@@ -324,6 +417,30 @@ class Evaluator:
     result = self._evaluate_indices([weights], np.zeros(len(self._y), np.int64))
     return np.where(self._counts > 0,
                     result.per_client_loss_sum / np.maximum(self._counts, 1), np.nan)
+
+  def _evaluate_assigned(self, weights, client_model: np.ndarray) -> EvalResult:
+    """Client k tested with `weights[client_model[k]]`; test-only clients with
+    their lowest-test-loss model (`_choose_for_test_only`)."""
+    if self._test_only.any():
+      client_model = self._choose_for_test_only(weights, client_model)
+    return self._evaluate_indices(weights, client_model)
+
+  def _evaluate_by_test_loss(self, weights) -> EvalResult:
+    """Each client tested with the model of lowest mean loss on its own test
+    data (ties: the lowest index)."""
+    every = [self._evaluate_indices(weights, np.full(len(self._y), j))
+             for j in range(len(weights))]
+    mean_loss = np.stack([np.where(r.per_client_count > 0,
+                                   r.per_client_loss_sum / np.maximum(r.per_client_count, 1),
+                                   0.0) for r in every])
+    choice = np.argmin(mean_loss, axis=0)
+    pick = lambda field: np.choose(choice, [getattr(r, field) for r in every])  # noqa: E731
+    correct, loss_sum = pick("per_client_correct"), pick("per_client_loss_sum")
+    total = self._counts.sum()
+    return EvalResult(float(correct.sum() / total), float(loss_sum.sum() / total),
+                      correct, self._counts.copy(), loss_sum, client_model=choice,
+                      per_client_f1=pick("per_client_f1"),
+                      client_weight=self._weight.copy())
 
   def _evaluate_indices(self, weights, client_model: np.ndarray) -> EvalResult:
     """Client k tested with `weights[client_model[k]]`, as given."""

@@ -438,7 +438,7 @@ class FunctionalTrainer:
                                                  after[1], x, y, mask)
         return g
 
-      new_w, state = opt.update(w, grads, state, lr,
+      new_w, state = opt.update(grads, state, w, lr,
                                 optimizers.GradientAt(gradient_at, mixed_gradient_at))
       return (tuple(new_w), tuple(after[0]), tuple(after[1]), num_examples + count,
               loss_sum + batch_loss * count, state)

@@ -1,16 +1,18 @@
 """Client and server optimizers as values: small TF `init`/`update` transforms
-on lists of weights, composed as optax's are.
+on lists of weights, composed as optax's are. One type serves both sides.
 
-Client side. A `Transform` maps the batch's gradients (one tensor per
-trainable weight) to new gradients (a gradient transform) or to the new
-weights (a step, the last transform of a chain). `chain(*transforms)` runs
-them in order, ending with `sgd()` when no step is given:
+A `Transform` maps gradients (one tensor per trainable weight) to new
+gradients (a gradient transform) or to the new weights (a step, the last
+transform of a chain). `chain(*transforms)` runs them in order, ending with
+`sgd()` when no step is given. One argument order everywhere, for a
+transform and for a chain:
 
   opt = chain(control_variate(x), scale(s), proximal(mu), offset(o), heavy_ball(b))
   state = opt.init(start)                           tuple, one entry per transform
-  new_w, state = opt.update(w, grads, state, lr, gradient_at)
+  new_w, state = opt.update(grads, state, w, lr, gradient_at)
 
-`gradient_at(point)` is the trainer's (`GradientAt`): the same batch's
+Client side: `lr` is the step's learning rate (the round's, decayed) and
+`gradient_at(point)` the trainer's (`GradientAt`): the same batch's
 gradient at other trainable weights (Mime's control variate asks for it), and
 `gradient_at.mixed(point, other, alpha)` the gradients at two points of the
 batch's loss of their mixed outputs (APFL's personal prediction). `opt.bind(start)` is
@@ -21,21 +23,27 @@ the order of the floating-point operations: the chain above computes, per
 weight, g <- g - g(x); g <- s g; g <- g + mu (w - anchor); g <- g + o; then
 the step (`v <- b v + g; w <- w - lr v`).
 
+Server side: the same chains over the pseudo-gradient d_t = w_t - w_bar of
+the server's trainable weights. A server step carries its own step size, the
+server learning rate eta_s (`with_lr(step, eta_s)`; `server_sgd`,
+`server_heavy_ball`, ... build them), so the `lr` a server update is called
+with is the round's client learning rate, which only a chain whose
+`uses_client_lr` is true reads (SlowMo's gamma_t); the others take None.
+Every server transform is elementwise (Adam's step counts included: one per
+weight element), so one update of [K, ...] stacks is K clusters' updates,
+each with its own state.
+
 A chain's state is a tuple with one entry per transform (`()` for the
 stateless ones). `flat_state`/`unflat_state` give it as one flat list of
-tensors, which is how a client's persisted optimizer state is stored
+tensors, which is how persisted optimizer state is stored: a client's
 (`Definition`'s client state key `velocity`: for heavy-ball momentum, its
-buffer per trainable weight).
+buffer per trainable weight) and the server's (the server state key
+`server_opt_state`).
 
 Per-example weights enter in the trainer's batch loss, not here: the mean
 loss over a batch already weighs each row by its 1.0/0.0 mask
-(`local_training.sgd_step`), and a per-example weight multiplies that mask.
+(the trainers' step), and a per-example weight multiplies that mask.
 A variable mask is the `mask(trainable_flags)` gradient transform.
-
-Server side. A `ServerOptimizer` applies a (pseudo-)gradient to the server's
-trainable weights: `update(weights, grads, state, client_lr) -> (weights,
-state)`, its state a list of one tensor per trainable weight (or empty).
-`client_lr` is the round's mean client learning rate (SlowMo's gamma_t).
 """
 
 from __future__ import annotations
@@ -47,22 +55,31 @@ import tensorflow as tf
 
 
 # ---------------------------------------------------------------------------
-# Client transforms
+# Transforms
 
 
 class Transform(NamedTuple):
-  """One client transform.
+  """One transform (client or server).
 
   init: trainable start weights -> state.
   update: (grads, state, weights, lr, gradient_at) -> (grads, state), or for
     a step (`is_step`) -> (new weights, state).
   bind: trainable start weights -> the transform to use from that start
     (None: the transform itself).
+  uses_client_lr: whether `update` reads its `lr` argument (None: a step
+    does, a gradient transform does not; `with_lr` makes a step that reads
+    its own).
   """
   init: Callable[[List[tf.Tensor]], Any]
   update: Callable[..., Tuple[List[tf.Tensor], Any]]
   is_step: bool = False
   bind: Optional[Callable[[List[tf.Tensor]], "Transform"]] = None
+  uses_client_lr: Optional[bool] = None
+
+  @property
+  def reads_lr(self) -> bool:
+    """`uses_client_lr`, its None resolved."""
+    return self.is_step if self.uses_client_lr is None else bool(self.uses_client_lr)
 
 
 class GradientAt:
@@ -377,8 +394,9 @@ class Chain:
     """A given state (lists or tuples) in the form `init` and `update` return."""
     return _tuples(state)
 
-  def update(self, weights, grads, state, lr, gradient_at=None):
-    """(new weights, new state) after one step with the batch's `grads`."""
+  def update(self, grads, state, weights, lr=None, gradient_at=None):
+    """(new weights, new state) after one step with `grads` (a client's
+    batch gradients, or the server's pseudo-gradient) from `weights`."""
     weights, grads, new_state = list(weights), list(grads), []
     for t, s in zip(self.transforms, state):
       grads, s = t.update(grads, s, weights, lr, gradient_at)
@@ -398,10 +416,21 @@ class Chain:
     """`flat_state`'s inverse."""
     return tf.nest.pack_sequence_as(self.state_spec(trainable_specs), list(flat))
 
+  def state_like(self, flat, weights):
+    """`flat_state`'s inverse for the state of these weights (tensors or
+    arrays of any shape: a server's [K, ...] stacks too)."""
+    return tf.nest.pack_sequence_as(self.init(list(weights)), list(flat))
+
   @property
   def stateful(self) -> bool:
     """Whether the state holds any tensor."""
     return bool(tf.nest.flatten(self.init([tf.zeros([1])])))
+
+  @property
+  def uses_client_lr(self) -> bool:
+    """Whether `update` reads its `lr` (the round's client learning rate, on
+    the server: SlowMo's); a server chain that does not takes lr=None."""
+    return any(t.reads_lr for t in self.transforms)
 
 
 def chain(*transforms) -> Chain:
@@ -415,62 +444,273 @@ def as_chain(optimizer) -> Chain:
 
 
 # ---------------------------------------------------------------------------
-# Server optimizers
+# Server optimizers: chains over the pseudo-gradient d = w_t - w_bar whose
+# step carries the server learning rate eta_s.
 
 
-class ServerOptimizer(NamedTuple):
-  """init: trainable weights (numpy) -> state (a list, empty when stateless);
-  update: (weights, grads, state, client_lr) -> (new weights, new state);
-  uses_client_lr: whether `update` reads `client_lr` (else it may be None)."""
-  init: Callable[[Sequence[np.ndarray]], List[np.ndarray]]
-  update: Callable[..., Tuple[List[tf.Tensor], List[tf.Tensor]]]
-  uses_client_lr: bool = False
+def with_lr(step: Transform, lr: float) -> Transform:
+  """`step` run with its own step size `lr` whatever the caller's (a
+  server step: eta_s); it reads no client learning rate."""
+  lr = float(lr)
+  bind = None if step.bind is None else (lambda start: with_lr(step.bind(start), lr))
+  return step._replace(update=lambda grads, state, weights, _, gradient_at:
+                       step.update(grads, state, weights, lr, gradient_at),
+                       uses_client_lr=False, bind=bind)
 
 
-def _zeros(weights):
-  return [np.zeros_like(np.asarray(w)) for w in weights]
-
-
-def server_sgd(eta: float = 1.0) -> ServerOptimizer:
+def server_sgd(eta: float = 1.0) -> Chain:
   """w <- w - eta d. With eta = 1 and d = w_t - w_bar this is FedAvg's
   w_bar."""
-  eta = float(eta)
-  return ServerOptimizer(lambda weights: [],
-                         lambda weights, grads, state, client_lr:
-                         ([w - eta * g for w, g in zip(weights, grads)], []))
+  return chain(with_lr(sgd(), eta))
 
 
-def server_heavy_ball(eta: float, beta: float) -> ServerOptimizer:
+def server_heavy_ball(eta: float, beta: float) -> Chain:
   """FedAvgM (Hsu et al., 2019): m <- beta m + d; w <- w - eta m (m_0 = 0);
   TFF's `build_sgdm(eta, momentum=beta)`."""
-  eta, beta = float(eta), float(beta)
-
-  def update(weights, grads, state, client_lr):
-    buffer = [beta * m + g for m, g in zip(state, grads)]
-    return [w - eta * m for w, m in zip(weights, buffer)], buffer
-
-  return ServerOptimizer(_zeros, update)
+  return chain(with_lr(heavy_ball(beta), eta))
 
 
-def server_nesterov(eta: float, beta: float) -> ServerOptimizer:
+def server_nesterov(eta: float, beta: float) -> Chain:
   """FedMom (Huo et al., 2020): v_new = w - eta d; w <- v_new + beta (v_new - v);
   v <- v_new (v_0 = w_0)."""
+  return chain(with_lr(nesterov(beta), eta))
+
+
+def slowmo(eta: float, beta: float) -> Transform:
+  """SlowMo's step (Wang et al., ICLR 2020), with lr the round's client
+  learning rate gamma: u <- beta u + d / gamma; w <- w - eta gamma u
+  (u_0 = 0)."""
   eta, beta = float(eta), float(beta)
 
-  def update(weights, grads, state, client_lr):
-    v_new = [w - eta * g for w, g in zip(weights, grads)]
-    return [v + beta * (v - v_old) for v, v_old in zip(v_new, state)], v_new
-
-  return ServerOptimizer(lambda weights: [np.array(w, copy=True) for w in weights], update)
-
-
-def server_slowmo(eta: float, beta: float) -> ServerOptimizer:
-  """SlowMo (Wang et al., ICLR 2020): u <- beta u + d / gamma;
-  w <- w - eta gamma u (u_0 = 0), gamma the round's client learning rate."""
-  eta, beta = float(eta), float(beta)
-
-  def update(weights, grads, state, client_lr):
-    buffer = [beta * u + g / client_lr for u, g in zip(state, grads)]
+  def update(grads, buffer, weights, client_lr, _):
+    buffer = [beta * u + g / client_lr for u, g in zip(buffer, grads)]
     return [w - eta * client_lr * u for w, u in zip(weights, buffer)], buffer
 
-  return ServerOptimizer(_zeros, update, uses_client_lr=True)
+  return Transform(lambda start: [tf.zeros_like(w) for w in start], update, is_step=True,
+                   uses_client_lr=True)
+
+
+def server_slowmo(eta: float, beta: float) -> Chain:
+  """SlowMo: `slowmo(eta, beta)`, reading the round's client lr."""
+  return chain(slowmo(eta, beta))
+
+
+FEDOPT_VARIANTS = ("adam", "yogi", "adagrad")
+# The two forms of FedAdam / FedYogi / FedAdagrad's server step (the paper's
+# text could not be read for this project; docs/algorithms/fedadam.md):
+#   authors: what the authors' experiments run (google-research/federated,
+#     optimization/, commit 0b7d004f6d8afccf75dbcf9046ecc1f29bb69df6): Keras's
+#     Adam and Adagrad and the authors' Keras Yogi applied to the
+#     pseudo-gradient, bias-corrected (Adam, Yogi), accumulators from 0.
+#   flower: Flower's FedAdam / FedYogi / FedAdagrad strategies
+#     (adap/flower, src/py/flwr/server/strategy/, commit
+#     914b3dab3bb5546b192493c349142f41c95ade5c): no bias correction, m and v
+#     from 0, FedAdagrad without a first moment.
+FEDOPT_FORMS = ("authors", "flower")
+
+
+def _steps_counted_from(step: Transform, count: float) -> Transform:
+  """`step` (a `tff_adam` / `tff_yogi` step, state (t, a, s)) with its step
+  count t starting at `count` instead of 0."""
+  def init(start):
+    state = step.init(start)
+    return ([tf.fill(tf.shape(w), tf.constant(float(count), tf.float32)) for w in start],
+            *state[1:])
+
+  return step._replace(init=init)
+
+
+def keras_adagrad(initial_accumulator_value: float = 0.0, epsilon: float = 1e-3) -> Transform:
+  """Keras's Adagrad step (`tf.keras.optimizers.Adagrad`, the optimizer
+  interface of TF 2.x the authors' code builds): s <- s + g^2;
+  w <- w - lr g / (sqrt(s) + epsilon), s starting at
+  `initial_accumulator_value`. (TFF's `build_adagrad` differs: sqrt(s +
+  epsilon); `tff_adagrad`.) State: s per weight."""
+  s0, eps = float(initial_accumulator_value), float(epsilon)
+
+  def init(start):
+    return [tf.fill(tf.shape(w), tf.constant(s0, tf.float32)) for w in start]
+
+  def update(grads, state, weights, lr, _):
+    s = [p + tf.square(g) for p, g in zip(state, grads)]
+    return [w - lr * g / (tf.sqrt(p) + eps) for w, g, p in zip(weights, grads, s)], s
+
+  return Transform(init, update, is_step=True)
+
+
+def authors_fedopt(variant: str, b1: float = 0.9, b2: float = 0.999,
+                   epsilon: float = 1e-3) -> Transform:
+  """The server step the authors' FedAdam / FedYogi / FedAdagrad
+  experiments run, on the pseudo-gradient g = w_t - w_bar (= -Delta), lr the
+  server learning rate eta:
+    adam: Keras's Adam      a <- a + (g - a)(1 - b1);  s <- s + (g^2 - s)(1 - b2)
+    yogi: the authors' Yogi a <- b1 a + (1 - b1) g;    s <- s + (1 - b2) sign(g^2 - s) g^2
+          w <- w - (lr sqrt(1 - b2^t) / (1 - b1^t)) a / (sqrt(s) + epsilon)
+          a, s from 0 (Yogi's initial accumulator value 0: the authors'
+          setting; Adam's is fixed at 0); t = the round number + 1: the
+          authors' process applies one zero update when it builds the
+          server optimizer, so its first real update is Keras's step 2.
+    adagrad: Keras's Adagrad (no first moment, no bias correction, b1 and b2
+          unused): s <- s + g^2;  w <- w - lr g / (sqrt(s) + epsilon), s from 0.
+  Adam and Yogi are `tff_adam` / `tff_yogi` (the same operations as Keras's
+  and the authors' Yogi) with their count from 1; adagrad is
+  `keras_adagrad(0.0, epsilon)`."""
+  if variant not in FEDOPT_VARIANTS:
+    raise ValueError(f"invalid FedOpt variant {variant!r}; valid: {', '.join(FEDOPT_VARIANTS)}")
+  if variant == "adagrad":
+    return keras_adagrad(0.0, epsilon)
+  if variant == "adam":
+    return _steps_counted_from(tff_adam(b1, b2, epsilon), 1.0)
+  return _steps_counted_from(tff_yogi(b1, b2, epsilon, initial_preconditioner_value=0.0), 1.0)
+
+
+def flower_fedopt(variant: str, b1: float, b2: float, tau: float) -> Transform:
+  """Flower's FedAdam / FedYogi / FedAdagrad server step, on the
+  pseudo-gradient d = -Delta (Delta: the mean client update), lr the step
+  size eta:
+    m <- b1 m + (1 - b1) d         (adagrad: m <- d, Flower's beta_1 = 0)
+    adagrad: v <- v + d^2
+    yogi:    v <- v - (1 - b2) d^2 sign(v - d^2)
+    adam:    v <- b2 v + (1 - b2) d^2
+    w <- w - lr m / (sqrt(v) + tau)
+  m and v from 0, no bias correction (Flower's x + eta m / (sqrt(v) + tau)
+  with its m = -ours). State: (m, v), one of each per weight."""
+  if variant not in FEDOPT_VARIANTS:
+    raise ValueError(f"invalid FedOpt variant {variant!r}; valid: {', '.join(FEDOPT_VARIANTS)}")
+  b1 = 0.0 if variant == "adagrad" else float(b1)
+  b2, tau = float(b2), float(tau)
+
+  def init(start):
+    return ([tf.zeros_like(w) for w in start], [tf.zeros_like(w) for w in start])
+
+  def second(v, g):
+    g2 = tf.square(g)
+    if variant == "adagrad":
+      return v + g2
+    if variant == "yogi":
+      return v - (1.0 - b2) * g2 * tf.sign(v - g2)
+    return b2 * v + (1.0 - b2) * g2
+
+  def update(grads, state, weights, lr, _):
+    m = [b1 * a + (1.0 - b1) * g for a, g in zip(state[0], grads)]
+    v = [second(b, g) for b, g in zip(state[1], grads)]
+    new = [w - lr * a / (tf.sqrt(b) + tau) for w, a, b in zip(weights, m, v)]
+    return new, (m, v)
+
+  return Transform(init, update, is_step=True)
+
+
+def fedopt(variant: str, b1: float, b2: float, tau: float, form: str = "authors") -> Transform:
+  """FedAdam / FedYogi / FedAdagrad's server step in `form` (`FEDOPT_FORMS`):
+  `authors_fedopt` (tau its epsilon) or `flower_fedopt`."""
+  if form == "authors":
+    return authors_fedopt(variant, b1, b2, tau)
+  if form == "flower":
+    return flower_fedopt(variant, b1, b2, tau)
+  raise ValueError(f"invalid FedOpt form {form!r}; valid: {', '.join(FEDOPT_FORMS)}")
+
+
+def server_fedopt(variant: str, eta: float, b1: float = 0.9, b2: float = 0.999,
+                  tau: float = 1e-3, form: str = "authors") -> Chain:
+  """FedAdam / FedYogi / FedAdagrad's server optimizer: `fedopt` at step
+  size eta (`b1`, `b2` unused by adagrad)."""
+  return chain(with_lr(fedopt(variant, b1, b2, tau, form), eta))
+
+
+# -- TFF's optimizers, their exact rules ---------------------------------------
+
+
+def tff_adam(beta_1: float = 0.9, beta_2: float = 0.999, epsilon: float = 1e-7) -> Transform:
+  """`tff.learning.optimizers.build_adam`'s step, operation for operation
+  (lr the learning rate, t the step count):
+    a <- a + (g - a)(1 - beta_1);  s <- s + (g^2 - s)(1 - beta_2)
+    w <- w - (lr sqrt(1 - beta_2^t) / (1 - beta_1^t)) a / (sqrt(s) + epsilon).
+  State (t, a, s), t one count per weight element (so a [K, ...] stack of
+  cluster models counts each cluster's steps)."""
+  b1, b2, eps = float(beta_1), float(beta_2), float(epsilon)
+
+  def init(start):
+    return tuple([tf.zeros_like(w) for w in start] for _ in range(3))
+
+  def update(grads, state, weights, lr, _):
+    t = [c + 1.0 for c in state[0]]
+    a = [x + (g - x) * (1.0 - b1) for x, g in zip(state[1], grads)]
+    s = [x + (tf.square(g) - x) * (1.0 - b2) for x, g in zip(state[2], grads)]
+    new = [w - lr * tf.sqrt(1.0 - tf.pow(b2, c)) / (1.0 - tf.pow(b1, c)) * x
+           / (tf.sqrt(p) + eps) for w, c, x, p in zip(weights, t, a, s)]
+    return new, (t, a, s)
+
+  return Transform(init, update, is_step=True)
+
+
+def tff_yogi(beta_1: float = 0.9, beta_2: float = 0.999, epsilon: float = 1e-3,
+             initial_preconditioner_value: float = 1e-6) -> Transform:
+  """`tff.learning.optimizers.build_yogi`'s step (bias-corrected as its Adam):
+    a <- a + (g - a)(1 - beta_1);  s <- s + (1 - beta_2) sign(g^2 - s) g^2
+    w <- w - (lr sqrt(1 - beta_2^t) / (1 - beta_1^t)) a / (sqrt(s) + epsilon),
+  s starting at `initial_preconditioner_value`. State (t, a, s) as
+  `tff_adam`'s."""
+  b1, b2, eps = float(beta_1), float(beta_2), float(epsilon)
+  s0 = float(initial_preconditioner_value)
+
+  def init(start):
+    return ([tf.zeros_like(w) for w in start], [tf.zeros_like(w) for w in start],
+            [tf.fill(tf.shape(w), tf.constant(s0, tf.float32)) for w in start])
+
+  def update(grads, state, weights, lr, _):
+    t = [c + 1.0 for c in state[0]]
+    a = [x + (g - x) * (1.0 - b1) for x, g in zip(state[1], grads)]
+    s = [p + (1.0 - b2) * tf.sign(tf.square(g) - p) * tf.square(g)
+         for p, g in zip(state[2], grads)]
+    new = [w - lr * tf.sqrt(1.0 - tf.pow(b2, c)) / (1.0 - tf.pow(b1, c)) * x
+           / (tf.sqrt(p) + eps) for w, c, x, p in zip(weights, t, a, s)]
+    return new, (t, a, s)
+
+  return Transform(init, update, is_step=True)
+
+
+def tff_adagrad(initial_preconditioner_value: float = 0.1,
+                epsilon: float = 1e-7) -> Transform:
+  """`tff.learning.optimizers.build_adagrad`'s step: s <- s + g^2;
+  w <- w - lr g / sqrt(s + epsilon), s starting at
+  `initial_preconditioner_value`. State: s per weight."""
+  s0, eps = float(initial_preconditioner_value), float(epsilon)
+
+  def init(start):
+    return [tf.fill(tf.shape(w), tf.constant(s0, tf.float32)) for w in start]
+
+  def update(grads, state, weights, lr, _):
+    s = [p + tf.square(g) for p, g in zip(state, grads)]
+    return [w - lr * g / tf.sqrt(p + eps) for w, g, p in zip(weights, grads, s)], s
+
+  return Transform(init, update, is_step=True)
+
+
+TFF_OPTIMIZERS = "tff.learning.optimizers.build_sgdm, build_adam, build_yogi or build_adagrad"
+
+
+def from_tff(optimizer) -> Chain:
+  """A `tff.learning.optimizers` optimizer (`build_sgdm`, `build_adam`,
+  `build_yogi`, `build_adagrad`) as this module's chain with the same rule
+  and numbers (its hyper-parameters read by `get_hparams`, the initial
+  preconditioner from its initial state), its learning rate the step's own
+  (`with_lr`); a chain is returned as it is. Anything else is refused in
+  one line naming what to pass."""
+  if isinstance(optimizer, Chain):
+    return optimizer
+  kind = type(optimizer).__name__
+  if (not type(optimizer).__module__.startswith("tensorflow_federated")
+      or kind not in ("_SGD", "_Adam", "_Yogi", "_Adagrad")):
+    raise ValueError(f"unsupported optimizer {optimizer!r}; valid: {TFF_OPTIMIZERS}, "
+                     "or a tff_cluster.learning.optimizers chain")
+  state = optimizer.initialize((tf.TensorSpec([1], tf.float32),))
+  h = {k: float(np.asarray(v)) for k, v in optimizer.get_hparams(state).items()}
+  lr = h["learning_rate"]
+  if kind == "_SGD":
+    return chain(with_lr(heavy_ball(h.get("momentum", 0.0)), lr))
+  if kind == "_Adam":
+    return chain(with_lr(tff_adam(h["beta_1"], h["beta_2"], h["epsilon"]), lr))
+  initial = float(np.asarray(tf.nest.flatten(state["preconditioner"])[0]).reshape(-1)[0])
+  if kind == "_Yogi":
+    return chain(with_lr(tff_yogi(h["beta_1"], h["beta_2"], h["epsilon"], initial), lr))
+  return chain(with_lr(tff_adagrad(initial, h["epsilon"]), lr))

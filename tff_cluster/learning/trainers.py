@@ -22,7 +22,6 @@ are its two materialisations).
 
 from __future__ import annotations
 
-import collections
 import contextlib
 from typing import Any, Callable, List, NamedTuple, Optional, Sequence
 
@@ -94,7 +93,7 @@ def sgd_step(model: tf.keras.Model, loss: str, batch, lr, optimizer, opt_state,
       batch_loss = tf.reduce_sum(per_example * mask) / count
   grads = tape.gradient(batch_loss, trainable)
   new_weights, new_state = optimizer.update(
-      trainable, grads, opt_state, lr, optimizers.GradientAt(
+      grads, opt_state, trainable, lr, optimizers.GradientAt(
           lambda point: _gradient_at(model, loss, x, y, mask, point, weights),
           lambda point, other, alpha: _mixed_gradient_at(model, loss, x, y, mask, point,
                                                          other, alpha)))
@@ -418,26 +417,6 @@ class PaddedTrainer(_Trainer):
 
     return self._batches(data, limit, step,
                          (tf.zeros([example_weights.width]), tf.constant(0.0)))
-
-
-def build_local_sgd(model: tf.keras.Model, loss: str, momentum: float = 0.0):
-  """`local_sgd(initial_weights, dataset, lr, mu)` as a `tf.function`.
-
-  In-process local SGD over a dataset (`DatasetTrainer`) with FedProx's
-  proximal term `mu` and heavy-ball `momentum`; returns an OrderedDict with
-  `delta`, `num_examples`, `loss_sum`.
-  """
-  trainer = DatasetTrainer(model, loss)
-
-  @tf.function
-  def local_sgd(initial_weights, dataset, lr, mu):
-    out = trainer.train(initial_weights, dataset, lr,
-                        optimizers.chain(optimizers.proximal(float(mu)),
-                                         optimizers.heavy_ball(momentum)))
-    return collections.OrderedDict(delta=out.delta, num_examples=out.num_examples,
-                                   loss_sum=out.loss_sum)
-
-  return local_sgd
 
 
 # ---------------------------------------------------------------------------

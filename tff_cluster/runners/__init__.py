@@ -6,6 +6,7 @@
   the only runner that imports TFF. `tff_runner.build_computations` gives an
   algorithm's computations to TFF pipelines.
 
-`factory.make_runner(name, ...)` picks one. This package's `__init__` imports
+`config.RunnerConfig` names one and holds its settings (TF-free);
+`factory.make_runner(config, ...)` makes it. This package's `__init__` imports
 nothing, so the runners import `base` without a cycle.
 """

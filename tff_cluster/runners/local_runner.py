@@ -26,7 +26,7 @@ The server-side functions (broadcast, database, server update) run as
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence
 
 import subprocess
 import sys
@@ -221,6 +221,22 @@ def chunk_plan(num_steps: Sequence[int], width: int):
   return padded.reshape(chunks, width), bounds
 
 
+class RoundInputs(NamedTuple):
+  """A call's stacked inputs, one row per client (`x`, `y`: every client's
+  examples): what the compiled round functions take, and client `c`'s share
+  of them what `client_work` trains on."""
+  database: Any  # the definition's database of the call (None: it keys nothing)
+  keys: Any  # each client's key (int32)
+  received: Any  # what the server broadcast
+  client_states: Any  # the stacked client states, or None
+  indices: Any  # the padded batches' example indices (`schedule.stacked_padded_batches`)
+  sizes: Any
+  num_steps: Any
+  seeds: Any
+  x: Any
+  y: Any
+
+
 def _input_spec(data) -> Optional[tf.TensorSpec]:
   """One example's input (shape, dtype) of the data's training inputs, or None."""
   found = data.example_input()
@@ -377,42 +393,42 @@ class LocalRunner(ServerSide):
     d, model, loss = self.definition, self._model, self._loss
     keyed = d.num_keys(mode) > 0  # the client's key goes to `client_work`
 
-    def one(c, database, keys, received, client_states, indices, sizes, num_steps, seeds, x, y):
+    def one(c, inputs: RoundInputs):
       if side_by_side:
-        trainer = functional.FunctionalTrainer(self._forward, loss, x, y, bound=bound)
+        trainer = functional.FunctionalTrainer(self._forward, loss, inputs.x, inputs.y,
+                                               bound=bound)
       else:
-        trainer = trainers.PaddedTrainer(model, loss, x, y,
-                                               exact_batches=self.exact_batches)
-      key = tf.gather(keys, c) if keyed else None
-      selected = None if database is None else tf.nest.map_structure(
-          lambda t: tf.gather(t, key), database)
-      client_state = None if client_states is None else tf.nest.map_structure(
-          lambda t: tf.gather(t, c), client_states)
+        trainer = trainers.PaddedTrainer(model, loss, inputs.x, inputs.y,
+                                         exact_batches=self.exact_batches)
+      key = tf.gather(inputs.keys, c) if keyed else None
+      selected = None if inputs.database is None else tf.nest.map_structure(
+          lambda t: tf.gather(t, key), inputs.database)
+      client_state = None if inputs.client_states is None else tf.nest.map_structure(
+          lambda t: tf.gather(t, c), inputs.client_states)
       data = schedule.PaddedBatches(
-          tf.gather(indices, c), tf.gather(sizes, c), tf.gather(num_steps, c),
-          tf.gather(seeds, c))
-      out = d.client_work(trainer, selected, received, client_state, data, mode,
+          tf.gather(inputs.indices, c), tf.gather(inputs.sizes, c),
+          tf.gather(inputs.num_steps, c), tf.gather(inputs.seeds, c))
+      out = d.client_work(trainer, selected, inputs.received, client_state, data, mode,
                           **({"key": key} if keyed else {}))
       return out.summed, out.result, () if out.state is None else out.state
 
     return one
 
-  def _round_fn(self, mode: str, args):
+  def _round_fn(self, mode: str, inputs: RoundInputs):
     """Trains every client of the round in one compiled call: a
     `tf.while_loop` over the stacked clients whose carry holds the running
     sum, their results and new states going to `TensorArray`s."""
     if mode in self._rounds:
       return self._rounds[mode]
     one = self._one_client(mode)
-    summed_spec, result_spec, state_spec = output_specs(one, args)
+    summed_spec, result_spec, state_spec = output_specs(one, inputs)
 
     @tf.function(jit_compile=self.jit)
-    def round_fn(database, keys, received, client_states, indices, sizes, num_steps, seeds,
-                 x, y, count):
+    def round_fn(inputs: RoundInputs, count):
       # `count` (a tensor) of the `num_clients` stacked clients are trained,
       # the rest are padding (see `train_clients`), never run; None: all of
       # them (the loop's bound then is a constant, as it always was for local).
-      num_clients = indices.shape[0]
+      num_clients = inputs.indices.shape[0]
       bound = num_clients if count is None else count
 
       def arrays(spec):
@@ -420,8 +436,7 @@ class LocalRunner(ServerSide):
                 for s in tf.nest.flatten(spec)]
 
       def body(c, total, results, states):
-        summed, result, state = one(c, database, keys, received, client_states, indices,
-                                    sizes, num_steps, seeds, x, y)
+        summed, result, state = one(c, inputs)
         total = aggregators.Sum.add(total, summed)
         results = [a.write(c, v) for a, v in zip(results, tf.nest.flatten(result))]
         states = [a.write(c, v) for a, v in zip(states, tf.nest.flatten(state))]
@@ -457,7 +472,7 @@ class LocalRunner(ServerSide):
       return fits
     return width
 
-  def _parallel_round_fn(self, mode: str, args):
+  def _parallel_round_fn(self, mode: str, inputs: RoundInputs):
     """Trains the round's clients side by side: chunks of `self.chunk`
     clients (from the most steps to the fewest, `chunk_plan`), each chunk one
     `tf.vectorized_map` of the client function whose loops run the chunk's
@@ -468,11 +483,10 @@ class LocalRunner(ServerSide):
     if key in self._rounds:
       return self._rounds[key]
     summed_spec, result_spec, state_spec = output_specs(
-        self._one_client(mode, side_by_side=True), args)
+        self._one_client(mode, side_by_side=True), inputs)
 
     @tf.function(jit_compile=self.jit)
-    def round_fn(database, keys, received, client_states, indices, sizes, num_steps, seeds,
-                 x, y, order, bounds, inverse):
+    def round_fn(inputs: RoundInputs, order, bounds, inverse):
       num_chunks, width = order.shape
 
       def arrays(spec):
@@ -482,8 +496,7 @@ class LocalRunner(ServerSide):
       def body(j, total, results, states):
         one = self._one_client(mode, bound=bounds[j], side_by_side=True)
         def client(c):
-          out = one(c, database, keys, received, client_states, indices, sizes,
-                    num_steps, seeds, x, y)
+          out = one(c, inputs)
           # An output that is the same for every client (e.g. the round's
           # learning rate) made to depend on c (+ 0): pfor's stacking of an
           # output taken straight from a captured input does not compile
@@ -576,19 +589,19 @@ class LocalRunner(ServerSide):
       broadcast_fn, database_fn, _ = self._server_fns(mode)
       received = broadcast_fn(state, round_params(lr))
       database = database_fn(state) if d.num_keys(mode) else None
-      args = (database, key_array, received, stacked_states, batches.indices, batches.sizes,
-              batches.num_steps, batches.seed, self._x, self._y)
+      inputs = RoundInputs(database, key_array, received, stacked_states, batches.indices,
+                           batches.sizes, batches.num_steps, batches.seed, self._x, self._y)
       if self.client_batching == "parallel" and count:
         # Only the first `count` clients are trained (the rest pad a shard).
         order, bounds = chunk_plan(batches.num_steps[:count],
                                    self._chunk_width(count, work.batch_size))
         inverse = np.empty(count, np.int32)
         inverse[order.reshape(-1)[:count]] = np.arange(count, dtype=np.int32)
-        total, results, new_states = self._parallel_round_fn(mode, args)(
-            *args, order, bounds, inverse)
+        total, results, new_states = self._parallel_round_fn(mode, inputs)(
+            inputs, order, bounds, inverse)
       else:
-        total, results, new_states = self._round_fn(mode, args)(
-            *args, tf.constant(count) if dynamic else None)
+        total, results, new_states = self._round_fn(mode, inputs)(
+            inputs, tf.constant(count) if dynamic else None)
     # Each client's slice is copied out of the round's stacked arrays: a view
     # would keep all of them alive for as long as any one client's state is
     # kept (with model-size client states, memory grew with the rounds).
@@ -602,10 +615,10 @@ class LocalRunner(ServerSide):
         tf.nest.map_structure(lambda a, i=i: a[i].copy(), new_states) for i in range(count)]
 
 
-def output_specs(one, args):
+def output_specs(one, inputs: RoundInputs):
   """The output structure (shapes, dtypes) of client function `one` on a
-  round's stacked inputs `args`, from a trace only."""
-  traced = tf.function(one).get_concrete_function(tf.constant(0), *args)
+  round's stacked inputs, from a trace only."""
+  traced = tf.function(one).get_concrete_function(tf.constant(0), inputs)
   return tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype),
                                traced.structured_outputs)
 

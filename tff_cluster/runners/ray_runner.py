@@ -164,7 +164,7 @@ class ShardHost:
 
   def evaluate(self, key: str, split: str, weights, client_model):
     """This shard's per-client test (`split`) sums with `client_model` (its
-    clients' slice of the indices, or a rule): correct, count, loss sum,
+    clients' rows of the `evaluation.Deployment`): correct, count, loss sum,
     macro-F1 and the model each was tested with."""
     result = self._shards[key].evaluator(split).evaluate(weights, client_model)
     return (result.per_client_correct, result.per_client_count,
@@ -627,20 +627,14 @@ class ShardedEvaluator:
     for w, actor in enumerate(r._actors):  # noqa: SLF001
       lo, hi = r._bounds[w], r._bounds[w + 1]  # noqa: SLF001
       if method == "evaluate":
-        part = (client_model.rows(lo, hi) if isinstance(client_model, (
-            evaluation.Mixture, evaluation.OutputMix))
-                else client_model if evaluation.is_rule(client_model)
-                else np.asarray(client_model)[lo:hi])
+        part = client_model.rows(lo, hi)
         calls.append(actor.evaluate.remote(r._key, self._split, ref, part))  # noqa: SLF001
       else:
         calls.append(actor.mean_losses.remote(r._key, self._split, ref))  # noqa: SLF001
     return r._get(calls)  # noqa: SLF001
 
   def evaluate(self, weights, client_model) -> evaluation.EvalResult:
-    if isinstance(client_model, str):
-      raise TypeError(f"client_model must be indices, ChooseByTestLoss() or Ensemble(vote), "
-                      f"got {client_model!r}")
-    parts = self._per_shard("evaluate", weights, client_model)
+    parts = self._per_shard("evaluate", weights, evaluation.deployment(client_model))
     correct, count, loss_sum, f1, chosen = (np.concatenate(a) for a in zip(*parts))
     total = count.sum()
     return evaluation.EvalResult(float(correct.sum() / total), float(loss_sum.sum() / total),

@@ -20,11 +20,15 @@ from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 class HParamError(ValueError):
   """An invalid value; the message is one line naming it and what is valid
-  (`valid`: that part alone, where a declaration's check raised it)."""
+  (`valid`: that part alone, `setting` and `value`: the declaration and the
+  value, where a declaration's check raised it)."""
 
-  def __init__(self, message: str, valid: Optional[str] = None):
+  def __init__(self, message: str, valid: Optional[str] = None,
+               setting: Optional["HParam"] = None, value: Any = None):
     super().__init__(message)
     self.valid = valid
+    self.setting = setting  # the declaration whose check refused `value`, if any
+    self.value = value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +102,7 @@ class HParam:
     if value is None:
       return None
     bad = HParamError(f"invalid --{self.name}={_show(value)}; valid: {self.valid_text()}",
-                      self.valid_text())
+                      self.valid_text(), self, value)
     if self.type is bool:
       if not isinstance(value, bool):
         raise bad
@@ -130,7 +134,8 @@ class HParam:
       raise bad
     if self.type is int and self.high is None and self.limit is None and value > INT_LIMIT:
       valid = f"{self.valid_text()}, at most {INT_LIMIT} (every integer setting's limit)"
-      raise HParamError(f"invalid --{self.name}={_show(value)}; valid: {valid}", valid)
+      raise HParamError(f"invalid --{self.name}={_show(value)}; valid: {valid}", valid, self,
+                        value)
     return value
 
 
@@ -217,6 +222,35 @@ ENSEMBLE_SIZE = HParam("ensemble_size", int, 1, "Independent runs combined at te
 # ---------------------------------------------------------------------------
 # Runners.
 
+# Options several algorithm folders declare (each folder's `SPECS` lists them).
+MU_POSITIVE = dataclasses.replace(MU, low=0.0, low_open=True)
+CLIENT_WEIGHTING = HParam(
+    "client_weighting", str, "processed", "FedAvg's client weights: the examples "
+    "processed in the round (McMahan et al.; with local epochs proportional to the "
+    "data) or the client's training samples (FedBase's, whatever --local_steps).",
+    choices=("processed", "samples"), group="fedavg")
+SERVER_LR = HParam("server_lr", float, 1.0, "eta_s: the server's learning rate "
+                   "(SlowMo's slow learning rate alpha).", low=0, low_open=True,
+                   group="server momentum")
+SERVER_MOMENTUM = HParam("server_momentum", float, 0.9, "beta: the server's momentum.",
+                         low=0, high=1, high_open=True, group="server momentum")
+HEAD_LAYERS = HParam("head_layers", int, 1, "The head: the model's last K layers that "
+                     "hold weights (the body: the layers below); refused where the model "
+                     "has fewer than K + 1.", low=1, limit=1000, group="personalized")
+HEAD_NAMES = HParam("head_names", str, "", "The head by layer names (comma-separated; "
+                    "given, it replaces --head_layers). An unknown name is refused with "
+                    "the model's layers listed.", group="personalized")
+HEAD = (HEAD_LAYERS, HEAD_NAMES)
+
+
+def grouped(name: str, *declared: HParam) -> Tuple[HParam, ...]:
+  """The declarations, listed under `name` in `--help` (the shared concepts
+  `mu`, `num_groups` and `ensemble_size` keep theirs)."""
+  shared = {MU.name, NUM_GROUPS.name, ENSEMBLE_SIZE.name}
+  return tuple(d if d.name in shared else dataclasses.replace(d, group=name)
+               for d in declared)
+
+
 RUNNERS = ("local", "tff", "ray")
 RUNNER = HParam("runner", str, "local", "Execution: local (in-process, XLA-compiled where "
                 "that pays, on a GPU when TensorFlow sees one; any stack), tff (TFF "
@@ -247,7 +281,7 @@ RAY_ADDRESS = HParam("ray_address", str, None, "ray runner: HOST:PORT of a runni
                      "started on this machine for the run and stopped after it).",
                      group="runner")
 TFF_WORKERS = HParam("tff_workers", str, None, "tff runner: HOST:PORT[,HOST:PORT...] of TFF "
-                     "workers (python -m tff_cluster.worker --port=P on each host) to split "
+                     "workers (python -m tff_cluster.runners.tff.worker --port=P on each host) to split "
                      "each round's clients over (default: one worker the run starts and stops).",
                      group="runner")
 TFF_WORKER_GRACE = HParam("tff_worker_grace", float, None, "tff runner with --tff_workers: "
@@ -257,6 +291,9 @@ TFF_SUBROUND_TIMEOUT = HParam("tff_subround_timeout", float, None, "tff runner w
                               "--tff_workers: seconds a worker may take for its share of a "
                               "call before it is taken as frozen (default: no limit).",
                               low=0.0, group="runner")
+
+RUNNER_HPARAMS = (RUNNER, JIT, CLIENT_BATCHING, CLIENT_CHUNK, RAY_WORKERS, RAY_ADDRESS,
+                  TFF_WORKERS, TFF_WORKER_GRACE, TFF_SUBROUND_TIMEOUT)
 
 
 def parse_host_ports(text: str, flag: str) -> List[str]:
@@ -288,3 +325,38 @@ def resolve(declared: Sequence[HParam], given: Mapping[str, Any], task: Optional
 def format_value(value: Any) -> str:
   """A value as a flag or `--task_arg` text (booleans as true/false)."""
   return _show(value)
+
+
+# ---------------------------------------------------------------------------
+# The server optimizer on the pseudo-gradient w_t - w_bar (FedAvg's, and per
+# cluster IFCA's, HypCluster's, WeCFL's and FeSEM's): SGD at --server_lr, or
+# FedOpt's adaptive steps (Reddi et al., "Adaptive Federated Optimization",
+# ICLR 2021) in one of two forms: the authors' code's (the default) or
+# Flower's strategies'. beta1, beta2 and tau default to the authors' code's
+# values (its Keras beta defaults, its recommended epsilon 1e-3); the sources,
+# with file and commit: docs/algorithms/fedadam.md.
+
+SERVER_OPTIMIZERS = ("sgd", "adam", "yogi", "adagrad")
+SERVER_OPTIMIZER = HParam(
+    "server_optimizer", str, "sgd", "The server's optimizer on the pseudo-gradient "
+    "w_t - w_bar: sgd (w <- w - server_lr d; server_lr 1 = the weighted mean) or FedOpt's "
+    "adam, yogi, adagrad (Reddi et al. 2021; --server_opt_form, --server_lr, "
+    "--server_beta1, --server_beta2, --server_tau).", choices=SERVER_OPTIMIZERS,
+    group="server optimizer")
+SERVER_OPT_FORM = HParam(
+    "server_opt_form", str, "authors", "The form of FedOpt's adam, yogi, adagrad: "
+    "authors (what the authors' code runs: Keras's Adam and Adagrad, their Yogi; "
+    "bias-corrected, accumulators from 0, adagrad without a first moment) or flower "
+    "(Flower's strategies: no bias correction, m and v from 0).",
+    choices=("authors", "flower"), group="server optimizer")
+SERVER_BETA1 = HParam("server_beta1", float, 0.9, "FedOpt's beta1: decay of the server's "
+                      "first moment m (adam, yogi; adagrad has none).", low=0, high=1,
+                      high_open=True, group="server optimizer")
+SERVER_BETA2 = HParam("server_beta2", float, 0.999, "FedOpt's beta2: decay of the server's "
+                      "second moment v (adam, yogi).", low=0, high=1, high_open=True,
+                      group="server optimizer")
+SERVER_TAU = HParam("server_tau", float, 1e-3, "FedOpt's tau (the authors' epsilon): the "
+                    "server step is m / (sqrt(v) + tau).",
+                    low=0, low_open=True, group="server optimizer")
+SERVER_OPTIMIZER_OPTIONS = (SERVER_OPTIMIZER, SERVER_OPT_FORM, SERVER_LR, SERVER_BETA1,
+                            SERVER_BETA2, SERVER_TAU)

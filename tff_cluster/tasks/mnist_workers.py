@@ -38,6 +38,7 @@ from typing import List, Sequence, Tuple
 
 import numpy as np
 
+from tff_cluster import seeds
 from tff_cluster.tasks import fmnist
 from tff_cluster import models
 from tff_cluster.data.federated import DataError, FederatedData
@@ -103,7 +104,7 @@ def split_workers(y_train: np.ndarray, y_test: np.ndarray, num_workers: int, spl
                   seed: int, classes_per_worker: int = 3, dirichlet_alpha: float = 0.1
                   ) -> Tuple[List[np.ndarray], List[np.ndarray], str]:
   """(train rows, test rows, description) of each worker (see the module docstring)."""
-  rng = np.random.default_rng(np.random.SeedSequence([seed, 2024]))
+  rng = seeds.generator(seed, "mnist_workers_split")
   n = num_workers
   if split == "iid":
     return ([np.sort(p) for p in np.array_split(rng.permutation(len(y_train)), n)],
@@ -144,7 +145,7 @@ def load(options: DataOptions) -> FederatedData:
   n = options.num_clients or DEFAULTS["num_clients"]
   split = task_arg(options, SPLIT)
   public_size = task_arg(options, PUBLIC_SIZE)
-  rng = np.random.default_rng(np.random.SeedSequence([options.seed, 2025]))
+  rng = seeds.generator(options.seed, "mnist_workers_public")
   order = rng.permutation(len(y_train))
   public_rows, rest = np.sort(order[:public_size]), np.sort(order[public_size:])
   train_rows, test_rows, how = split_workers(

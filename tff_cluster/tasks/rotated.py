@@ -46,6 +46,7 @@ from typing import Callable, Sequence, Tuple
 
 import numpy as np
 
+from tff_cluster import seeds
 from tff_cluster.tasks import fmnist
 from tff_cluster import models
 from tff_cluster.data import vision
@@ -106,7 +107,7 @@ def rotated_clients(train: Tuple[np.ndarray, np.ndarray], test: Tuple[np.ndarray
                     f"{', '.join(PERMUTATIONS)}")
   for p, angle in enumerate(angles):
     stream = p if permutation == "per_cluster" else 0
-    order = np.random.default_rng(np.random.SeedSequence([seed, 4040, stream])).permutation(
+    order = seeds.generator(seed, "rotated_order", stream).permutation(
         len(y_train))
     rows = order[:clients_per_cluster * n]
     images = prepare(rotate_images(x_train, angle, index=rows))

@@ -1,4 +1,4 @@
-"""`python -m tff_cluster.worker --port=P`: a TFF worker on this host.
+"""`python -m tff_cluster.runners.tff.worker --port=P`: a TFF worker on this host.
 
 Becomes TFF 0.87's `worker_binary` (exec: the process id stays the same, so
 stopping it by that id with SIGTERM leaves nothing behind), listening on

@@ -253,7 +253,7 @@ def check_ready(addresses: Sequence[str], grace_s: float) -> None:
   for address in addresses:
     if not _answers(address, grace_s):
       raise WorkerUnavailable(f"TFF worker {address} did not answer within {grace_s:g} s "
-                              "(is `python -m tff_cluster.worker --port=P` running there?)")
+                              "(is `python -m tff_cluster.runners.tff.worker --port=P` running there?)")
 
 
 def connect(addresses: Sequence[str], grace_s: float = DEFAULT_GRACE_S,
@@ -283,7 +283,7 @@ def local_workers(n: int, log_dir: Optional[str] = None) -> Iterator[List[str]]:
              else subprocess.DEVNULL)
       try:
         processes.append((port, subprocess.Popen(
-            [sys.executable, "-m", "tff_cluster.worker", f"--port={port}", "--die_with_parent"],
+            [sys.executable, "-m", "tff_cluster.runners.tff.worker", f"--port={port}", "--die_with_parent"],
             stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)))
       finally:
         if out is not subprocess.DEVNULL:
