@@ -133,7 +133,8 @@ def assert_same_run(a, b, weights_atol=ATOL):
 
 
 # Algorithms whose clients run another one's client function: the server-
-# momentum variants and the ensembles FedAvg's or FedProx's; FedPer, LG-FedAvg
+# momentum variants (FedAvgM, FedMom, SlowMo, FedAdam, FedYogi, FedAdagrad: a
+# server step only) and the ensembles FedAvg's or FedProx's; FedPer, LG-FedAvg
 # and FedBN FedRep's split definition in one phase; local-only and FedAvg + FT
 # Ditto's two trainings; FedGrouProx FedGroup's with FedProx's clients; WeCFL,
 # FeSEM, CFL, FL+HC, PACFL, StoCFL and HypCluster FedAvg's or IFCA's with
@@ -141,8 +142,9 @@ def assert_same_run(a, b, weights_atol=ATOL):
 # per client, decay) live in those client functions and the client-state
 # store, so these run them through their own parity case with the first solver
 # only (CI's time; TFF_CLUSTER_EXHAUSTIVE=1 runs both).
-SAME_CLIENTS = ("fedavgm", "fedmom", "slowmo", "fedavg_plus", "fedprox_plus", "fedper",
-                "lg_fedavg", "fedbn", "local_only", "fedavg_ft")
+SAME_CLIENTS = ("fedavgm", "fedmom", "slowmo", "fedadam", "fedyogi", "fedadagrad",
+                "fedavg_plus", "fedprox_plus", "fedper", "lg_fedavg", "fedbn", "local_only",
+                "fedavg_ft")
 HOST_STEPS_ONLY = ("fedgrouprox", "wecfl", "fesem", "cfl", "flhc", "pacfl", "stocfl",
                    "hypcluster")
 

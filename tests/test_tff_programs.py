@@ -198,7 +198,7 @@ LEARNING_PROCESSES = {"fedavg": {}, "fedavgm": {}, "fedmom": {}, "slowmo": {},
 @pytest.mark.parametrize("algo", sorted(LEARNING_PROCESSES))
 def test_every_end_to_end_round_runs_under_train_model(algo, data, tmp_path):
   from tff_cluster.tff_program import build_learning_process
-  extra = {"num_clients": data.num_training_clients} if algo == "cfl_mgd" else {}
+  extra = {"data": data} if algo == "cfl_mgd" else {}  # its definition reads the clients
 
   k = LEARNING_PROCESSES[algo].get("num_groups")
   start = [_initial(SEED + j) for j in range(k)] if k else _initial()  # K different models
