@@ -652,9 +652,7 @@ def computations(algo: str, model_fn, loss, element_spec, options=None, data=Non
     model_fn = functools.partial(models.built_model, model_fn,
                                  tuple(x.shape)[1:], x.dtype.name)
     model = model_fn()
-  if spec.own_momentum and client_momentum:
-    raise ValueError(f"invalid client_momentum for {algo}: {spec.own_momentum}; "
-                     "valid: client_momentum=0")
+  spec.check_client_momentum(client_momentum, "client_momentum")
   if client_optimizer is not None and (spec.own_momentum or client_momentum):
     raise ValueError(f"invalid client_optimizer for {algo}: "
                      f"{spec.own_momentum or 'client_momentum is given too'}; valid: None")

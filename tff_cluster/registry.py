@@ -44,9 +44,7 @@ def build_driver(spec, model, data, config, options=None, *, initial_weights=Non
   from tff_cluster.host import driver  # TensorFlow: only when a run is built
   if isinstance(spec, str):
     spec = get_algorithm(spec)
-  if spec.own_momentum and config.client_momentum:
-    raise ValueError(f"invalid --client_momentum for {spec.name}: {spec.own_momentum}; "
-                     "valid: --client_momentum=0")
+  spec.check_client_momentum(config.client_momentum)
   if isinstance(options, Options):
     options = options.replace(**values) if values else options
   else:

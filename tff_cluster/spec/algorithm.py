@@ -69,6 +69,14 @@ class AlgorithmSpec:
                    task_defaults=dict(getattr(task, "defaults", None) or {}),
                    algo=self.name, fixed=self.fixed)
 
+  def check_client_momentum(self, momentum: float, flag: str = "--client_momentum") -> None:
+    """Refuses (`ValueError`, one line) a local momentum for an algorithm
+    whose local steps are its own; `flag` names the setting in the caller's
+    words (the CLI's flag, the API's keyword)."""
+    if self.own_momentum and momentum:
+      raise ValueError(f"invalid {flag} for {self.name}: {self.own_momentum}; "
+                       f"valid: {flag}=0")
+
   def load_host(self):
     """Its `Driver` subclass (imports its module: TensorFlow)."""
     return _load(self.host, self.module)
