@@ -52,7 +52,12 @@ def generator(seed: int, name: str, *index: int) -> np.random.Generator:
   return np.random.default_rng(sequence(seed, name, *index))
 
 
+def int31(seq: np.random.SeedSequence) -> int:
+  """The first 31 bits a seed sequence generates: an integer seed (a Keras
+  initializer's, a K-Means', a data shuffle's)."""
+  return int(seq.generate_state(1)[0] & 0x7FFFFFFF)
+
+
 def int_seed(seed: int, name: str, *index: int) -> int:
-  """A 31-bit integer seed of stream `name` (a Keras initializer's, a
-  K-Means')."""
-  return int(sequence(seed, name, *index).generate_state(1)[0] & 0x7FFFFFFF)
+  """A 31-bit integer seed of stream `name` (`int31`)."""
+  return int31(sequence(seed, name, *index))

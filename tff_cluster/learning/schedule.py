@@ -12,12 +12,14 @@ from typing import NamedTuple, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
+from tff_cluster import seeds
+
 
 
 def client_seed(seed: int, round_num: int, client_index: int) -> int:
-  """Seed of one client's data shuffle in one round (stable, collision-free)."""
-  return int(np.random.SeedSequence([seed, round_num, client_index])
-             .generate_state(1)[0] & 0x7FFFFFFF)
+  """Seed of one client's data shuffle in one round (stable; `tff_cluster.seeds`
+  says how these sequences meet the named streams)."""
+  return seeds.int31(np.random.SeedSequence([seed, round_num, client_index]))
 
 
 @dataclasses.dataclass(frozen=True)
