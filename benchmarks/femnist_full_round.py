@@ -14,8 +14,8 @@ times, are the full data's. It then runs
 at the task's defaults (20 writers per round, E = 20, batch 10, MLP
 784-512-62), on the scaled database and on the unscaled sample, and prints one
 JSON line per run: writers, training images, the data load, the group cold
-start, and the mean round and evaluation seconds (config.json, summary.json,
-metrics.csv).
+start, the mean round and evaluation seconds (config.json, summary.json,
+metrics.csv) and the process's peak resident memory (getrusage).
 
   python benchmarks/femnist_full_round.py --leaf_dir ../shared/data/femnist_leaf \\
       --work /tmp/femnist_full --rounds 2
@@ -85,12 +85,20 @@ def write_database(path, train, test, writers, totals, seed=0):
   con.close()
 
 
+# Runs a command as its child and prints the child's peak resident size (kB):
+# each run's own peak, not the largest of every run so far.
+_PEAK = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True); "
+         "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+
+
 def run(db, out, rounds, extra):
-  """One CLI run; its times."""
+  """One CLI run; its times and its peak resident memory."""
   cmd = [sys.executable, os.path.join(REPO_ROOT, "run_experiment.py"), "--algo=fedgroup",
          "--task=femnist", f"--data_dir={db}", f"--rounds={rounds}", f"--output_dir={out}",
          "--overwrite", "--noprogress", *extra]
-  subprocess.run(cmd, check=True, cwd=REPO_ROOT)
+  done = subprocess.run([sys.executable, "-c", _PEAK, *cmd], check=True, cwd=REPO_ROOT,
+                        stdout=subprocess.PIPE, text=True)
+  peak_kb = int(done.stdout.strip().splitlines()[-1])
   config = rundir.read_config(out)
   summary = rundir.read_summary(out) or {}
   rows = rundir.read_metrics(out)[1]
@@ -99,7 +107,7 @@ def run(db, out, rounds, extra):
               setup_seconds=round(summary.get("setup_seconds", float("nan")), 1),
               round_seconds=[round(float(r["round_seconds"]), 2) for r in rows],
               eval_seconds=[round(float(r["eval_seconds"]), 2) for r in rows],
-              flags=extra)
+              peak_resident_gb=round(peak_kb * 1024 / 1e9, 2), flags=extra)
 
 
 def main():

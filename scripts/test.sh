@@ -33,8 +33,9 @@
 # The CI tier runs one slice of the exhaustive-only cases: TFF_CLUSTER_SLICE
 # if set, else int(commit[:8], 16) % 4 of the checkout's commit (printed).
 # Environments are built from uv.lock with uv (installed with pip when
-# missing): .venv-tff, .venv-py3.X (today's stack, with the legacy-keras
-# extra); .venv-colab and .venv-pip are made anew each time.
+# missing): .venv-tff, .venv-py3.X (today's stack, with the legacy-keras, ray
+# and tfds extras: tests/test_tfds.py runs there); .venv-colab and .venv-pip
+# are made anew each time (the pip phase's default install has no TFDS).
 # Within the tff, today and keras2 phases the tests run on
 # TFF_CLUSTER_TEST_WORKERS processes (pytest-xdist; default: the CPU count,
 # at most 4; 1: one process), after the tests marked `serial` (those timed
@@ -181,7 +182,7 @@ install_all() {
   if wants tff && [ -n "$PY_TFF" ]; then sync .venv-tff "$PY_TFF" --extra tff || rc=1; fi
   # (the tff phase resumes checkpoints with today's interpreter too)
   if { wants today || wants keras2 || wants tff; } && [ -n "$PY_TODAY" ]; then
-    sync "$TODAY_ENV" "$PY_TODAY" --extra legacy-keras --extra ray || rc=1
+    sync "$TODAY_ENV" "$PY_TODAY" --extra legacy-keras --extra ray --extra tfds || rc=1
   fi
   if wants colab && [ -n "$PY_COLAB" ]; then
     rm -rf .venv-colab

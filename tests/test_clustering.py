@@ -374,3 +374,48 @@ def test_quality_metrics_reject_length_mismatch():
     cl.purity([0, 1], [0])
   with pytest.raises(ValueError, match="same length"):
     cl.adjusted_rand_index([0, 1], [0])
+
+
+def test_flatten_rows_and_row_norms_are_the_whole_array_forms():
+  """FedGroup's cold start builds its [n, d] matrix row by row and takes the
+  norms a few rows at a time (no copy of the matrix): the same numbers, bit
+  for bit, as stacking the flattened models and norming along axis 1."""
+  rng = np.random.default_rng(0)
+  models = [[rng.normal(size=(7, 5)).astype(np.float32), rng.normal(size=5).astype(np.float32)]
+            for _ in range(19)]
+  want = np.stack([cl.flatten_weights(m) for m in models])
+  got = cl.flatten_rows(models)
+  assert got.dtype == np.float64 and np.array_equal(got, want)
+  x = rng.normal(size=(19, 1001)) * rng.uniform(0.1, 10.0, size=(19, 1))
+  assert np.array_equal(cl.row_norms(x), np.linalg.norm(x, axis=1, keepdims=True))
+  with pytest.raises(ValueError, match="parameters"):
+    cl.flatten_rows([models[0], models[1][:1]])
+
+
+def test_the_blockwise_measures_equal_the_float64_ones(monkeypatch):
+  """Past EXACT_BYTES FedGroup keeps its updates float32 and the measures sum
+  over column blocks in float64: the same features, distances and groups as
+  the float64 matrix, to round-off."""
+  rng = np.random.default_rng(3)
+  centres = rng.normal(size=(3, 50_000))
+  x32 = (np.repeat(centres, 7, axis=0) + 0.3 * rng.normal(size=(21, 50_000))).astype(np.float32)
+  x32[4] = 0.0  # a zero update: cosine 0 with everything, both ways
+  x64 = x32.astype(np.float64)
+  np.testing.assert_allclose(cl.edc_features(x32, 3), cl.edc_features(x64, 3), atol=1e-12)
+  np.testing.assert_allclose(cl.madc_matrix(x32), cl.madc_matrix(x64), atol=1e-12)
+  assert np.array_equal(cl.edc_cluster(x32, 3, seed=0), cl.edc_cluster(x64, 3, seed=0))
+  assert np.array_equal(cl.madc_cluster(x32, 3), cl.madc_cluster(x64, 3))
+  models = [[row[:30_000].reshape(100, 300), row[30_000:]] for row in x32]
+  assert cl.flatten_rows(models).dtype == np.float64  # 8.4 MB: under EXACT_BYTES
+  monkeypatch.setattr(cl, "EXACT_BYTES", 1 << 20)
+  big = cl.flatten_rows(models)  # past EXACT_BYTES: the models' own arrays
+  assert isinstance(big, cl.RowBlocks) and big.shape == x32.shape
+  assert big.models[0][0] is models[0][0] or np.shares_memory(big.models[0][0], models[0][0])
+  assert np.array_equal(np.concatenate([b for _, b in big.blocks()], axis=1), x64)
+  np.testing.assert_allclose(cl.edc_features(big, 3), cl.edc_features(x64, 3), atol=1e-12)
+  np.testing.assert_allclose(cl.madc_matrix(big), cl.madc_matrix(x64), atol=1e-12)
+  assert np.array_equal(cl.cluster_updates(big, 3, "edc", seed=0), cl.edc_cluster(x64, 3, seed=0))
+  bad = [[w.copy() for w in m] for m in models]
+  bad[2][1][5] = np.nan
+  with pytest.raises(ValueError, match="NaN"):
+    cl.edc_features(cl.flatten_rows(bad), 3)

@@ -20,7 +20,7 @@ import pytest
 import tensorflow as tf
 
 from tests.helpers import write_emnist_sqlite
-from tff_cluster.data import emnist, leaf, vision
+from tff_cluster.data import compact, emnist, leaf, vision
 from tff_cluster.data.federated import DataError
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -583,9 +583,17 @@ def test_a_file_backed_task_under_ray_is_a_catalogue_read_again_per_shard():
     shard = lazy.load(lo, hi)
     assert shard.client_ids == whole.client_ids[lo:hi]
     np.testing.assert_array_equal(shard.true_clusters, whole.true_clusters[lo:hi])
-    for c in shard.client_ids:
-      for split in ("train", "test"):
+    for split in ("train", "test"):
+      # The shard's inputs: one buffer of its own clients' rows (`packed`),
+      # nothing of the rest of the federation kept alive.
+      inputs = [np.asarray(getattr(shard, split)[c][0]) for c in shard.client_ids]
+      held = sum(x.nbytes for x in inputs)
+      for c in shard.client_ids:
+        x = getattr(shard, split)[c][0]
+        codes = x.codes if compact.is_coded(x) else x
+        assert compact._root(codes).nbytes <= held // (4 if compact.is_coded(x) else 1) + 64
         for mine, theirs in zip(getattr(shard, split)[c], getattr(whole, split)[c]):
-          np.testing.assert_array_equal(mine, theirs)
-          assert mine.base is None  # its own memory
+          np.testing.assert_array_equal(np.asarray(mine), np.asarray(theirs))
+          assert not np.shares_memory(np.asarray(getattr(mine, "codes", mine)),
+                                      np.asarray(getattr(theirs, "codes", theirs)))
   assert materialize(lazy).num_clients == whole.num_clients

@@ -27,7 +27,7 @@ LAYERS: List[Tuple[str, ...]] = [
     ("tff_cluster", "tff_cluster.stack", "tff_cluster.interrupts", "tff_cluster.clustering",
      "tff_cluster.seeds",
      "tff_cluster.data", "tff_cluster.progress"),
-    ("tff_cluster.spec", "tff_cluster.models"),
+    ("tff_cluster.spec", "tff_cluster.models", "tff_cluster.vision_models"),
     ("tff_cluster.learning", "tff_cluster.io"),
     ("tff_cluster.core",),
     ("tff_cluster.runners",),

@@ -43,7 +43,8 @@ EXPECTED_CLASSES = {
     "fmnist_clusterwise_class": 10, "cifar10": 10, "cifar10_pfl": 10, "sent140": 2, "femnist_fedprox": 26,
     "fmnist_clientwise_dir": 10, "fmnist_clientwise_class": 10,
     "mnist_clusterwise_dir": 10, "mnist_clusterwise_class": 10,
-    "mnist_clientwise_dir": 10, "mnist_clientwise_class": 10, "mnist_workers": 10}
+    "mnist_clientwise_dir": 10, "mnist_clientwise_class": 10, "mnist_workers": 10,
+    "cifar100_tff": 100, "celeba": 2, "shakespeare": 90}
 
 REGISTRY = tasks.registry()
 
@@ -504,7 +505,7 @@ def test_mnist_real_fedprox_recipe(real_mnist, mnist_task):
 
 def test_mnist_real_deterministic_by_seed(real_mnist, mnist_task, monkeypatch):
   x, y = real_mnist
-  monkeypatch.setattr(vision, "load_mnist", lambda data_dir: (x.copy(), y))
+  monkeypatch.setattr(vision, "load_mnist", lambda data_dir, data_source: (x.copy(), y))
   again = REGISTRY["mnist"].load_data(DataOptions(data_dir=str(MNIST_DIR)))
   for cid in mnist_task.client_ids:
     for split in ("train", "test"):

@@ -21,7 +21,8 @@ from typing import Any, Dict, Sequence
 from tff_cluster.spec import hparams as hp
 from tff_cluster import registry, stack, tasks
 from tff_cluster.io import results
-from tff_cluster.data.federated import DataError, FederatedData, reloading
+from tff_cluster.data import tfds_source, vision
+from tff_cluster.data.federated import DataError, FederatedData, release_free_memory, reloading
 from tff_cluster.io import rundir
 from tff_cluster.runners.config import SETTING_RUNNERS, RunnerConfig
 from tff_cluster.spec.task import DataOptions
@@ -32,7 +33,8 @@ ALGO_HPARAMS = registry.all_hparams()
 RUNNER_HPARAMS = hp.RUNNER_HPARAMS
 GENERAL = ("algo", "task", "model", "num_clients", "data_dir", "synthetic_alpha",
            "synthetic_beta", "glove_path", "task_arg", "output_dir", "overwrite",
-           "progress", "checkpoint_every", "groups_format", "resume", "eval_only")
+           "progress", "checkpoint_every", "groups_format", "resume", "eval_only",
+           "data_source")
 # Settings a resumed run may change (the rest must equal the run's config.json).
 # The runner and its XLA setting compute the same rounds (parity tests), so a
 # run started on `tff` (or on another stack) may go on with `local`.
@@ -166,6 +168,7 @@ def resolve_settings(values) -> dict:
   except ValueError as e:
     raise UsageError(str(e)) from None
   settings = _resolve_declared(values, algo, task)
+  settings["data_source"] = _data_source(settings.get("data_source"))
   _check_training(settings, values, algo, task)
   _check_runner(settings, values)
   settings["algo_options"] = {d.name: settings[d.name] for d in algo.hparams}
@@ -186,6 +189,17 @@ def resolve_settings(values) -> dict:
     settings["output_dir"] = os.path.join(
         "results", f"{settings['task']}_{settings['algo']}_{stamp}")
   return settings
+
+
+def _data_source(value) -> str:
+  """--data_source checked (unset: auto); tfds without TensorFlow Datasets
+  installed is refused here, before TensorFlow loads."""
+  value = "auto" if value is None else value
+  if value not in vision.DATA_SOURCES:
+    raise UsageError(f"invalid --data_source={value}; valid: {', '.join(vision.DATA_SOURCES)}")
+  if value == "tfds" and not tfds_source.installed():
+    raise UsageError(tfds_source.missing_message())
+  return value
 
 
 def available_memory() -> int:
@@ -402,6 +416,7 @@ def load_task_data(settings: dict, task, present: Sequence[str] = ()):
   (one given that the task does not read gets a warning)."""
   options = DataOptions(seed=settings["seed"], num_clients=settings["num_clients"],
                         data_dir=settings["data_dir"],
+                        data_source=settings.get("data_source") or "auto",
                         synthetic_alpha=settings["synthetic_alpha"],
                         synthetic_beta=settings["synthetic_beta"],
                         glove_path=settings["glove_path"], extra=settings["task_args"])
@@ -412,7 +427,8 @@ def load_task_data(settings: dict, task, present: Sequence[str] = ()):
       data = task.load_data(tracked)
     except (DataError, hp.HParamError) as e:
       raise UsageError(str(e)) from None
-  unused = [f"--{name}" for name in ("data_dir", "glove_path", "num_clients",
+  release_free_memory()  # what the loader freed: out of the run's resident size
+  unused = [f"--{name}" for name in ("data_dir", "data_source", "glove_path", "num_clients",
                                       "synthetic_alpha", "synthetic_beta")
             if name in present and name not in tracked.read]
   if unused:

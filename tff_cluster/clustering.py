@@ -52,19 +52,123 @@ def flatten_weights(weights: Sequence[np.ndarray]) -> np.ndarray:
   return np.concatenate(arrays)
 
 
-def _as_matrix(x: np.ndarray, name: str) -> np.ndarray:
-  x = np.asarray(x, dtype=np.float64)
+class RowBlocks:
+  """The matrix [n, d] whose row i is `flatten_weights(models[i])`, kept as
+  the models' own arrays (no copy) and read in column blocks of at most
+  BLOCK_COLUMNS within each layer, as float64 (FedGroup's measures past
+  EXACT_BYTES; see `_products`)."""
+
+  def __init__(self, models: Sequence[Sequence[np.ndarray]]):
+    self.models = [[np.asarray(w) for w in m] for m in models]
+    sizes = [[int(w.size) for w in m] for m in self.models]
+    if any(s != sizes[0] for s in sizes):
+      raise ValueError("the models' layers differ in size")
+    self.sizes = sizes[0] if sizes else []
+    self.shape = (len(self.models), sum(self.sizes))
+    self.dtype = np.dtype(np.float32)
+
+  def __len__(self) -> int:
+    return self.shape[0]
+
+  def blocks(self):
+    """(first column, float64 [n, width] block) over the columns in order."""
+    start = 0
+    for layer, size in enumerate(self.sizes):
+      rows = [m[layer].reshape(-1) for m in self.models]
+      for j in range(0, size, BLOCK_COLUMNS):
+        yield start + j, np.stack([r[j:j + BLOCK_COLUMNS] for r in rows]).astype(np.float64)
+      start += size
+
+
+def _column_blocks(x):
+  """(first column, float64 block) of a float32 matrix or a `RowBlocks`."""
+  if isinstance(x, RowBlocks):
+    yield from x.blocks()
+    return
+  for j in range(0, x.shape[1], BLOCK_COLUMNS):
+    yield j, x[:, j:j + BLOCK_COLUMNS].astype(np.float64)
+
+
+def flatten_rows(models: Sequence[Sequence[np.ndarray]]):
+  """`np.stack([flatten_weights(m) for m in models])` [n, d] float64, filled
+  row by row (no list of n flattened vectors beside the matrix); where that
+  would pass EXACT_BYTES, the models as `RowBlocks` (no copy), which the
+  measures take blockwise."""
+  models = list(models)
+  if not models:
+    raise ValueError("flatten_rows got no models")
+  d = sum(int(np.size(w)) for w in models[0])
+  if len(models) * d * 8 > EXACT_BYTES:
+    return RowBlocks(models)
+  out = np.empty((len(models), d), np.float64)
+  for i, weights in enumerate(models):
+    start = 0
+    for w in weights:
+      w = np.asarray(w)
+      out[i, start:start + w.size] = w.ravel()
+      start += w.size
+    if start != d:
+      raise ValueError(f"model {i} has {start} parameters, model 0 has {d}")
+  return out
+
+
+def row_norms(x: np.ndarray, rows: int = 8) -> np.ndarray:
+  """`np.linalg.norm(x, axis=1, keepdims=True)`, the same numbers, a few rows
+  at a time (no temporary the size of `x`)."""
+  out = np.empty((len(x), 1), x.dtype)
+  for i in range(0, len(x), rows):
+    out[i:i + rows] = np.linalg.norm(x[i:i + rows], axis=1, keepdims=True)
+  return out
+
+
+# A float64 [n, d] matrix of client updates up to this size is what the
+# measures work on (`flatten_rows`); above it (e.g. 100 pre-trained clients of
+# a 1.2M-parameter CNN: 965 MB) the updates stay the clients' own arrays
+# (`RowBlocks`, or a float32 matrix) and the measures accumulate their float64
+# sums over column blocks (`_products`): the same quantities, rounded in
+# another order.
+EXACT_BYTES = 512 << 20
+BLOCK_COLUMNS = 1 << 14
+
+
+def _as_matrix(x: np.ndarray, name: str, blockwise: bool = False) -> np.ndarray:
+  """`x` as a float64 2-D array; with `blockwise`, a float32 `x` or a
+  `RowBlocks` as is (the blockwise form of FedGroup's measures, see
+  EXACT_BYTES), checked one block at a time."""
+  if blockwise and isinstance(x, RowBlocks):
+    if not all(np.isfinite(b).all() for _, b in x.blocks()):
+      raise ValueError(f"{name} contains NaN or inf; updates must be finite")
+    return x
+  x = np.asarray(x)
+  if not (blockwise and x.dtype == np.float32):
+    x = np.asarray(x, dtype=np.float64)
   if x.ndim != 2:
     raise ValueError(f"{name} must be a 2-D array [rows, d]; got shape "
                      f"{x.shape}")
-  if not np.all(np.isfinite(x)):
+  if not all(np.isfinite(x[i:i + 8]).all() for i in range(0, len(x), 8)):
     raise ValueError(f"{name} contains NaN or inf; updates must be finite")
   return x
 
 
+def _products(x: np.ndarray, u: np.ndarray = None):
+  """(x xᵀ, the row norms [n, 1], and with `u` [n, m] also uᵀx [m, d]) of a
+  float32 `x` or a `RowBlocks`, in float64, summed over blocks of at most
+  BLOCK_COLUMNS columns: no float64 copy of `x`."""
+  n, d = x.shape
+  gram = np.zeros((n, n))
+  squares = np.zeros(n)
+  dirs = None if u is None else np.empty((u.shape[1], d))
+  for j, block in _column_blocks(x):
+    gram += block @ block.T
+    squares += np.einsum("ij,ij->i", block, block)
+    if u is not None:
+      dirs[:, j:j + block.shape[1]] = u.T @ block
+  return gram, np.sqrt(squares)[:, None], dirs
+
+
 def _unit_rows(x: np.ndarray) -> np.ndarray:
   """Rows scaled to unit norm; zero rows stay zero (so their cosines are 0)."""
-  norms = np.linalg.norm(x, axis=1, keepdims=True)
+  norms = row_norms(x)
   safe = np.where(norms > 0.0, norms, 1.0)
   return x / safe
 
@@ -124,24 +228,33 @@ def edc_features(updates: np.ndarray, num_groups: int) -> np.ndarray:
   norms differing by ~10⁶); a direction with s_k = 0 (rank(ΔW) < m) gets
   cosine 0 with every update, as any null-space direction would.
 
+  A float32 `updates` (FedGroup's past EXACT_BYTES) is taken blockwise: the
+  Gram matrix, the directions' products and the norms summed in float64 over
+  column blocks, never a float64 copy of the whole.
+
   Requires 1 <= m <= min(n, d).
   """
-  updates = _as_matrix(updates, "updates")
+  updates = _as_matrix(updates, "updates", blockwise=True)
   n, d = updates.shape
   m = _check_num_groups(num_groups, min(n, d), "at most min(n, d) directions")
-  gram = updates @ updates.T
+  blockwise = isinstance(updates, RowBlocks) or updates.dtype == np.float32  # EXACT_BYTES
+  gram = _products(updates)[0] if blockwise else updates @ updates.T
   eigvals, eigvecs = np.linalg.eigh(gram)  # ascending eigenvalues
   top = np.arange(n - 1, n - 1 - m, -1)
   s = np.sqrt(np.clip(eigvals[top], 0.0, None))  # singular values s_1..s_m
   u = eigvecs[:, top]
   # Directions up to positive scale: s_k v_k = ΔWᵀ u_k. Only their signs are
   # needed, and the scale s_k > 0 changes neither argmax|.| nor sign.
-  scaled_dirs = u.T @ updates  # [m, d]
+  if blockwise:
+    _, norms, scaled_dirs = _products(updates, u)
+  else:
+    scaled_dirs = u.T @ updates  # [m, d]
+    norms = None
   pivot = np.argmax(np.abs(scaled_dirs), axis=1)
   signs = np.sign(scaled_dirs[np.arange(m), pivot])
   signs = np.where(signs == 0.0, 1.0, signs)
   projections = u * (s * signs)[None, :]  # ΔW V_mᵀ = U_m S_m, sign-fixed
-  norms = np.linalg.norm(updates, axis=1, keepdims=True)
+  norms = row_norms(updates) if norms is None else norms
   # A zero update has no direction: cosine 0 with everything.
   features = projections / np.where(norms > 0.0, norms, 1.0)
   return np.clip(features, -1.0, 1.0)
@@ -170,12 +283,18 @@ def madc_matrix(updates: np.ndarray) -> np.ndarray:
 
   S is `cosine_similarity_matrix(updates)`. Returns a symmetric [n, n] matrix
   with a zero diagonal. Requires n >= 3 (there must be a third client z).
+  A float32 `updates` is taken blockwise (see `edc_features`).
   """
-  updates = _as_matrix(updates, "updates")
+  updates = _as_matrix(updates, "updates", blockwise=True)
   n = updates.shape[0]
   if n < 3:
     raise ValueError(f"madc_matrix needs at least 3 updates (rows); got {n}")
-  s = cosine_similarity_matrix(updates)
+  if isinstance(updates, RowBlocks) or updates.dtype == np.float32:  # EXACT_BYTES
+    gram, norms, _ = _products(updates)
+    safe = np.where(norms > 0.0, norms, 1.0)
+    s = np.clip(gram / safe / safe.T * (norms > 0.0) * (norms > 0.0).T, -1.0, 1.0)
+  else:
+    s = cosine_similarity_matrix(updates)
   out = np.zeros((n, n), dtype=np.float64)
   idx = np.arange(n)
   # One row of the result at a time: an [n, n] slab instead of an [n, n, n]
@@ -195,7 +314,7 @@ def madc_cluster(updates: np.ndarray, num_groups: int) -> np.ndarray:
 
   Returns int labels in 0..m-1. Deterministic (no seed needed).
   """
-  updates = _as_matrix(updates, "updates")
+  updates = _as_matrix(updates, "updates", blockwise=True)
   n = updates.shape[0]
   m = _check_num_groups(num_groups, n, "at most one group per update")
   distances = madc_matrix(updates)

@@ -63,6 +63,13 @@ flags.DEFINE_string("model", None, "Model, for tasks that offer several (see the
 flags.DEFINE_integer("num_clients", None, "Number of clients, for tasks that "
                      "generate or partition data (task default).")
 flags.DEFINE_string("data_dir", None, "Directory with the task's data files.")
+flags.DEFINE_string("data_source", "auto", "Where the MNIST, Fashion-MNIST and CIFAR-10 "
+                    "tasks read their images: auto, keras or tfds. keras: --data_dir's files, "
+                    "else Keras' cache or download; tfds: TensorFlow Datasets (pip install "
+                    "'tff-cluster[tfds]'; --data_dir is then TFDS's data directory); auto: "
+                    "--data_dir's files, else Keras' cache when it holds them, else a prepared "
+                    "TFDS copy when there is one, else Keras' download. Every source gives the "
+                    "same arrays in the same order (docs/tasks.md).")
 flags.DEFINE_float("synthetic_alpha", 1.0, "Synthetic(alpha, beta): model heterogeneity.")
 flags.DEFINE_float("synthetic_beta", 1.0, "Synthetic(alpha, beta): input heterogeneity.")
 flags.DEFINE_string("glove_path", None, "GloVe vectors for sent140: a text file of any "

@@ -28,7 +28,10 @@ tf = _LazyTensorFlow()
 
 SPARSE_CE_LOGITS = "sparse_ce_logits"
 BINARY_PROBS = "binary_probs"
-LOSSES = (SPARSE_CE_LOGITS, BINARY_PROBS)
+# Next-token prediction: labels [n, T] token ids (0 = padding), logits [n, T, V].
+SEQUENCE_CE_LOGITS = "sequence_ce_logits"
+LOSSES = (SPARSE_CE_LOGITS, BINARY_PROBS, SEQUENCE_CE_LOGITS)
+PAD = 0  # the padding id of SEQUENCE_CE_LOGITS labels
 
 
 def mclr(input_dim: int, num_classes: int, name: str = "mclr") -> tf.keras.Model:
@@ -42,14 +45,48 @@ def mclr(input_dim: int, num_classes: int, name: str = "mclr") -> tf.keras.Model
 
 
 def per_example_loss(kind: str, y_true: tf.Tensor, y_pred: tf.Tensor) -> tf.Tensor:
-  """Loss of each example, shape [batch]."""
+  """Loss of each example, shape [batch]. SEQUENCE_CE_LOGITS: the
+  cross-entropy averaged over all of a sequence's positions, padding
+  included (target PAD, which the model learns to predict after a sequence's
+  end). That is TFF's Shakespeare loss: its Keras loss would average over the
+  positions the model's mask keeps, but TFF's forward pass takes the model's
+  outputs from a `tf.function`, which drops the mask (tested)."""
   if kind == SPARSE_CE_LOGITS:
     return tf.keras.losses.sparse_categorical_crossentropy(
         tf.cast(y_true, tf.int32), y_pred, from_logits=True)
   if kind == BINARY_PROBS:
     y = tf.reshape(tf.cast(y_true, y_pred.dtype), [-1, 1])
     return tf.keras.losses.binary_crossentropy(y, y_pred)
+  if kind == SEQUENCE_CE_LOGITS:
+    return tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(
+        tf.cast(y_true, tf.int32), y_pred, from_logits=True), axis=-1)
   raise ValueError(f"unknown loss {kind!r}; valid: {', '.join(LOSSES)}")
+
+
+def sequence_stats(y_true: tf.Tensor, logits: tf.Tensor):
+  """(correct, loss, predicted) at every non-padding target of a
+  SEQUENCE_CE_LOGITS batch (labels [n, T], logits [n, T, V]), flattened in
+  row-major order: 1.0/0.0 float64 whether the argmax of the logits is the
+  target, the cross-entropy there (float64), the argmax (int32). A
+  character is what an accuracy counts (TFF's Shakespeare accuracy masks the
+  padding targets)."""
+  y = tf.cast(y_true, tf.int32)
+  real = tf.not_equal(y, PAD)
+  predicted = tf.argmax(logits, axis=-1, output_type=tf.int32)
+  ce = tf.keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
+  correct = tf.cast(tf.equal(predicted, y), tf.float64)
+  return (tf.boolean_mask(correct, real), tf.cast(tf.boolean_mask(ce, real), tf.float64),
+          tf.boolean_mask(predicted, real))
+
+
+def scored_targets(kind: str, y: np.ndarray) -> np.ndarray:
+  """The labels an evaluation scores, flattened: every label, or for
+  SEQUENCE_CE_LOGITS the non-padding targets (row-major, `sequence_stats`'
+  order)."""
+  y = np.asarray(y)
+  if kind == SEQUENCE_CE_LOGITS:
+    return y[y != PAD]
+  return y.reshape(-1)
 
 
 def loss_kind(loss) -> str:
@@ -58,7 +95,8 @@ def loss_kind(loss) -> str:
     if loss in LOSSES:
       return loss
     raise ValueError(f"unsupported loss {loss!r}; valid: {SPARSE_CE_LOGITS!r}, "
-                     f"{BINARY_PROBS!r}, or a Keras SparseCategoricalCrossentropy"
+                     f"{BINARY_PROBS!r}, {SEQUENCE_CE_LOGITS!r}, or a Keras "
+                     "SparseCategoricalCrossentropy"
                      "(from_logits=True) / BinaryCrossentropy(from_logits=False) object")
   config = loss.get_config() if hasattr(loss, "get_config") else {}
   if isinstance(loss, tf.keras.losses.SparseCategoricalCrossentropy) and \
@@ -271,6 +309,37 @@ def _keras3_lstm_seed(seed: int) -> dict:
   if "seed" in inspect.signature(tf.keras.layers.LSTM.__init__).parameters:
     return {"seed": seed}
   return {}
+
+
+def char_lstm(vocab_size: int = 90, seq_len: int = 80, embedding_dim: int = 8,
+              units: int = 256, mask_zero: bool = True, name: str = "char_lstm"
+              ) -> tf.keras.Model:
+  """The character LSTM of FedAvg's and TFF's Shakespeare experiments, logits
+  out: token ids [seq_len] -> Embedding(vocab_size, 8) -> LSTM 256 -> LSTM 256
+  (both returning sequences, kernels He-normal) -> Dense vocab_size, a
+  logit vector per position ([seq_len, vocab_size]). Train with loss kind
+  SEQUENCE_CE_LOGITS.
+
+  The layout of TFF's `create_recurrent_model` (tensorflow_federated
+  v0.87.0, `simulation/baselines/shakespeare/char_prediction_models.py`);
+  820,522 parameters with 90 ids. Its embedding masks id 0 (padding), as
+  TFF's does by default: the LSTMs skip the padding that trails a sequence,
+  so the logits at those positions repeat the last real position's (both
+  Keras versions). The loss counts them (`per_example_loss`), so
+  `mask_zero=False` (the LSTMs run on over the padding) trains another model.
+  """
+  if vocab_size < 2 or seq_len < 1 or embedding_dim < 1 or units < 1:
+    raise ValueError(f"char_lstm needs vocab_size >= 2 and positive sizes, got "
+                     f"vocab_size={vocab_size}, seq_len={seq_len}, "
+                     f"embedding_dim={embedding_dim}, units={units}")
+  inputs = tf.keras.Input(shape=(seq_len,), dtype=tf.int32)
+  h = tf.keras.layers.Embedding(vocab_size, embedding_dim, mask_zero=mask_zero,
+                                name="embedding")(inputs)
+  for i in (1, 2):
+    h = tf.keras.layers.LSTM(units, return_sequences=True, kernel_initializer="he_normal",
+                             name=f"lstm{i}", **_keras3_lstm_seed(i))(h)
+  logits = tf.keras.layers.Dense(vocab_size, name="logits")(h)
+  return tf.keras.Model(inputs, logits, name=name)
 
 
 def cnn_dropout(input_shape: Tuple[int, ...] = (784,), num_classes: int = 62,

@@ -9,6 +9,24 @@ Files (kept under this name  <-  fetched from; checks):
   the body must have the length the server announces, the LZMA stream must
   decode to its end marker, and the result must open as a database with TFF's
   tables (`tff_cluster.data.emnist.check_database`).
+* `shakespeare.sqlite` (shakespeare)  <-
+  https://storage.googleapis.com/tff-datasets-public/shakespeare.sqlite.lzma,
+  TFF's federated Shakespeare (what `tff.simulation.datasets.shakespeare.
+  load_data` fetches). No checksum is published: checked as
+  `emnist_all.sqlite` is, the database by
+  `tff_cluster.data.shakespeare.check_database` (its tables, the
+  `train`/`test` splits).
+* `cifar100.sqlite` (cifar100_tff)  <-
+  https://storage.googleapis.com/tff-datasets-public/cifar100.sqlite.lzma,
+  TFF's federated CIFAR-100 (what `tff.simulation.datasets.cifar100.load_data`
+  fetches). TFF checks no checksum; FedJAX, which reads the same file, records
+  its size (153,019,920 bytes) and SHA-256 (`fedjax/datasets/cifar100.py`):
+  both are checked, then the database (`tff_cluster.data.cifar100_tff`).
+* `celeba.sqlite` (celeba)  <-
+  https://storage.googleapis.com/tff-datasets-public/celeba.sqlite.lzma,
+  TFF's federated CelebA (what `tff.simulation.datasets.celeba.load_data`
+  fetches). No size or checksum is published: checked as `emnist_all.sqlite`
+  is, the database by `tff_cluster.data.celeba`.
 * `training.1600000.processed.noemoticon.csv` (sent140)  <-
   http://cs.stanford.edu/people/alecmgo/trainingandtestdata.zip, the
   Sentiment140 archive LEAF's `data/sent140/preprocess/get_data.sh` fetches:
@@ -140,6 +158,35 @@ EMNIST = Remote(
     name="emnist_all.sqlite",
     origin="https://storage.googleapis.com/tff-datasets-public/emnist_all.sqlite.lzma",
     packing="lzma", max_size=256 * MiB, max_output=6 * GiB)  # 171 MB -> 4.7 GB
+
+# TFF publishes no size for it; a third-party downloader records 1,329,828
+# bytes, and a database of TFF's counts (18,424 snippets) built from synthetic
+# text is about 6 MB (benchmarks/shakespeare_full_round.py): bounds far above.
+SHAKESPEARE = Remote(
+    name="shakespeare.sqlite",
+    origin="https://storage.googleapis.com/tff-datasets-public/shakespeare.sqlite.lzma",
+    packing="lzma", max_size=32 * MiB, max_output=512 * MiB)
+
+# The size and SHA-256 FedJAX records for TFF's file (google/fedjax
+# fedjax/datasets/cifar100.py at 17ba8cf8a442df066685643e6fd4705e2be38d23, its
+# _TFF_SQLITE_COMPRESSED_*). Decompressed: 60,000 examples of 3,072 int64
+# pixels (about 5 KB each as protobuf varints), some 0.3 GB: bound 1 GiB.
+CIFAR100 = Remote(
+    name="cifar100.sqlite",
+    origin="https://storage.googleapis.com/tff-datasets-public/cifar100.sqlite.lzma",
+    packing="lzma", size=153_019_920,
+    sha256="23d3916c9caa33395737ee560cc7cb77bbd05fc7b73647ee7be3a7e764172939",
+    published_by="FedJAX's fedjax/datasets/cifar100.py", max_output=1 * GiB)
+
+# No size is published for it. TFF's documentation: 200,288 examples, each in
+# two split groups (split_by_clients_*, split_by_examples_*), an image of
+# 84 x 84 x 3 int64 pixels (21,168 varints of one or two bytes) and 40 int64
+# attributes: some 13-17 GB decompressed (estimated, not downloaded here):
+# bounds 32 GiB decompressed, 16 GiB downloaded.
+CELEBA = Remote(
+    name="celeba.sqlite",
+    origin="https://storage.googleapis.com/tff-datasets-public/celeba.sqlite.lzma",
+    packing="lzma", max_size=16 * GiB, max_output=32 * GiB)
 
 SENT140_CSV = Remote(
     name="training.1600000.processed.noemoticon.csv",

@@ -31,14 +31,13 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import urllib.parse
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from tff_cluster import stack
-from tff_cluster.data import download
-from tff_cluster.data.federated import DataError, FederatedData, open_data_file
+from tff_cluster.data import compact, download, tff_sqlite
+from tff_cluster.data.federated import MAX_FILE_BYTES, DataError, FederatedData, packed
 
 EMNIST_URL = download.EMNIST.origin
 EMNIST_DB_FILE = download.EMNIST.name
@@ -49,59 +48,31 @@ NUM_CLASSES = {False: 62, True: 10}
 TABLES = {"examples": ("split_name", "client_id", "serialized_example_proto"),
           "client_metadata": ("client_id", "split_name")}
 IMAGE_PIXELS = 784
-_SQLITE_MAGIC = b"SQLite format 3\x00"
 _BATCH = 4096  # examples parsed at once
 
 Arrays = Tuple[np.ndarray, np.ndarray]
 
 
-def is_database(path: str) -> bool:
-  """Whether `path` is an SQLite file (by its header, whatever its name)."""
-  try:
-    with open(path, "rb") as f:
-      return f.read(len(_SQLITE_MAGIC)) == _SQLITE_MAGIC
-  except OSError:
-    return False
+SOURCE = tff_sqlite.Source(title="TFF's federated EMNIST", name=EMNIST_DB_FILE,
+                           origin=EMNIST_URL, image_shape=(), labels=(), splits=SPLITS[False],
+                           max_bytes=MAX_FILE_BYTES, tables=TABLES, unit="writers")
+is_database = tff_sqlite.is_database  # by its header, whatever its name
 
 
 def _connect(path: str) -> sqlite3.Connection:
   # Read-only: a reader never changes (or creates) the file. A FIFO or a
   # device in its place is refused first (DataError).
-  open_data_file(path, "rb", expected=f"{EMNIST_DB_FILE} (an SQLite database)").close()
-  return sqlite3.connect(f"file:{urllib.parse.quote(os.path.abspath(path))}?mode=ro",
-                         uri=True)
+  return tff_sqlite.connect(path, SOURCE)
 
 
 def _not_emnist(path: str, why: str) -> DataError:
-  return DataError(f"{path}: not TFF's federated EMNIST database ({why}); expected "
-                   f"{EMNIST_DB_FILE}, the decompressed {EMNIST_URL}")
+  return tff_sqlite.not_source(path, SOURCE, why)
 
 
 def check_database(path: str) -> None:
   """Raises a DataError (one line) unless `path` opens as TFF's federated
   EMNIST: both tables with their columns, and the 62-class split names."""
-  if not is_database(path):
-    raise _not_emnist(path, "no SQLite header")
-  try:
-    con = _connect(path)
-    try:
-      tables = {r[0] for r in con.execute(
-          "SELECT name FROM sqlite_master WHERE type = 'table'")}
-      for table, columns in TABLES.items():
-        if table not in tables:
-          raise _not_emnist(path, f"no table {table!r}")
-        have = {r[1] for r in con.execute(f"PRAGMA table_info({table})")}
-        missing = [c for c in columns if c not in have]
-        if missing:
-          raise _not_emnist(path, f"table {table!r} has no column {missing[0]!r}")
-      splits = {r[0] for r in con.execute("SELECT DISTINCT split_name FROM client_metadata")}
-    finally:
-      con.close()
-  except sqlite3.Error as e:
-    raise _not_emnist(path, f"{type(e).__name__}: {e}") from None
-  missing = [s for s in SPLITS[False] if s not in splits]
-  if missing:
-    raise _not_emnist(path, f"no writers under the split name {missing[0]!r}")
+  tff_sqlite.check_database(path, SOURCE)
 
 
 def writer_ids(path: str, only_digits: bool = False) -> List[str]:
@@ -141,47 +112,29 @@ def read_examples(path: str, splits: Sequence[str],
                   ) -> Dict[str, Dict[str, Arrays]]:
   """split name -> writer -> (x [n, 784], y [n]) of the named splits, in one
   pass over the table; `writers` limits the writers read, `keep` (labels ->
-  bool mask) the images kept. Writers without kept images are absent."""
+  bool mask) the images kept. Writers without kept images are absent.
+  Images whose pixels are all k/255 (TFF's are) come as `compact.CodedArray`s
+  (their 8-bit codes; the same float32 values when read)."""
   wanted = None if writers is None else set(writers)
   chunks: Dict[Tuple[str, str], Tuple[List[np.ndarray], List[np.ndarray]]] = {}
-  con = _connect(path)
-  try:
-    cursor = con.execute(
-        "SELECT split_name, client_id, serialized_example_proto FROM examples "
-        f"WHERE split_name IN ({', '.join('?' * len(splits))})", tuple(splits))
-    while True:
-      rows = cursor.fetchmany(_BATCH)
-      if not rows:
-        break
-      if wanted is not None:
-        rows = [r for r in rows if r[1] in wanted]
-        if not rows:
-          continue
-      for r in rows:
-        if not isinstance(r[1], str) or not isinstance(r[2], bytes):
-          raise _not_emnist(path, f"a row of examples has client_id {r[1]!r} and a "
-                            f"serialized_example_proto of type {type(r[2]).__name__}; "
-                            "valid: text and a BLOB")
-      x, y = _parse([r[2] for r in rows], path)
-      mask = np.ones(len(y), bool) if keep is None else np.asarray(keep(y), bool)
-      start = 0
-      for i in range(1, len(rows) + 1):  # runs of one writer's rows
-        if i < len(rows) and rows[i][:2] == rows[start][:2]:
-          continue
-        sel = np.flatnonzero(mask[start:i]) + start
-        if len(sel):
-          xs, ys = chunks.setdefault(rows[start][:2], ([], []))
-          xs.append(x[sel])  # a copy: the batch's arrays are freed
-          ys.append(y[sel])
-        start = i
-  except sqlite3.Error as e:
-    raise _not_emnist(path, f"{type(e).__name__}: {e}") from None
-  finally:
-    con.close()
+  for rows in tff_sqlite.example_rows(path, SOURCE, splits, wanted, _BATCH):
+    x, y = _parse([r[2] for r in rows], path)
+    x = compact.compact(x)  # k/255 pixels: kept as their 8-bit codes
+    mask = np.ones(len(y), bool) if keep is None else np.asarray(keep(y), bool)
+    start = 0
+    for i in range(1, len(rows) + 1):  # runs of one writer's rows
+      if i < len(rows) and rows[i][:2] == rows[start][:2]:
+        continue
+      sel = np.flatnonzero(mask[start:i]) + start
+      if len(sel):
+        xs, ys = chunks.setdefault(rows[start][:2], ([], []))
+        xs.append(x[sel])  # a copy: the batch's arrays are freed
+        ys.append(y[sel])
+      start = i
   out: Dict[str, Dict[str, Arrays]] = {s: {} for s in splits}
   for (split, writer), (xs, ys) in chunks.items():
     out[split][writer] = ((xs[0], ys[0]) if len(xs) == 1 else
-                          (np.concatenate(xs), np.concatenate(ys)))
+                          (compact.concatenate(xs), np.concatenate(ys)))
   return out
 
 
@@ -217,8 +170,8 @@ def load_database(path: str, only_digits: bool = False,
       if len(y) and (y.min() < 0 or y.max() >= num_classes):
         raise DataError(f"{path}: writer {cid!r}: label outside 0..{num_classes - 1}")
   kind = "digits" if only_digits else "62 classes"
-  return FederatedData(ids, train, test, num_classes, description=(
-      f"Federated EMNIST ({kind}, TFF's {path}), {len(ids)} writers"))
+  return packed(FederatedData(ids, train, test, num_classes, description=(
+      f"Federated EMNIST ({kind}, TFF's {path}), {len(ids)} writers")))
 
 
 def pool_database(path: str, keep: Callable[[np.ndarray], np.ndarray]
@@ -236,7 +189,7 @@ def pool_database(path: str, keep: Callable[[np.ndarray], np.ndarray]
         ys.append(read[split][cid][1])
   if not xs:
     return np.zeros((0, IMAGE_PIXELS), np.float32), np.zeros((0,), np.int64)
-  return np.concatenate(xs), np.concatenate(ys)
+  return compact.decode(compact.concatenate(xs)), np.concatenate(ys)
 
 
 def fetch_database() -> str:

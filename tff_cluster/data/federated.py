@@ -20,6 +20,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from tff_cluster.data import compact
+
 Arrays = Tuple[np.ndarray, np.ndarray]  # (x, y)
 
 
@@ -125,6 +127,33 @@ class FederatedData:
                          clusters, self.description, public=self.public)
 
 
+def packed(data: FederatedData) -> FederatedData:
+  """`data` with each split's inputs as adjoining views of one aligned buffer
+  in client order (`compact.pack`): the `local` runner then trains on that
+  buffer itself, where it would otherwise hold a second copy of every
+  client's training rows. The same values; `data`'s arrays are not changed."""
+  ids = list(data.client_ids)
+  splits = []
+  for split in (data.train, data.test):
+    xs = compact.pack([split[c][0] for c in ids])
+    splits.append({c: (x, split[c][1]) for c, x in zip(ids, xs)})
+  return dataclasses.replace(data, train=splits[0], test=splits[1])
+
+
+def release_free_memory() -> None:
+  """Hands memory the process has freed back to the system (glibc's
+  `malloc_trim`), where a loader's intermediate arrays would otherwise stay
+  in its resident size (e.g. 590 MB after FEMNIST's 3,400 writers are read
+  and packed). Nothing where the C library has no such call."""
+  import ctypes  # deferred: only where it runs
+  import gc
+  gc.collect()
+  try:
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+  except (OSError, AttributeError):
+    pass
+
+
 MAX_FILE_BYTES = 16 << 30  # a data file's stated maximum (emnist_all.sqlite: 4.7 GB)
 
 
@@ -175,6 +204,8 @@ def check_finite(values, what: str) -> None:
   """DataError (one line) when the float array `values` holds NaN or an
   infinity: a model's ReLU maps NaN to 0, so such data trains and scores
   without an error and its numbers mean nothing."""
+  if compact.is_coded(values):  # its values are its table's
+    values = values.table
   array = np.asarray(values)
   if array.dtype.kind in "fc" and array.size and not np.isfinite(array).all():
     bad = int((~np.isfinite(array)).sum())
@@ -297,17 +328,15 @@ def reloading(data: FederatedData, load: Callable[[], Any]) -> LazyFederatedData
   return lazy
 
 
-def _own(arrays):
-  return tuple(a.copy() if isinstance(a, np.ndarray) and a.base is not None else a
-               for a in arrays)
-
-
 def _reloaded_shard(load, lo: int, hi: int) -> FederatedData:
   whole = materialize(load())
   ids = list(whole.client_ids[lo:hi])
-  return FederatedData(ids, {c: _own(whole.train[c]) for c in ids},
-                       {c: _own(whole.test[c]) for c in ids}, whole.num_classes,
-                       description=whole.description)
+  shard = packed(FederatedData(ids, {c: whole.train[c] for c in ids},
+                               {c: whole.test[c] for c in ids}, whole.num_classes,
+                               description=whole.description))
+  del whole
+  release_free_memory()  # the rest of the federation, read to make the shard
+  return shard
 
 
 def materialize(data):

@@ -54,7 +54,8 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from tff_cluster.data.federated import (DataError, FederatedData, open_data_file,
+from tff_cluster.data import compact
+from tff_cluster.data.federated import (DataError, FederatedData, open_data_file, packed,
                                         split_train_test)
 
 # (client id, raw x list, raw y list) -> (x array, y array).
@@ -454,11 +455,21 @@ def sample_clients(data: FederatedData, num_clients: Optional[int],
   return data.subset([data.client_ids[i] for i in keep])
 
 
+def compact_parser(parse: Parser) -> Parser:
+  """`parse` whose inputs come as `compact.CodedArray`s where every value is
+  k/255 (8-bit images), bit for bit the same float32 values when read."""
+  def compacted(client: str, x: list, y: list):
+    arr, labels = parse(client, x, y)
+    return compact.compact(arr), labels
+  return compacted
+
+
 def load_femnist(path: str, seed: int = 0, **kwargs) -> FederatedData:
-  """LEAF FEMNIST: x [n, 784] float32 in [0, 1] (1.0 = background), y 0-61."""
-  return load_leaf(path, dense_parser(IMAGE_PIXELS, FEMNIST_NUM_CLASSES),
+  """LEAF FEMNIST: x [n, 784] float32 in [0, 1] (1.0 = background), y 0-61,
+  kept as 8-bit codes (`compact_parser`) in one buffer a split (`packed`)."""
+  return packed(load_leaf(path, compact_parser(dense_parser(IMAGE_PIXELS, FEMNIST_NUM_CLASSES)),
                    FEMNIST_NUM_CLASSES, name="FEMNIST", hint=FEMNIST_HINT,
-                   seed=seed, **kwargs)
+                   seed=seed, **kwargs))
 
 
 def load_fedprox_mnist(path: str, seed: int = 0, **kwargs) -> FederatedData:

@@ -20,6 +20,17 @@ Sources, in order:
 2. No `data_dir`: `tf.keras.datasets.<name>.load_data()`, which uses the
    Keras cache (~/.keras/datasets) and downloads when it is empty; a failed
    download becomes one DataError line saying what to do offline.
+3. TensorFlow Datasets (`data_source="tfds"`, the `tfds` extra): the same
+   arrays, in the original files' order, from a TFDS copy
+   (`tff_cluster.data.tfds_source`); `data_dir` then names TFDS's data
+   directory.
+
+`data_source` (`--data_source`, `DataOptions.data_source`) picks among them
+(`resolve_source`): "keras" is 1 and 2 as above; "tfds" is 3; "auto" (the
+tasks' default) is 1 when `data_dir` is given, else 2 when the Keras cache
+holds the data set's files, else 3 when TFDS is installed and a prepared copy
+is in TFDS's data directory (read as it is: `auto` never downloads through
+TFDS), else 2 (Keras' download).
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
+from tff_cluster.data import tfds_source
 from tff_cluster.data.federated import DataError, open_data_file
 
 IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
@@ -41,6 +53,8 @@ CIFAR10_FILES = tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch",)
 # idx magic: 0x00 0x00 <type 0x08 = uint8> <number of dimensions>.
 _IDX_IMAGES_MAGIC = 0x00000803
 _IDX_LABELS_MAGIC = 0x00000801
+
+DATA_SOURCES = ("auto", "keras", "tfds")
 
 # The Keras cache locations (keras/src/datasets/*.py, TF 2.14).
 _KERAS_CACHE = {
@@ -227,6 +241,69 @@ def read_cifar10_dir(data_dir: str) -> Tuple[Tuple[np.ndarray, np.ndarray],
 # Public loaders.
 
 
+# The files Keras reads without downloading, under its cache's datasets/
+# (keras/src/datasets/*.py and get_file: Keras 2 keeps CIFAR-10's archive as
+# cifar-10-batches-py.tar.gz, Keras 3 as cifar-10-batches-py-target_archive).
+_KERAS_FILES = {
+    "mnist": (("mnist.npz",),),
+    "fashion_mnist": (tuple(f"fashion-mnist/{s}.gz" for s in IDX_FILES),),
+    "cifar10": (("cifar-10-batches-py.tar.gz",), ("cifar-10-batches-py-target_archive",)),
+}
+
+
+def keras_cached(name: str) -> bool:
+  """Whether Keras' cache ($KERAS_HOME or ~/.keras, and /tmp/.keras where
+  Keras falls back to it) holds `name`'s files, so that `load_data()` reads
+  them without a download."""
+  home = os.path.expanduser(os.environ.get("KERAS_HOME") or os.path.join("~", ".keras"))
+  homes = [home] if os.access(home, os.W_OK) else [home, os.path.join("/tmp", ".keras")]
+  return any(all(os.path.isfile(os.path.join(h, "datasets", f)) for f in files)
+             for h in homes for files in _KERAS_FILES[name])
+
+
+def resolve_source(name: str, data_dir: Optional[str] = None,
+                   data_source: str = "keras") -> str:
+  """Where `name` is read from: "files" (`data_dir`), "keras" or "tfds", by
+  the module docstring's rule. No import, no network."""
+  if data_source not in DATA_SOURCES:
+    raise DataError(f"invalid --data_source={data_source}; valid: "
+                    f"{', '.join(DATA_SOURCES)}")
+  if data_source == "tfds":
+    return "tfds"
+  if data_dir:
+    return "files"
+  if data_source == "keras" or keras_cached(name):
+    return "keras"
+  if tfds_source.prepared(name) and tfds_source.installed():
+    return "tfds"
+  return "keras"
+
+
+def source_label(name: str, data_dir: Optional[str] = None,
+                 data_source: str = "keras") -> str:
+  """The source in a task's description: `data_dir`, "Keras cache" or
+  "TensorFlow Datasets <directory>"."""
+  source = resolve_source(name, data_dir, data_source)
+  if source == "tfds":
+    return f"TensorFlow Datasets {tfds_source.data_dir(data_dir)}"
+  return data_dir if source == "files" else "Keras cache"
+
+
+def official_arrays(name: str, data_dir: Optional[str] = None,
+                    data_source: str = "keras"):
+  """`name`'s own training and test sets as its source holds them:
+  (((x_train, y_train), (x_test, y_test)), where), uint8 images in Keras'
+  shapes and the text that names the source in errors."""
+  source = resolve_source(name, data_dir, data_source)
+  if source == "tfds":  # `auto` reads a copy that is there, never downloads one
+    return (tfds_source.load(name, data_dir, download=data_source == "tfds"),
+            f"TFDS {name}")
+  if source == "files":
+    read = read_cifar10_dir if name == "cifar10" else read_idx_dir
+    return read(os.path.expanduser(data_dir)), data_dir
+  return _keras_load(name), f"Keras {name}"
+
+
 def _keras_load(name: str):
   import tensorflow as tf  # deferred: only this path needs Keras.
   module = {"mnist": tf.keras.datasets.mnist,
@@ -241,7 +318,8 @@ def _keras_load(name: str):
     else:
       offline = f"pass --data_dir with the four idx files ({', '.join(IDX_FILES)}, .gz)"
     raise DataError(f"could not load {name} through Keras ({reason}): {offline}, "
-                    f"or pre-place the Keras cache {_KERAS_CACHE[name]}") from e
+                    f"or pre-place the Keras cache {_KERAS_CACHE[name]}, or use "
+                    "--data_source=tfds with a TensorFlow Datasets copy") from e
 
 
 def _pool(train, test, num_classes: int, where: str):
@@ -253,51 +331,42 @@ def _pool(train, test, num_classes: int, where: str):
   return x, y
 
 
-def load_mnist_like(name: str, data_dir: Optional[str] = None
-                    ) -> Tuple[np.ndarray, np.ndarray]:
-  """MNIST or Fashion-MNIST, train+test pooled.
+def load_mnist_like(name: str, data_dir: Optional[str] = None,
+                    data_source: str = "keras") -> Tuple[np.ndarray, np.ndarray]:
+  """MNIST or Fashion-MNIST, train+test pooled, from `data_source` (module
+  docstring).
 
   Returns x float32 [70000, 784] in [0, 1] (0 = background), y int64 0-9.
   """
   if name not in ("mnist", "fashion_mnist"):
     raise ValueError(f"unknown dataset {name!r}")
-  if data_dir:
-    train, test = read_idx_dir(os.path.expanduser(data_dir))
-    where = data_dir
-  else:
-    train, test = _keras_load(name)
-    where = f"Keras {name}"
+  (train, test), where = official_arrays(name, data_dir, data_source)
   x, y = _pool(train, test, 10, where)
   if x.ndim != 3 or x.shape[1:] != (28, 28):
     raise DataError(f"{where}: expected 28x28 images, got {x.shape[1:]}")
   return (x.reshape(len(x), -1).astype(np.float32) / 255.0), y
 
 
-def load_mnist(data_dir: Optional[str] = None):
+def load_mnist(data_dir: Optional[str] = None, data_source: str = "keras"):
   """MNIST pooled: x float32 [70000, 784] in [0, 1], y int64 0-9."""
-  return load_mnist_like("mnist", data_dir)
+  return load_mnist_like("mnist", data_dir, data_source)
 
 
-def load_fashion_mnist(data_dir: Optional[str] = None):
+def load_fashion_mnist(data_dir: Optional[str] = None, data_source: str = "keras"):
   """Fashion-MNIST pooled: x float32 [70000, 784] in [0, 1], y int64 0-9."""
-  return load_mnist_like("fashion_mnist", data_dir)
+  return load_mnist_like("fashion_mnist", data_dir, data_source)
 
 
-def load_cifar10(data_dir: Optional[str] = None):
+def load_cifar10(data_dir: Optional[str] = None, data_source: str = "keras"):
   """CIFAR-10 pooled: x float32 [60000, 32, 32, 3] in [0, 1], y int64 0-9."""
-  (x_train, y_train), (x_test, y_test) = load_cifar10_split(data_dir)
+  (x_train, y_train), (x_test, y_test) = load_cifar10_split(data_dir, data_source)
   return np.concatenate([x_train, x_test]), np.concatenate([y_train, y_test])
 
 
-def load_cifar10_split(data_dir: Optional[str] = None):
+def load_cifar10_split(data_dir: Optional[str] = None, data_source: str = "keras"):
   """CIFAR-10's own training and test images, ((x, y), (x, y)): x float32
   [n, 32, 32, 3] in [0, 1], y int64 0-9."""
-  if data_dir:
-    train, test = read_cifar10_dir(os.path.expanduser(data_dir))
-    where = data_dir
-  else:
-    train, test = _keras_load("cifar10")
-    where = "Keras cifar10"
+  (train, test), where = official_arrays("cifar10", data_dir, data_source)
   x, y = _pool(train, test, 10, where)
   if x.shape[1:] != (32, 32, 3):
     raise DataError(f"{where}: expected 32x32x3 images, got {x.shape[1:]}")

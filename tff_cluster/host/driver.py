@@ -192,6 +192,10 @@ class Driver:
   """
   extra_columns: Sequence[str] = ()
   state: Any = None
+  # What of this algorithm needs one label per example (a phrase, e.g.
+  # "tests each client with several models' outputs combined"), or "": a
+  # sequence loss (a label per position) is refused where it is set.
+  label_per_example: str = ""
 
   @classmethod
   def check(cls, context: Context) -> None:
@@ -199,7 +203,12 @@ class Driver:
     run on the context's data and settings. The registry calls it before
     the definition and the runner are made (a refused run starts no TFF
     worker and no Ray); a subclass extends it (`super().check(context)`)."""
-    del context
+    if cls.label_per_example and context.model.loss == models.SEQUENCE_CE_LOGITS:
+      raise ValueError(
+          f"--algo={context.options.algo} {cls.label_per_example}, which needs one label "
+          f"per example; loss {models.SEQUENCE_CE_LOGITS!r} has a label per sequence "
+          "position; valid: an algorithm that tests each client with one model and reads "
+          "no per-class statistics (e.g. fedavg, fedprox, ifca, fedgroup)")
 
   def __init__(self, context: Context, definition):
     """`context`: the model, data, settings, options and initial weights

@@ -3,6 +3,9 @@
 Accuracy = total correct / total test examples over all clients (a fraction in
 [0, 1]); `per_client_correct`/`per_client_count` let callers report per-group
 numbers. Plain TensorFlow: one Keras model, weights swapped per distinct model.
+Loss 'sequence_ce_logits' (a label per sequence position, 0 = padding)
+counts characters, not examples: correct, count, the loss (cross-entropy per
+character) and F1 are over each client's non-padding targets.
 
 Per-client spread (the personalized protocol): acc_i = correct_i / n_i^test
 over the clients with test data, reported as their unweighted mean
@@ -40,6 +43,7 @@ import tensorflow as tf
 
 from tff_cluster import models
 
+from tff_cluster.data import compact
 from tff_cluster.data.federated import FederatedData
 
 
@@ -222,6 +226,15 @@ def deployment(client_model) -> Deployment:
   return Assigned(np.asarray(client_model))
 
 
+def mixed_outputs_refusal(loss: str) -> str:
+  """One line: the deployments that combine several models' outputs per
+  example (`Ensemble`, `Mixture`, `OutputMix`) predict one label per example,
+  which loss `loss` (a label per position) does not have."""
+  return (f"loss {loss!r} (a label per sequence position) cannot be tested with several "
+          "models' outputs combined (an ensemble, a mixture or APFL's mixed outputs); "
+          "valid: an algorithm that tests each client with one model")
+
+
 def ensemble_predict(outputs: np.ndarray, vote: str, loss: str) -> tuple:
   """Combines the outputs [R, n, C] of R models (logits; for 'binary_probs'
   one sigmoid probability [R, n, 1]) into (predicted labels [n], the
@@ -356,6 +369,27 @@ def per_client_macro_f1(y_true: np.ndarray, y_pred: np.ndarray,
   return np.where(classes > 0, f1.sum(axis=1) / np.maximum(classes, 1), 0.0)
 
 
+def _batches(parts: Sequence, batch_size: int):
+  """(start row, decoded float batch) of the rows of `parts` concatenated,
+  cut every `batch_size` rows: the batches `np.concatenate(parts)` sliced
+  would give, made from the parts one batch at a time."""
+  pending, have, start = [], 0, 0
+  for part in parts:
+    offset = 0
+    while offset < len(part):
+      take = min(batch_size - have, len(part) - offset)
+      pending.append(part[offset:offset + take])
+      have += take
+      offset += take
+      if have == batch_size:
+        yield start, compact.decode(compact.concatenate(pending) if len(pending) > 1
+                                    else pending[0])
+        start, pending, have = start + have, [], 0
+  if pending:
+    yield start, compact.decode(compact.concatenate(pending) if len(pending) > 1
+                                else pending[0])
+
+
 class Evaluator:
   """Evaluates per-client model choices on every client's test split (or, with
   `split='train'`, on its training split: the losses of `mean_losses`)."""
@@ -370,13 +404,16 @@ class Evaluator:
     arrays = data.test if split == "test" else data.train
     self._x = [arrays[c][0] for c in data.client_ids]
     self._y = [arrays[c][1] for c in data.client_ids]
-    self._counts = np.array([len(y) for y in self._y], np.int64)
+    # What an accuracy counts: examples, or a sequence task's non-padding targets.
+    self._counts = np.array([len(models.scored_targets(loss, y)) for y in self._y], np.int64)
     self._weight = client_weights(data.num_train_samples(), self._counts)
     self._test_only = np.asarray(data.test_only())
 
     @tf.function(reduce_retracing=True)
     def batch_stats(x, y):
       pred = self._model(x, training=False)
+      if loss == models.SEQUENCE_CE_LOGITS:  # per non-padding target character
+        return models.sequence_stats(y, pred)
       per_example = models.per_example_loss(loss, y, pred)
       if loss == models.SPARSE_CE_LOGITS:
         label = tf.argmax(pred, axis=-1, output_type=tf.int32)
@@ -390,11 +427,14 @@ class Evaluator:
     self._outputs = tf.function(lambda x: self._model(x, training=False),
                                 reduce_retracing=True)
 
-  def _stats(self, x: np.ndarray, y: np.ndarray):
+  def _stats(self, parts: Sequence, y: np.ndarray):
+    """Per-example (correct, loss, label) of the rows of `parts` (the
+    members' input arrays, one after the other) against `y`: batches of
+    `batch_size` rows of their concatenation, made one batch at a time (the
+    whole is never copied, nor decoded)."""
     correct, losses, labels = [], [], []
-    for start in range(0, len(y), self._batch_size):
-      c, l, p = self._batch_stats(x[start:start + self._batch_size],
-                                  y[start:start + self._batch_size])
+    for start, batch in _batches(parts, self._batch_size):
+      c, l, p = self._batch_stats(batch, y[start:start + self._batch_size])
       correct.append(c.numpy())
       losses.append(l.numpy())
       labels.append(p.numpy())
@@ -455,11 +495,12 @@ class Evaluator:
         continue
       models.set_weights(self._model, weights[index])
       y = np.concatenate([self._y[k] for k in members])
-      c, l, p = self._stats(np.concatenate([self._x[k] for k in members]), y)
+      c, l, p = self._stats([self._x[k] for k in members], y)
       bounds = np.cumsum(self._counts[members])[:-1]
       correct[members] = [s.sum() for s in np.split(c, bounds)]
       loss_sum[members] = [s.sum() for s in np.split(l, bounds)]
-      f1[members] = per_client_macro_f1(y, p, self._counts[members])
+      f1[members] = per_client_macro_f1(models.scored_targets(self._loss, y), p,
+                                        self._counts[members])
     total = self._counts.sum()
     return EvalResult(float(correct.sum() / total), float(loss_sum.sum() / total),
                       correct, self._counts.copy(), loss_sum, client_model=client_model,
@@ -476,7 +517,7 @@ class Evaluator:
     if len(weights) == 1:
       out[members] = 0
       return out
-    x = np.concatenate([self._x[k] for k in members])
+    x = [self._x[k] for k in members]
     y = np.concatenate([self._y[k] for k in members])
     bounds = np.cumsum(self._counts[members])[:-1]
     mean_loss = []
@@ -489,7 +530,7 @@ class Evaluator:
 
   def _all_outputs(self, weights, x: np.ndarray) -> np.ndarray:
     models.set_weights(self._model, weights)
-    return np.concatenate([self._outputs(x[i:i + self._batch_size]).numpy()
+    return np.concatenate([self._outputs(compact.decode(x[i:i + self._batch_size])).numpy()
                            for i in range(0, len(x), self._batch_size)])
 
   def _evaluate_output_mix(self, weights, mix: OutputMix) -> EvalResult:
@@ -528,11 +569,13 @@ class Evaluator:
     """Every client with test data tested with `predict(x, members)` ->
     (labels, probabilities [n, C]) over its members' examples concatenated;
     the loss is the cross-entropy of those probabilities."""
+    if self._loss == models.SEQUENCE_CE_LOGITS:
+      raise ValueError(mixed_outputs_refusal(self._loss))
     n = len(self._y)
     members = np.flatnonzero(self._counts > 0)
     correct, loss_sum, f1 = np.zeros(n), np.zeros(n), np.zeros(n)
     if len(members):
-      x = np.concatenate([self._x[k] for k in members])
+      x = compact.concatenate([self._x[k] for k in members])
       y = np.concatenate([self._y[k] for k in members]).reshape(-1).astype(np.int64)
       labels, probs = predict(x, members)
       hit = (labels == y).astype(np.float64)

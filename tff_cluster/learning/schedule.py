@@ -13,7 +13,53 @@ import numpy as np
 import tensorflow as tf
 
 from tff_cluster import seeds
+from tff_cluster.data import compact
 
+
+class Coded(NamedTuple):
+  """A device copy of inputs kept as 8-bit codes (`tff_cluster.data.compact`):
+  row i's values are `table[codes[i]]`."""
+  codes: tf.Tensor  # uint8
+  table: tf.Tensor  # float32 [256]
+
+
+def device_rows(parts, device: str):
+  """The rows of `parts` (numpy arrays or `CodedArray`s, one after the other)
+  as what `gather_rows` reads on `device`: a tensor, or a `Coded` pair of
+  tensors that stays a quarter of the size. On a CPU the tensor is the
+  concatenation's own memory (`host_tensor`): no second copy."""
+  joined = compact.concatenate(parts, aligned=True)
+  rows = joined.codes if compact.is_coded(joined) else joined
+  with tf.device(device):
+    if tf.DeviceSpec.from_string(device).device_type in (None, "CPU"):
+      tensor = host_tensor(rows)
+    else:
+      tensor = tf.constant(rows)
+    if compact.is_coded(joined):
+      return Coded(tensor, tf.constant(joined.table))
+    return tensor
+
+
+def host_tensor(array: np.ndarray) -> tf.Tensor:
+  """A CPU tensor on `array`'s memory (DLPack: no copy; `tf.constant` keeps a
+  copy and a freed second one in the process's memory, 2x the array), where
+  the array is C-contiguous and aligned as TensorFlow asks (else a copy).
+  The array must not change afterwards."""
+  aligned = array.ctypes.data % compact.ALIGNMENT == 0 and array.flags.c_contiguous
+  if aligned and array.size and array.dtype.kind in "biuf":
+    try:
+      return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
+    except (AttributeError, TypeError, ValueError, tf.errors.InvalidArgumentError):
+      pass  # an older numpy or TensorFlow: copy
+  return tf.constant(array)
+
+
+def gather_rows(x, rows):
+  """Rows `rows` of `x` (a tensor or a `Coded` pair), as float values: the
+  table's entries, looked up, so bit for bit the decoded array's."""
+  if isinstance(x, Coded):
+    return tf.gather(x.table, tf.cast(tf.gather(x.codes, rows), tf.int32))
+  return tf.gather(x, rows)
 
 
 def client_seed(seed: int, round_num: int, client_index: int) -> int:
@@ -84,7 +130,7 @@ def client_dataset(x: np.ndarray, y: np.ndarray, batch_size: int, epochs: int,
   batches of as many passes as they need.
   """
   n = len(y)
-  xs = tf.constant(x)
+  xs = tf.constant(compact.decode(x))
   ys = tf.constant(y)
 
   def one_epoch(epoch):
@@ -203,7 +249,7 @@ def batch_loop(x, y, data: PaddedBatches, limit, body, init, bound=None):
 
   def outer(j, *carry):
     rows = indices[j]
-    xb, yb = tf.gather(x, rows), tf.gather(y, rows)
+    xb, yb = gather_rows(x, rows), tf.gather(y, rows)
     first = j * block
 
     def inner(g, *carry):

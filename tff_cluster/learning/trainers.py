@@ -91,7 +91,7 @@ def sgd_step(model: tf.keras.Model, loss: str, batch, lr, optimizer, opt_state,
     else:
       count = tf.reduce_sum(mask)
       batch_loss = tf.reduce_sum(per_example * mask) / count
-  grads = tape.gradient(batch_loss, trainable)
+  grads = dense(tape.gradient(batch_loss, trainable))
   new_weights, new_state = optimizer.update(
       grads, opt_state, trainable, lr, optimizers.GradientAt(
           lambda point: _gradient_at(model, loss, x, y, mask, point, weights),
@@ -116,7 +116,14 @@ def _gradient_at(model, loss: str, x, y, mask, point, weights=None):
         batch_loss = tf.reduce_mean(per_example)
       else:
         batch_loss = tf.reduce_sum(per_example * mask) / tf.reduce_sum(mask)
-    return tape.gradient(batch_loss, trainable)
+    return dense(tape.gradient(batch_loss, trainable))
+
+
+def dense(grads):
+  """`grads` with every `tf.IndexedSlices` (a trainable embedding's gradient,
+  the rows looked up) as a dense tensor, the form the optimizers' and the
+  algorithms' arithmetic takes; other gradients as they are."""
+  return [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
 
 
 @contextlib.contextmanager
@@ -154,7 +161,7 @@ def _mixed_gradient_at(model, loss: str, x, y, mask, point, other, alpha):
       else:
         batch_loss = tf.reduce_sum(per_example * mask) / tf.reduce_sum(mask)
     upstream = tape.gradient(batch_loss, outputs)
-    grads = [t.gradient(o, trainable, output_gradients=u)
+    grads = [dense(t.gradient(o, trainable, output_gradients=u))
              for t, o, u in zip(tapes, outputs, upstream)]
   return grads[0], grads[1]
 
@@ -251,7 +258,7 @@ class _Trainer:
       else:
         total = tf.reduce_sum(per_example * mask)
         count = tf.reduce_sum(mask)
-    return tape.gradient(total, trainable), count
+    return dense(tape.gradient(total, trainable)), count
 
   def _batch_loss(self, x, y, mask):
     per_example = models.per_example_loss(self.loss_kind, y, self.model(x, training=False))
@@ -348,7 +355,7 @@ class PaddedTrainer(_Trainer):
     else:
       rows = data.indices[i]
       mask = tf.cast(tf.range(tf.shape(data.indices)[1]) < data.sizes[i], tf.float32)
-    return tf.gather(self._x, rows), tf.gather(self._y, rows), mask
+    return schedule.gather_rows(self._x, rows), tf.gather(self._y, rows), mask
 
   def train(self, start, data: schedule.PaddedBatches, lr, optimizer=None,
             opt_state=None, example_weights=None) -> TrainResult:

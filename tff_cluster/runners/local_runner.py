@@ -355,12 +355,13 @@ class LocalRunner(ServerSide):
       raise ValueError(f"invalid chunk={chunk}; valid: 1 or more clients")
     self.chunk = int(chunk)
     self._loss = loss
-    xs = [data.train[c][0] for c in data.client_ids]
     ys = [data.train[c][1] for c in data.client_ids]
     self._sizes = np.array([len(y) for y in ys], np.int64)
     self._offsets = np.concatenate([[0], np.cumsum(self._sizes)[:-1]]).astype(np.int64)
+    # Every client's training rows in one pool on the device; images kept as
+    # 8-bit codes stay codes there (`schedule.gather_rows` looks them up).
+    self._x = schedule.device_rows([data.train[c][0] for c in data.client_ids], self.device)
     with tf.device(self.device):
-      self._x = tf.constant(np.concatenate(xs))
       self._y = tf.constant(np.concatenate(ys))
     self._server: Dict[str, Any] = {}
     self._rounds: Dict[str, Any] = {}
@@ -605,14 +606,33 @@ class LocalRunner(ServerSide):
     # Each client's slice is copied out of the round's stacked arrays: a view
     # would keep all of them alive for as long as any one client's state is
     # kept (with model-size client states, memory grew with the rounds).
-    results = to_numpy(results)
-    per_client = [tf.nest.map_structure(lambda a, i=i: a[i].copy(), results)
-                  for i in range(count)]
+    box = [results]
+    del results
+    per_client = split_clients(box, count)
     if client_states is None:
       return to_numpy(total), per_client, None
-    new_states = to_numpy(new_states)
-    return to_numpy(total), per_client, [
-        tf.nest.map_structure(lambda a, i=i: a[i].copy(), new_states) for i in range(count)]
+    box = [new_states]
+    del new_states
+    return to_numpy(total), per_client, split_clients(box, count)
+
+
+def split_clients(box: List[Any], count: int) -> List[Any]:
+  """The first `count` clients' slices of a round's stacked outputs, each a
+  copy (numpy). `box`: a one-item list holding the stacked outputs, emptied
+  here, so that a leaf's tensor is freed once its slices are out: at most one
+  leaf is held twice (100 clients of a 1.2M-parameter model: 483 MB a copy)."""
+  stacked = box.pop()
+  leaves = tf.nest.flatten(stacked)
+  skeleton = tf.nest.map_structure(lambda _: 0, stacked)
+  del stacked
+  columns = []
+  for j in range(len(leaves)):
+    array = np.asarray(leaves[j])
+    leaves[j] = None
+    columns.append([array[i].copy() for i in range(count)])
+    del array
+  return [tf.nest.pack_sequence_as(skeleton, [column[i] for column in columns])
+          for i in range(count)]
 
 
 def output_specs(one, inputs: RoundInputs):

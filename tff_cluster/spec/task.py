@@ -20,11 +20,14 @@ class DataOptions:
   """Settings a task's data loader may read (from CLI flags or code).
 
   `num_clients=None` means the task's own default. `extra` carries task-specific
-  settings (e.g. a partition's number of clusters) by name.
+  settings (e.g. a partition's number of clusters) by name. `data_source`
+  ("auto", "keras" or "tfds") picks where the vision tasks read MNIST,
+  Fashion-MNIST and CIFAR-10 (tff_cluster.data.vision's rule).
   """
   seed: int = 0
   num_clients: Optional[int] = None
   data_dir: Optional[str] = None
+  data_source: str = "auto"
   synthetic_alpha: float = 1.0
   synthetic_beta: float = 1.0
   glove_path: Optional[str] = None
@@ -42,7 +45,8 @@ class TaskSpec:
     model_fn: builds a fresh, built (variables created) Keras model: the
       task's default model, named `model_name`.
     loss: `'sparse_ce_logits'` (multi-class, model outputs logits) or
-      `'binary_probs'` (one sigmoid output).
+      `'binary_probs'` (one sigmoid output), or `'sequence_ce_logits'` (a
+      label per sequence position, 0 = padding; logits per position).
     defaults: default hyper-parameters: rounds, clients_per_round,
       local_epochs, batch_size, client_lr, mu, num_clients (and any others).
     source: the paper/setting the defaults come from.

@@ -16,7 +16,8 @@ from typing import Dict
 from tff_cluster.spec.task import TaskSpec
 
 _MODULES = ("synthetic", "femnist", "femnist_fedprox", "sent140", "mnist", "fmnist",
-            "cifar10", "mnist_clusterwise", "mnist_workers", "rotated")
+            "cifar10", "mnist_clusterwise", "mnist_workers", "rotated", "shakespeare",
+            "cifar100_tff", "celeba")
 
 
 def registry() -> Dict[str, TaskSpec]:

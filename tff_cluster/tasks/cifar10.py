@@ -3,7 +3,8 @@
 Data: the pooled 60,000 CIFAR-10 images (float32 [32, 32, 3] in [0, 1]) from
 `--data_dir` holding `cifar-10-batches-py/` (data_batch_1..5, test_batch; the
 extracted cifar-10-python.tar.gz) or, without `--data_dir`, Keras' cache
-(~/.keras/datasets/cifar-10-batches-py/).
+(~/.keras/datasets/cifar-10-batches-py/), or TensorFlow Datasets by
+`--data_source` (tff_cluster.data.vision: the same arrays in the same order).
 Partition: per class, proportions over clients ~ Dir(alpha) (Hsu et al. 2019);
 alpha = DataOptions.extra['concentration'] (default 0.5); each client split
 90/10. The optimization defaults are this project's choice (FedGroup-style
@@ -28,14 +29,18 @@ DEFAULTS = dict(rounds=200, clients_per_round=20, local_epochs=10, batch_size=10
                 client_lr=0.01, mu=0.01, num_clients=100)
 
 
+def _where(options: DataOptions) -> str:
+  return vision.source_label("cifar10", options.data_dir, options.data_source)
+
+
 def load_cifar10(options: DataOptions) -> FederatedData:
-  x, y = vision.load_cifar10(options.data_dir)
+  x, y = vision.load_cifar10(options.data_dir, options.data_source)
   n = options.num_clients or DEFAULTS["num_clients"]
   alpha = task_arg(options, CONCENTRATION)
   p = part.dirichlet_label_skew(y, n, alpha, options.seed)
   return part.build_federated_data(
       x, y, p, 10, options.seed,
-      f"CIFAR-10 ({options.data_dir or 'Keras cache'}), {n} clients, Dirichlet "
+      f"CIFAR-10 ({_where(options)}), {n} clients, Dirichlet "
       f"label skew alpha={alpha:g}, seed {options.seed}")
 
 
@@ -77,10 +82,11 @@ def pfl_iid_users(x_train, y_train, x_test, y_test, users: int, seed: int,
 
 
 def load_cifar10_pfl(options: DataOptions) -> FederatedData:
-  (x_train, y_train), (x_test, y_test) = vision.load_cifar10_split(options.data_dir)
+  (x_train, y_train), (x_test, y_test) = vision.load_cifar10_split(
+      options.data_dir, options.data_source)
   users = options.num_clients or PFL_DEFAULTS["num_clients"]
   data = pfl_iid_users(x_train, y_train, x_test, y_test, users, options.seed)
-  data.description = f"CIFAR-10 ({options.data_dir or 'Keras cache'}): {data.description}"
+  data.description = f"CIFAR-10 ({_where(options)}): {data.description}"
   return data
 
 

@@ -4,7 +4,9 @@ Data: Fashion-MNIST from `--data_dir` holding the four original idx files
 (train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz,
 t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz; .gz or not, any
 re-gzipped copy) or, without `--data_dir`, from Keras' cache
-(~/.keras/datasets/fashion-mnist/). Pixels in [0, 1], 0 = background.
+(~/.keras/datasets/fashion-mnist/), or from TensorFlow Datasets by
+`--data_source` (tff_cluster.data.vision: the same arrays in the same order).
+Pixels in [0, 1], 0 = background.
 
 Tasks on the pooled 70,000 images, each client's samples split 90/10
 (settings from `DataOptions.extra`, defaults in brackets):
@@ -60,7 +62,6 @@ Models: the FMNIST CNN with BatchNorm (default) or LeNet-5 (`--model=lenet5`).
 
 from __future__ import annotations
 
-import os
 from typing import Callable, List, Tuple
 
 import numpy as np
@@ -107,28 +108,24 @@ RECIPE = HParam("recipe", str, "fedbase", "fedbase (the authors' split of train 
 
 
 def _pooled(options: DataOptions):
-  return vision.load_fashion_mnist(options.data_dir)
+  return vision.load_fashion_mnist(options.data_dir, options.data_source)
 
 
 def _where(options: DataOptions) -> str:
-  return f"Fashion-MNIST ({options.data_dir or 'Keras cache'})"
+  label = vision.source_label("fashion_mnist", options.data_dir, options.data_source)
+  return f"Fashion-MNIST ({label})"
 
 
 def _num_clients(options: DataOptions) -> int:
   return options.num_clients or DEFAULTS["num_clients"]
 
 
-def official_split(name: str, data_dir) -> Tuple[Tuple[np.ndarray, np.ndarray],
-                                                 Tuple[np.ndarray, np.ndarray]]:
+def official_split(name: str, data_dir, data_source: str = "keras"
+                   ) -> Tuple[Tuple[np.ndarray, np.ndarray], Tuple[np.ndarray, np.ndarray]]:
   """The official train and test sets of MNIST or Fashion-MNIST, not pooled:
   ((x_train, y_train), (x_test, y_test)), x float32 [n, 784] in [0, 1],
-  y int64 0-9, in file order."""
-  if data_dir:
-    train, test = vision.read_idx_dir(os.path.expanduser(data_dir))
-    where = data_dir
-  else:
-    train, test = vision._keras_load(name)  # pylint: disable=protected-access
-    where = f"Keras {name}"
+  y int64 0-9, in file order; from `data_source` (vision's module docstring)."""
+  (train, test), where = vision.official_arrays(name, data_dir, data_source)
   out = []
   for x, y in (train, test):
     x = np.asarray(x)
@@ -142,7 +139,7 @@ def official_split(name: str, data_dir) -> Tuple[Tuple[np.ndarray, np.ndarray],
 
 
 def _official(options: DataOptions):
-  return official_split("fashion_mnist", options.data_dir)
+  return official_split("fashion_mnist", options.data_dir, options.data_source)
 
 
 def load_fmnist(options: DataOptions) -> FederatedData:

@@ -19,7 +19,9 @@ Data, by what `--data_dir` holds:
   per digit and then lognormal(0, 2) shares, each device shuffled and split
   train = int(0.9 n), test = the rest. `--num_clients` changes the number of
   devices (the recipe then runs with that N);
-* nothing: the same from Keras' MNIST (~/.keras/datasets/mnist.npz).
+* nothing: the same from Keras' MNIST (~/.keras/datasets/mnist.npz), or from
+  TensorFlow Datasets by `--data_source` (tff_cluster.data.vision: the same
+  arrays in the same order).
 In both cases the pixels are standardised, not in [0, 1].
 """
 
@@ -86,9 +88,9 @@ def load_mnist(options: DataOptions) -> FederatedData:
         leaf.load_fedprox_mnist(data_dir, seed=options.seed),
         options.num_clients, options.seed)
   try:
-    x, y = vision.load_mnist(data_dir)
+    x, y = vision.load_mnist(data_dir, options.data_source)
   except DataError as e:
-    if not data_dir:
+    if not data_dir or options.data_source == "tfds":
       raise
     raise DataError(f"{e} (or FedProx's MNIST JSON: train/*.json and "
                     f"test/*.json; {leaf.FEDPROX_MNIST_HINT})") from e
@@ -99,7 +101,8 @@ def load_mnist(options: DataOptions) -> FederatedData:
   used = partition.cluster_info["samples_used"]
   return build_federated_data(
       x, y, partition, 10, options.seed,
-      f"MNIST ({data_dir or 'Keras cache'}) by FedProx's generate_niid recipe: "
+      f"MNIST ({vision.source_label('mnist', data_dir, options.data_source)}) by "
+      f"FedProx's generate_niid recipe: "
       f"{num_clients} devices, digits (u+j) mod 10 for j < {per_client}, 5 "
       f"images per digit then lognormal(0, 2) shares; {used:,} of {len(y):,} "
       f"pooled images used; pixels standardised per pixel over the pooled set "

@@ -15,7 +15,7 @@ from tff_cluster.spec.task import DataOptions
 
 
 def _official(options: DataOptions):
-  return fmnist.official_split("mnist", options.data_dir)
+  return fmnist.official_split("mnist", options.data_dir, options.data_source)
 
 
 TASKS = fmnist.wecfl_tasks("mnist", "MNIST", lambda options: _official(options))

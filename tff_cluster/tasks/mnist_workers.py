@@ -41,6 +41,7 @@ import numpy as np
 from tff_cluster import seeds
 from tff_cluster.tasks import fmnist
 from tff_cluster import models
+from tff_cluster.data import vision
 from tff_cluster.data.federated import DataError, FederatedData
 from tff_cluster.spec.hparams import HParam
 from tff_cluster.spec.task import DataOptions, TaskSpec, task_arg
@@ -141,7 +142,8 @@ def split_workers(y_train: np.ndarray, y_test: np.ndarray, num_workers: int, spl
 
 
 def load(options: DataOptions) -> FederatedData:
-  (x_train, y_train), (x_test, y_test) = fmnist.official_split("mnist", options.data_dir)
+  (x_train, y_train), (x_test, y_test) = fmnist.official_split(
+      "mnist", options.data_dir, options.data_source)
   n = options.num_clients or DEFAULTS["num_clients"]
   split = task_arg(options, SPLIT)
   public_size = task_arg(options, PUBLIC_SIZE)
@@ -156,7 +158,7 @@ def load(options: DataOptions) -> FederatedData:
   train = {c: (x_train[rest[r]], y_train[rest[r]]) for c, r in zip(ids, train_rows)}
   test = {c: (x_test[r], y_test[r]) for c, r in zip(ids, test_rows)}
   public = (x_train[public_rows], y_train[public_rows]) if public_size else None
-  where = options.data_dir or "Keras cache"
+  where = vision.source_label("mnist", options.data_dir, options.data_source)
   return FederatedData(
       ids, train, test, 10, public=public,
       description=(f"MNIST ({where}), {n} workers: {how}; public set {public_size:,} "

@@ -135,14 +135,17 @@ def _load(name: str, label: str, full_angles: Sequence[int]):
     args = ARGS[name]
     p, per_cluster, n, test_per_cluster, permutation = (task_arg(options, a) for a in args)
     if name == "rotated_cifar10":
-      train, test = cifar10_split(options.data_dir)
+      train, test = cifar10_split(options.data_dir, options.data_source)
       prepare = crop_and_standardise
     else:
       train, test = fmnist.official_split(
-          "mnist" if name == "rotated_mnist" else "fashion_mnist", options.data_dir)
+          "mnist" if name == "rotated_mnist" else "fashion_mnist", options.data_dir,
+          options.data_source)
       prepare = lambda images: images  # noqa: E731 (pixels in [0, 1], flat 784)
     angles = rotation_angles(full_angles, p)
-    where = options.data_dir or "Keras cache"
+    where = vision.source_label(
+        {"rotated_mnist": "mnist", "rotated_fmnist": "fashion_mnist"}.get(name, "cifar10"),
+        options.data_dir, options.data_source)
     split = ("a fresh permutation of the whole training set each" if
              permutation == "per_cluster" else "one permutation shared by the clusters")
     return rotated_clients(
@@ -162,13 +165,9 @@ def rotation_angles(full_angles: Sequence[int], p: int) -> list:
   return list(full_angles[:p])
 
 
-def cifar10_split(data_dir):
+def cifar10_split(data_dir, data_source: str = "keras"):
   """CIFAR-10's official train and test sets, x float32 [n, 32, 32, 3] in [0, 1]."""
-  import os
-  if data_dir:
-    train, test = vision.read_cifar10_dir(os.path.expanduser(data_dir))
-  else:
-    train, test = vision._keras_load("cifar10")  # pylint: disable=protected-access
+  (train, test), _ = vision.official_arrays("cifar10", data_dir, data_source)
   return tuple((np.asarray(x, np.float32) / 255.0, np.asarray(y).reshape(-1).astype(np.int64))
                for x, y in (train, test))
 

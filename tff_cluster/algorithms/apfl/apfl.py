@@ -103,6 +103,7 @@ class APFLDefinition(personal.PersonalStateDefinition):
 
 class APFLDriver(personal.PersonalDriver):
   """FedAvg's rounds; each client tested with its mixture."""
+  label_per_example = "tests each client with its mixture of two models' outputs"
 
   def __init__(self, context: driver.Context, definition: APFLDefinition):
     super().__init__(context, definition)

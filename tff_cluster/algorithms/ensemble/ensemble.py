@@ -37,6 +37,7 @@ class EnsembleDriver(driver.Driver):
   `state` is the list of the R members' server states; `client_states` keys
   member r's client k as r * N + k.
   """
+  label_per_example = "tests each client with the vote of several models' outputs"
 
   def __init__(self, context: driver.Context, definition: fedavg.FedAvgDefinition):
     """`definition`: the members' FedAvg (FedProx) definition, `definition(context)`."""

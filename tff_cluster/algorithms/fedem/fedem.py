@@ -132,6 +132,7 @@ class FedEMHost(HostState):
 
 class FedEMDriver(driver.Driver):
   """M component models; each client's mixture weights (see the module docstring)."""
+  label_per_example = "tests each client with a mixture of its models' outputs"
 
   def __init__(self, context: driver.Context, definition: FedEMDefinition):
     super().__init__(context, definition)

@@ -443,7 +443,7 @@ class FedGroupDriver(driver.Driver):
       labels = np.arange(self.m)  # each pre-trained client is one group's centre
     else:
       labels = canonical_labels(clustering.cluster_updates(
-          np.stack([clustering.flatten_weights(d) for d in deltas]), self.m,
+          clustering.flatten_rows(deltas), self.m,
           self.measure, seed=self.config.seed))
     host.assignment[chosen] = labels
     host.pretrained[chosen] = True

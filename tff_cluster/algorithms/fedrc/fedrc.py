@@ -95,6 +95,8 @@ def label_prior(masses: np.ndarray) -> np.ndarray:
 
 class FedRCDriver(fedem.FedEMDriver):
   """FedEM's host side, the label prior refreshed after every round."""
+  label_per_example = ("weighs examples by a per-class label prior and tests each client "
+                       "with a mixture of its models' outputs")
 
   def __init__(self, context: driver.Context, definition: FedRCDefinition):
     super().__init__(context, definition)

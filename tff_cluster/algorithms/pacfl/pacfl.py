@@ -84,6 +84,7 @@ def proximity(signatures, form: str) -> np.ndarray:
 
 class PACFLDriver(wecfl.FixedClustersDriver):
   """PACFL's host side (see the module docstring)."""
+  label_per_example = "clusters clients by the subspaces of their data per class"
 
   def __init__(self, context: driver.Context, definition: wecfl.ClusterModelsDefinition):
     """`definition`: `wecfl.fixed_clusters_definition`'s."""
