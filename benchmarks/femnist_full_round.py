@@ -35,7 +35,7 @@ import numpy as np
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
-from tff_cluster.data import leaf  # noqa: E402
+from tff_cluster.data import leaf, tff_sqlite  # noqa: E402
 from tff_cluster.io import rundir  # noqa: E402
 
 TFF_WRITERS, TFF_TRAIN, TFF_TEST = 3400, 671_585, 77_483  # all_train / all_test
@@ -66,10 +66,7 @@ def write_database(path, train, test, writers, totals, seed=0):
   con = sqlite3.connect(path)
   con.execute("PRAGMA journal_mode = OFF")
   con.execute("PRAGMA synchronous = OFF")
-  con.execute("CREATE TABLE examples (split_name TEXT NOT NULL, client_id TEXT NOT NULL, "
-              "serialized_example_proto BLOB NOT NULL)")
-  con.execute("CREATE TABLE client_metadata (client_id TEXT NOT NULL, split_name TEXT "
-              "NOT NULL, num_examples INTEGER NOT NULL)")
+  tff_sqlite.create_tables(con)
   for split, data, total in (("all_train", train, totals[0]), ("all_test", test, totals[1])):
     protos = {cid: [_example(x, y) for x, y in zip(*data[cid])] for cid in ids}
     sizes = _sizes([len(protos[c]) for c in ids], total, writers)

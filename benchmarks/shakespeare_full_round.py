@@ -38,7 +38,7 @@ import numpy as np
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
-from tff_cluster.data import shakespeare  # noqa: E402
+from tff_cluster.data import shakespeare, tff_sqlite  # noqa: E402
 from tff_cluster.io import rundir  # noqa: E402
 
 TFF_ROLES, TFF_TRAIN, TFF_TEST = 715, 16_068, 2_356
@@ -72,10 +72,7 @@ def write_database(path, roles=TFF_ROLES, train=TFF_TRAIN, test=TFF_TEST,
   con = sqlite3.connect(path)
   con.execute("PRAGMA journal_mode = OFF")
   con.execute("PRAGMA synchronous = OFF")
-  con.execute("CREATE TABLE examples (split_name TEXT NOT NULL, client_id TEXT NOT NULL, "
-              "serialized_example_proto BLOB NOT NULL)")
-  con.execute("CREATE TABLE client_metadata (client_id TEXT NOT NULL, split_name TEXT "
-              "NOT NULL, num_examples INTEGER NOT NULL)")
+  tff_sqlite.create_tables(con)
   k = 0
   for split in ("train", "test"):
     for r in range(roles):

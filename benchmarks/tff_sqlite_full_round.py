@@ -43,6 +43,7 @@ import numpy as np
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
+from tff_cluster.data import tff_sqlite  # noqa: E402
 from tff_cluster.io import rundir  # noqa: E402
 
 CELEBA_TRAIN, CELEBA_TEST, CELEBA_CLIENTS = 177_457, 22_831, 9_343
@@ -145,10 +146,7 @@ def write_database(path: str, task: str, seed: int = 0) -> None:
   con = sqlite3.connect(path)
   con.execute("PRAGMA journal_mode = OFF")
   con.execute("PRAGMA synchronous = OFF")
-  con.execute("CREATE TABLE examples (split_name TEXT NOT NULL, client_id TEXT NOT NULL, "
-              "serialized_example_proto BLOB NOT NULL)")
-  con.execute("CREATE TABLE client_metadata (client_id TEXT NOT NULL, split_name TEXT "
-              "NOT NULL, num_examples INTEGER NOT NULL)")
+  tff_sqlite.create_tables(con)
   for split, cid, n in rows:
     images = rng.integers(0, 256, (n, *shape), dtype=np.uint8)
     if task == "cifar100_tff":

@@ -214,11 +214,10 @@ def write_emnist_sqlite(path, clients: dict, pixel=lambda label, i: label / 10.0
   import sqlite3
 
   import tensorflow as tf
+
+  from tff_cluster.data import tff_sqlite
   con = sqlite3.connect(str(path))
-  con.execute("CREATE TABLE examples (split_name TEXT, client_id TEXT, "
-              "serialized_example_proto BLOB)")
-  con.execute("CREATE TABLE client_metadata (client_id TEXT, split_name TEXT, "
-              "num_examples INTEGER)")
+  tff_sqlite.create_tables(con)
   for split, per_client in clients.items():
     for cid, labels in per_client.items():
       for i, label in enumerate(labels):

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from tff_cluster import models
-from tff_cluster.data import compact, emnist, leaf
+from tff_cluster.data import compact, emnist, leaf, tff_sqlite
 from tff_cluster.data.federated import FederatedData
 from tff_cluster.learning import schedule
 from tff_cluster.learning.evaluation import Evaluator
@@ -71,10 +71,7 @@ def test_indexing_pickling_and_concatenation_stay_coded():
 
 def _emnist_fixture(path, images):
   con = sqlite3.connect(path)
-  con.execute("CREATE TABLE examples (split_name TEXT, client_id TEXT, "
-              "serialized_example_proto BLOB)")
-  con.execute("CREATE TABLE client_metadata (client_id TEXT, split_name TEXT, "
-              "num_examples INTEGER)")
+  tff_sqlite.create_tables(con)
   for split in ("all_train", "all_test"):
     for cid, (x, y) in images.items():
       for row, label in zip(x, y):

@@ -32,7 +32,7 @@ import pytest
 from tff_cluster import tasks
 from tests.conftest import SHARED_DATA
 from tests.helpers import assert_one_line_error, main_in_process
-from tff_cluster.data import download, emnist, leaf, sent140
+from tff_cluster.data import download, emnist, leaf, sent140, tff_sqlite
 from tff_cluster.data.federated import DataError
 from tff_cluster.spec.hparams import HParamError
 from tff_cluster.spec.task import DataOptions
@@ -74,10 +74,7 @@ def write_tff_database(path: Path, writers) -> None:
     )).SerializeToString()
 
   con = sqlite3.connect(str(path))
-  con.execute("CREATE TABLE examples (split_name TEXT NOT NULL, client_id TEXT NOT NULL, "
-              "serialized_example_proto BLOB NOT NULL)")
-  con.execute("CREATE TABLE client_metadata (client_id TEXT NOT NULL, split_name TEXT "
-              "NOT NULL, num_examples INTEGER NOT NULL)")
+  tff_sqlite.create_tables(con)
   for half in ("train", "test"):
     for prefix, keep in (("all", lambda y: True), ("digits_only", lambda y: y < 10)):
       split = f"{prefix}_{half}"

@@ -21,7 +21,7 @@ import pytest
 from tests.helpers import assert_one_line_error, main_in_process
 from tests.test_download import cache, cache_files, closed_port_url, serving  # noqa: F401
 from tff_cluster import models, tasks
-from tff_cluster.data import download, shakespeare
+from tff_cluster.data import download, shakespeare, tff_sqlite
 from tff_cluster.data.federated import DataError, FederatedData
 from tff_cluster.spec.task import DataOptions
 
@@ -52,10 +52,7 @@ def example(snippet: bytes) -> bytes:
 def write_database(path: Path, roles=ROLES, proto=example) -> None:
   """`roles` (split -> role -> snippets) in TFF's `SqlClientData` layout."""
   con = sqlite3.connect(str(path))
-  con.execute("CREATE TABLE examples (split_name TEXT NOT NULL, client_id TEXT NOT NULL, "
-              "serialized_example_proto BLOB NOT NULL)")
-  con.execute("CREATE TABLE client_metadata (client_id TEXT NOT NULL, split_name TEXT "
-              "NOT NULL, num_examples INTEGER NOT NULL)")
+  tff_sqlite.create_tables(con)
   for split, per_role in roles.items():
     for role, snippets in per_role.items():
       con.executemany("INSERT INTO examples VALUES (?, ?, ?)",

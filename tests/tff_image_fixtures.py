@@ -12,6 +12,8 @@ from typing import Dict, Mapping, Sequence
 
 import numpy as np
 
+from tff_cluster.data import tff_sqlite
+
 # TFF's attribute names of federated CelebA (tff.simulation.datasets.celeba).
 CELEBA_ATTRIBUTES = (
     "five_o_clock_shadow", "arched_eyebrows", "attractive", "bags_under_eyes", "bald",
@@ -42,10 +44,7 @@ def write_database(path, splits: Mapping[str, Mapping[str, Sequence]], seed: int
   `client_metadata`'s counts."""
   rng = np.random.default_rng(seed)
   con = sqlite3.connect(str(path))
-  con.execute("CREATE TABLE examples (split_name TEXT NOT NULL, client_id TEXT NOT NULL, "
-              "serialized_example_proto BLOB NOT NULL)")
-  con.execute("CREATE TABLE client_metadata (client_id TEXT NOT NULL, split_name TEXT "
-              "NOT NULL, num_examples INTEGER NOT NULL)")
+  tff_sqlite.create_tables(con)
   queues: Dict[tuple, list] = {(split, cid): list(items)
                                for split, clients in splits.items()
                                for cid, items in clients.items()}

@@ -172,6 +172,31 @@ def example_rows(path: str, source: Source, splits: Sequence[str],
     con.close()
 
 
+SCHEMA = ("CREATE TABLE examples (split_name TEXT NOT NULL, client_id TEXT NOT NULL, "
+          "serialized_example_proto BLOB NOT NULL)",
+          "CREATE TABLE client_metadata (client_id TEXT NOT NULL, split_name TEXT NOT NULL, "
+          "num_examples INTEGER NOT NULL)")
+
+
+def create_tables(con: sqlite3.Connection) -> None:
+  """Creates TFF's two tables in an empty database (what the tests' fixtures
+  and the benchmarks' full-size layouts write into)."""
+  for statement in SCHEMA:
+    con.execute(statement)
+
+
+def database_path(data_dir, source: Source, fetch) -> str:
+  """The database a task reads: `data_dir` naming one (any file name) or a
+  folder holding `source.name`; without `data_dir`, `fetch()` (a cache's
+  copy, or downloaded)."""
+  if not data_dir:
+    return fetch()
+  path = os.path.expanduser(str(data_dir))
+  if os.path.isdir(path):
+    path = os.path.join(path, source.name)
+  return path
+
+
 def client_counts(path: str, source: Source, split: str) -> Dict[str, int]:
   """client id -> its number of examples in `split`, as `client_metadata`
   says, in TFF's order (sorted ids)."""

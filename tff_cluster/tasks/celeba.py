@@ -25,11 +25,10 @@ learning rate 0.1, and for its default `-t large` 400 rounds, evaluation every
 
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 from tff_cluster import models, vision_models
-from tff_cluster.data import celeba
+from tff_cluster.data import celeba, tff_sqlite
 from tff_cluster.data.federated import LazyFederatedData
 from tff_cluster.spec.hparams import HParam
 from tff_cluster.spec.task import DataOptions, TaskSpec, task_arg
@@ -47,13 +46,8 @@ SOURCE = ("LEAF (Caldas et al. 2018) CelebA: models/celeba/cnn.py, "
 
 def find_source(data_dir: Optional[str]) -> str:
   """The database: `--data_dir` naming one (any file name) or a folder
-  holding `celeba.sqlite`; without it, fetched when no cache holds it."""
-  if not data_dir:
-    return celeba.fetch_database()
-  path = os.path.expanduser(str(data_dir))
-  if os.path.isdir(path):
-    path = os.path.join(path, celeba.SOURCE.name)
-  return path
+  holding `celeba.SOURCE.name`; without it, fetched when no cache holds it."""
+  return tff_sqlite.database_path(data_dir, celeba.SOURCE, celeba.fetch_database)
 
 
 def load(options: DataOptions) -> LazyFederatedData:

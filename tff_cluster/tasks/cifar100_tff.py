@@ -39,11 +39,10 @@ TFF's baseline defaults to no distortion) and the model's L2 weight decay.
 
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 from tff_cluster import models, vision_models
-from tff_cluster.data import cifar100_tff
+from tff_cluster.data import cifar100_tff, tff_sqlite
 from tff_cluster.data.federated import FederatedData
 from tff_cluster.spec.hparams import HParam
 from tff_cluster.spec.task import DataOptions, TaskSpec, task_arg
@@ -89,13 +88,8 @@ CNN = _Model(_cnn)
 
 def find_source(data_dir: Optional[str]) -> str:
   """The database: `--data_dir` naming one (any file name) or a folder
-  holding `cifar100.sqlite`; without it, fetched when no cache holds it."""
-  if not data_dir:
-    return cifar100_tff.fetch_database()
-  path = os.path.expanduser(str(data_dir))
-  if os.path.isdir(path):
-    path = os.path.join(path, cifar100_tff.SOURCE.name)
-  return path
+  holding `cifar100_tff.SOURCE.name`; without it, fetched when no cache holds it."""
+  return tff_sqlite.database_path(data_dir, cifar100_tff.SOURCE, cifar100_tff.fetch_database)
 
 
 def load(options: DataOptions) -> FederatedData:
