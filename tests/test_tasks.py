@@ -213,7 +213,9 @@ def femnist_cached(real_femnist, monkeypatch):
 def test_femnist_task(real_femnist, monkeypatch):
   data = REGISTRY["femnist"].load_data(DataOptions(data_dir=str(FEMNIST_DIR)))
   assert data.num_clients == 51 and data.num_classes == 62
-  logits = REGISTRY["femnist"].model_fn()(data.train[data.client_ids[0]][0][:4])
+  # The images come as 8-bit codes (compact.CodedArray): np.asarray gives the
+  # float32 a Keras model takes (Keras 2 converts only numpy arrays itself).
+  logits = REGISTRY["femnist"].model_fn()(np.asarray(data.train[data.client_ids[0]][0][:4]))
   assert logits.shape == (4, 62)
   monkeypatch.setattr(leaf, "load_femnist", lambda path, seed=0: real_femnist)
   sub = REGISTRY["femnist"].load_data(
