@@ -30,7 +30,6 @@ case, 36-61 lower case.
 from __future__ import annotations
 
 import os
-import sqlite3
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -59,12 +58,6 @@ SOURCE = tff_sqlite.Source(title="TFF's federated EMNIST", name=EMNIST_DB_FILE,
 is_database = tff_sqlite.is_database  # by its header, whatever its name
 
 
-def _connect(path: str) -> sqlite3.Connection:
-  # Read-only: a reader never changes (or creates) the file. A FIFO or a
-  # device in its place is refused first (DataError).
-  return tff_sqlite.connect(path, SOURCE)
-
-
 def _not_emnist(path: str, why: str) -> DataError:
   return tff_sqlite.not_source(path, SOURCE, why)
 
@@ -77,20 +70,7 @@ def check_database(path: str) -> None:
 
 def writer_ids(path: str, only_digits: bool = False) -> List[str]:
   """The writers with images in both halves of the split, sorted (TFF's order)."""
-  train, test = SPLITS[only_digits]
-  con = _connect(path)
-  try:
-    ids = [{r[0] for r in con.execute(
-        "SELECT DISTINCT client_id FROM client_metadata WHERE split_name = ?", (split,))}
-        for split in (train, test)]
-  except sqlite3.Error as e:
-    raise _not_emnist(path, f"{type(e).__name__}: {e}") from None
-  finally:
-    con.close()
-  bad = next((c for half in ids for c in half if not isinstance(c, str)), "")
-  if bad != "":
-    raise _not_emnist(path, f"a client_id of client_metadata is {bad!r}, not text")
-  return sorted(ids[0] & ids[1])
+  return tff_sqlite.ids_in_both(path, SOURCE, *SPLITS[only_digits])
 
 
 def _parse(protos: Sequence[bytes], path: str) -> Arrays:

@@ -37,7 +37,6 @@ the rows are a client's examples, which the runners shuffle each epoch.
 
 from __future__ import annotations
 
-import sqlite3
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -79,10 +78,6 @@ def _not_shakespeare(path: str, why: str) -> DataError:
   return tff_sqlite.not_source(path, SOURCE, why)
 
 
-def _connect(path: str) -> sqlite3.Connection:
-  return tff_sqlite.connect(path, SOURCE)
-
-
 def check_database(path: str) -> None:
   """Raises a DataError (one line) unless `path` opens as TFF's federated
   Shakespeare: both tables with their columns, and the split names."""
@@ -91,19 +86,7 @@ def check_database(path: str) -> None:
 
 def role_ids(path: str) -> List[str]:
   """The roles with snippets in both splits, sorted (TFF's order)."""
-  con = _connect(path)
-  try:
-    ids = [{r[0] for r in con.execute(
-        "SELECT DISTINCT client_id FROM client_metadata WHERE split_name = ?", (split,))}
-        for split in SPLITS]
-  except sqlite3.Error as e:
-    raise _not_shakespeare(path, f"{type(e).__name__}: {e}") from None
-  finally:
-    con.close()
-  bad = next((c for half in ids for c in half if not isinstance(c, str)), "")
-  if bad != "":
-    raise _not_shakespeare(path, f"a client_id of client_metadata is {bad!r}, not text")
-  return sorted(ids[0] & ids[1])
+  return tff_sqlite.ids_in_both(path, SOURCE, *SPLITS)
 
 
 def _parse(protos: Sequence[bytes], path: str) -> List[bytes]:

@@ -197,6 +197,24 @@ def database_path(data_dir, source: Source, fetch) -> str:
   return path
 
 
+def ids_in_both(path: str, source: Source, train: str, test: str) -> List[str]:
+  """The clients `client_metadata` lists under both `train` and `test`, sorted
+  (TFF's order); a client id that is not text is a DataError (one line)."""
+  con = connect(path, source)
+  try:
+    ids = [{r[0] for r in con.execute(
+        "SELECT DISTINCT client_id FROM client_metadata WHERE split_name = ?", (split,))}
+        for split in (train, test)]
+  except sqlite3.Error as e:
+    raise not_source(path, source, f"{type(e).__name__}: {e}") from None
+  finally:
+    con.close()
+  bad = next((c for half in ids for c in half if not isinstance(c, str)), "")
+  if bad != "":
+    raise not_source(path, source, f"a client_id of client_metadata is {bad!r}, not text")
+  return sorted(ids[0] & ids[1])
+
+
 def client_counts(path: str, source: Source, split: str) -> Dict[str, int]:
   """client id -> its number of examples in `split`, as `client_metadata`
   says, in TFF's order (sorted ids)."""
