@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import csv
 import fcntl
-import math
 import os
 import subprocess
 import sys
@@ -26,6 +25,7 @@ if REPO_ROOT not in sys.path:  # the library and the CLI's tasks, for every tabl
 
 from tff_cluster.io import checkpoint  # noqa: E402  (TF-free)
 from tff_cluster.io import rundir  # noqa: E402  (TF-free)
+from tff_cluster.sweep import report  # noqa: E402  (TF-free)
 
 
 def registered_algorithms() -> set:
@@ -123,13 +123,10 @@ def median_round_seconds(directory: str, default: float = float("nan")) -> float
   """The median seconds of a run's rounds (its metrics.jsonl, else its
   metrics.csv; training, aggregation and host steps, no evaluation), robust to
   a machine paused or shared for a while, which inflates one round and so the
-  mean; `default` where neither file holds any."""
-  try:
-    _, rows = rundir.read_metrics(directory, first=rundir.METRICS_JSONL)
-  except rundir.RunDirError:
-    rows = []
-  times = [r["round_seconds"] for r in rows if r.get("round_seconds") is not None]
-  return float(np.median(times)) if times else default
+  mean; `default` where neither file holds any (the sweep report's, with a
+  default)."""
+  seconds = report.median_round_seconds(directory)
+  return default if np.isnan(seconds) else seconds
 
 
 def measured(text: str) -> float:
@@ -138,16 +135,9 @@ def measured(text: str) -> float:
   return float("nan") if text in ("–", "", None) else float(text)
 
 
-def truncated(x: float, digits: int) -> str:
-  """`x` with `digits` decimals, cut rather than rounded (reported numbers are
-  never rounded up): 88.6575 -> "88.65". A float a hair below the decimal it
-  stands for (100 * 0.9457 = 94.57000000000001 or 94.56999999999999) keeps it;
-  NaN (no measurement) is "–"."""
-  if not math.isfinite(x):
-    return "–"
-  scale = 10 ** digits
-  cut = math.trunc(round(x * scale, 6)) / scale
-  return f"{cut:.{digits}f}"
+# A number cut to `digits` decimals (never rounded up; NaN is "–"): the
+# sweep report's.
+truncated = report.truncated
 
 
 def fmt(values: Sequence[float]) -> str:
@@ -157,14 +147,9 @@ def fmt(values: Sequence[float]) -> str:
 
 def mean_std(values: Sequence[Optional[float]], digits: int = 2) -> str:
   """Fractions as a percentage cell: "m ± s" over seeds (sample std), one
-  value alone without ±, "–" when there is none (None values are skipped)."""
-  values = [v for v in values if v is not None]
-  if not values:
-    return "–"
-  a = 100 * np.asarray(values)
-  if len(a) == 1:
-    return truncated(a[0], digits)
-  return f"{truncated(a.mean(), digits)} ± {truncated(a.std(ddof=1), digits)}"
+  value alone without ±, "–" when there is none (None or NaN values are
+  skipped): the sweep report's `mean_std` in percent."""
+  return report.mean_std(values, digits, scale=100.0)
 
 
 def save_markdown(stem: str, text: str) -> None:
@@ -192,8 +177,8 @@ def save_recorded(name: str, rows: Sequence[Dict[str, object]], key: Sequence[st
                   fields: Sequence[str]) -> None:
   """Merges `rows` into `benchmarks/recorded/<name>.csv` (a row with the same
   `key` fields is replaced), sorted by key, written atomically. The read and
-  the write hold a lock on the directory, so two table processes (`--shard`)
-  recording as their cells finish do not drop each other's rows."""
+  the write hold a lock on the directory, so two table processes recording
+  as their cells finish do not drop each other's rows."""
   os.makedirs(RECORDED, exist_ok=True)
   lock = os.open(RECORDED, os.O_RDONLY)
   try:

@@ -29,48 +29,53 @@ IFCA), from the seeds that have the three runs.
 Every training client here has no test data and the 400 test-only clients
 choose by test loss, so IFCA's --ifca_eval options score alike; ARI counts
 the training clients' assignments.
-Order (`--plan`): main: CFL-MGD II and IFCA for the seeds given, then CFL-MGD I
+
+The cells (each row a method of the sweep file, its flags, its seeds) are
+benchmarks/sweeps/cflmgd_table2.toml; this script runs them with
+`tff_cluster.sweep` into `--out` (a sweep's folder: each run in
+OUT/rotated_mnist/METHOD/seedS, METHOD the row with spaces as _; a finished
+run is reused, an interrupted one resumes) and writes the table.
+Order (`--plan`): main: CFL-MGD II and IFCA for the seeds given, CFL-MGD I
 and FedAvg with the first seed; controls: IFCA and FedAvg with the decay for
-the seeds given, then CFL-MGD II with beta 0 for the first seed.
+the seeds given, CFL-MGD II with beta 0 for the first seed.
 
   python benchmarks/cflmgd_table2.py --seeds=0,1,2
   python benchmarks/cflmgd_table2.py --plan=controls --seeds=0,1,2
+  python benchmarks/cflmgd_table2.py --dry_run   # list the cells and their flags
   python benchmarks/cflmgd_table2.py --project   # time 2 rounds each, project
   python benchmarks/cflmgd_table2.py --table_only
+  python -m tff_cluster.sweep benchmarks/sweeps/cflmgd_table2.toml
+                          # every cell, no table (from the repository root)
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import sys
 import tempfile
 import time
-from typing import List, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
-from _sweep import (completed_summary, diverged_cell, diverged_summary, median_round_seconds,
-                             load_recorded, mean_std, measured, run_one, save_markdown,
-                             save_recorded, truncated)
+import _cells
+from _sweep import (REPO_ROOT, completed_summary, diverged_cell, diverged_summary,
+                    load_recorded, mean_std, measured, median_round_seconds, run_one,
+                    save_markdown, save_recorded, truncated)
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHARED = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data")
+NAME = "cflmgd_table2"  # benchmarks/sweeps/NAME.toml, benchmarks/recorded/NAME.csv
+SCRIPT = "cflmgd_table2.py"
+# The cells: benchmarks/sweeps/cflmgd_table2.toml, a method per row (the
+# row's name with spaces as _), on rotated_mnist.
+PART = _cells.part(NAME)
+TASK = PART.data["tasks"][0]
 
 PAPER = {"CFL-MGD II": (96.05, 0.12), "CFL-MGD I": (96.05, 0.12), "IFCA": (92.60, 0.27),
          "FedAvg": (89.84, 0.32)}
-METHODS = {
-    "CFL-MGD II": ["--algo=cfl_mgd", "--cfl_mgd_option=model", "--cfl_mgd_beta=0.9",
-                   "--lr_decay=0.99", "--num_groups=4"],
-    "CFL-MGD I": ["--algo=cfl_mgd", "--cfl_mgd_option=gradient", "--cfl_mgd_beta=0.9",
-                  "--cfl_mgd_grad_batches=1", "--lr_decay=0.99", "--num_groups=4"],
-    "IFCA": ["--algo=ifca", "--num_groups=4"],
-    "FedAvg": ["--algo=fedavg"],
-    "IFCA decay 0.99": ["--algo=ifca", "--num_groups=4", "--lr_decay=0.99"],
-    "FedAvg decay 0.99": ["--algo=fedavg", "--lr_decay=0.99"],
-    "CFL-MGD II beta 0": ["--algo=cfl_mgd", "--cfl_mgd_option=model", "--cfl_mgd_beta=0",
-                           "--lr_decay=0.99", "--num_groups=4"],
-}
+# Row -> its method in the sweep file (its folder under OUT/rotated_mnist).
+METHODS = {name.replace("_", " "): name for name in PART.data["algos"]}
 # Each row's settings in words (the table's label column).
 LABELS = {
     "CFL-MGD II": "option II, beta 0.9, lr 0.1 decay 0.99",
@@ -81,19 +86,31 @@ LABELS = {
     "FedAvg decay 0.99": "one model, lr 0.1 decay 0.99",
     "CFL-MGD II beta 0": "option II without momentum, lr 0.1 decay 0.99 (= IFCA)",
 }
+# The rows each --plan runs.
+PLANS = {"main": ("CFL-MGD II", "IFCA", "CFL-MGD I", "FedAvg"),
+         "controls": ("IFCA decay 0.99", "FedAvg decay 0.99", "CFL-MGD II beta 0")}
 
 
-def plan(seeds: Sequence[int], which: str = "main") -> List[tuple]:
-  if which == "controls":
-    return ([(m, s) for s in seeds for m in ("IFCA decay 0.99", "FedAvg decay 0.99")]
-            + [("CFL-MGD II beta 0", seeds[0])])
-  first = [(m, s) for s in seeds for m in ("CFL-MGD II", "IFCA")]
-  return first + [("CFL-MGD I", seeds[0]), ("FedAvg", seeds[0])]
+def plan(seeds: Sequence[int], which: str = "main", methods: Sequence[str] = tuple(METHODS),
+         data_dir: Optional[str] = None) -> Optional[dict]:
+  """The sweep file's keys narrowed to the plan's rows among `methods`, the
+  seeds given (the rows the file runs at one seed: the first given), and
+  `data_dir`; None when no row is left."""
+  data = copy.deepcopy(PART.data)
+  data["algos"] = [METHODS[m] for m in METHODS if m in PLANS[which] and m in methods]
+  if not data["algos"]:
+    return None
+  data["seeds"] = list(seeds)
+  for w in data.get("when", []):
+    if "seeds" in w:
+      w["seeds"] = list(seeds[:1])
+  return data if data_dir is None else _cells.override(data, "data_dir",
+                                                      os.path.abspath(data_dir))
 
 
 def run_dir(out: str, method: str, seed: int) -> str:
-  safe = "".join(c for c in method.replace(" ", "_").replace("-", "") if c.isalnum() or c in "_.")
-  return os.path.join(out, safe, f"seed{seed}")
+  """The run of row `method` at `seed` (its cell's folder under `out`)."""
+  return os.path.join(out, TASK, METHODS[method], f"seed{seed}")
 
 
 def final_accuracy(directory: str):
@@ -215,14 +232,17 @@ def attribution(got) -> str:
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--seeds", default="0,1,2")
-  p.add_argument("--plan", default="main", choices=("main", "controls"),
+  p.add_argument("--plan", default="main", choices=tuple(PLANS),
                  help="main: the paper's rows; controls: the schedule controls")
   p.add_argument("--methods", default=",".join(METHODS))
-  p.add_argument("--data_dir", default=os.path.join(SHARED, "mnist"))
-  p.add_argument("--out", default=os.path.join(REPO_ROOT, "results", "cflmgd_table2"))
-  p.add_argument("--table", default=os.path.join(REPO_ROOT, "benchmarks", "results",
-                                                 "cflmgd_table2"))
+  p.add_argument("--data_dir", default=None,
+                 help="MNIST's folder (default: the sweep file's, ../shared/data/mnist)")
+  p.add_argument("--out", default=os.path.join(REPO_ROOT, "results", NAME),
+                 help="the sweep's folder (runs in OUT/rotated_mnist/METHOD/seedS)")
+  p.add_argument("--table", default=os.path.join(REPO_ROOT, "benchmarks", "results", NAME))
   p.add_argument("--project", action="store_true")
+  p.add_argument("--dry_run", action="store_true",
+                 help="list each cell's folder and flags (as the sweep runs it) and stop")
   p.add_argument("--table_only", action="store_true")
   p.add_argument("--record", action="store_true",
                  help="add the finished runs under --out to benchmarks/recorded/"
@@ -232,30 +252,35 @@ def main(argv=None):
   wanted = args.methods.split(",")
   bad = [m for m in wanted if m not in METHODS]
   if bad:
-    raise SystemExit(f"cflmgd_table2.py: error: unknown method {bad[0]!r}; valid: "
+    raise SystemExit(f"{SCRIPT}: error: unknown method {bad[0]!r}; valid: "
                      f"{', '.join(METHODS)}")
-  jobs = [(m, s) for m, s in plan(seeds, args.plan) if m in wanted]
-  flags = lambda m: ["--task=rotated_mnist", f"--data_dir={args.data_dir}", *METHODS[m]]  # noqa: E731
+  data = plan(seeds, args.plan, wanted, args.data_dir)
+  the_sweep = None if data is None else _cells.load(SCRIPT, data, NAME)
+  label = {name: method for method, name in METHODS.items()}
   if args.project:
     total = 0.0
-    for method in dict.fromkeys(m for m, _ in jobs):
+    cells = [] if the_sweep is None else the_sweep.cells
+    for name in dict.fromkeys(c.method for c in cells):
+      mine = [c for c in cells if c.method == name]
       with tempfile.TemporaryDirectory() as tmp:
-        s = run_one(flags(method), os.path.join(tmp, "run"), seeds[0], "local", 2)
+        s = run_one(_cells.cell_flags(mine[0]), os.path.join(tmp, "run"), seeds[0], "local", 2)
       per_round = (s["total_seconds"] - s["setup_seconds"]) / 2
-      runs = sum(1 for m, _ in jobs if m == method)
-      print(f"{method}: {per_round:.1f} s/round -> {300 * per_round / 3600:.2f} h per "
-            f"run x {runs}", flush=True)
-      total += runs * 300 * per_round
+      print(f"{label[name]}: {per_round:.1f} s/round -> {300 * per_round / 3600:.2f} h per "
+            f"run x {len(mine)}", flush=True)
+      total += len(mine) * 300 * per_round
     print(f"projected total: {total / 3600:.1f} h")
     return 0
   t0 = time.perf_counter()
-  if not args.table_only:
-    for method, seed in jobs:
-      d = run_dir(args.out, method, seed)
-      run_one(flags(method), d, seed, "local", None)
-      print(f"[{time.perf_counter() - t0:7.0f} s] {method} seed {seed}: "
-            f"{final_accuracy(d)}", flush=True)
-      write_table(args)
+
+  def done(cell):
+    print(f"[{time.perf_counter() - t0:7.0f} s] {label[cell.method]} seed {cell.seed}: "
+          f"{final_accuracy(os.path.join(args.out, cell.path))}", flush=True)
+    write_table(args)
+
+  if not args.table_only and the_sweep is not None:
+    _cells.run_sweep(SCRIPT, the_sweep, args.out, args, done)
+  if args.dry_run:
+    return 0
   print(write_table(args))
   return 0
 

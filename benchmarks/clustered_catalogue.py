@@ -20,52 +20,57 @@ final round's pooled test accuracy, the clients' data-weighted mean
 true ones, the mean bytes a round moves (down + up) and the median seconds of
 a round (training, no evaluation), on this machine's CPU.
 
+The cells (each task's cut, each algorithm's flags, the cells left out) are
+the sweep file benchmarks/sweeps/clustered_catalogue.toml; this script runs
+them with `tff_cluster.sweep` and scores them into
+benchmarks/recorded/clustered_catalogue.csv:
+
   python benchmarks/clustered_catalogue.py --project            # time 4 rounds per cell
+  python benchmarks/clustered_catalogue.py --dry_run            # list the cells and their flags
   python benchmarks/clustered_catalogue.py --tasks=synthetic_clusters --seeds=0,1,2
+  python benchmarks/clustered_catalogue.py --record --skip_recorded --parallel=2
   python benchmarks/clustered_catalogue.py --table_only --record
-Each run is `run_experiment.py` in its own directory under `--out` with
-checkpoints; a finished run is reused and an interrupted one resumes.
+  python benchmarks/clustered_catalogue.py --paper_rows --record   # the per-paper rows
+  python -m tff_cluster.sweep benchmarks/sweeps/clustered_catalogue.toml --parallel=2
+                                       # the same cells, no recording (from the repository root)
+Each run is `python -m tff_cluster` in its own directory under `--out`
+(TASK/ALGO/seedS, a sweep's folder) with checkpoints; a finished run is
+reused and an interrupted one resumes.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Dict, List, Optional
+from typing import Dict, Optional
 
 import numpy as np
 
 import _cells
 from _cells import one_point_round  # noqa: F401  (the cut's rule, tested here)
-from _sweep import (SHARED, completed_summary, load_recorded, mean_std, median_round_seconds,
-                    run_one, save_markdown, save_recorded, truncated)
+from _sweep import (completed_summary, load_recorded, mean_std, median_round_seconds,
+                    save_markdown, save_recorded, truncated)
 from tff_cluster.io import rundir  # (_sweep put the repository on sys.path)
 
-# The cut, written before any table run (see docs/reproductions/clustered_catalogue.md):
-# each task's clients per round and seeds; its rounds are FedAvg's: the first
-# round from which FedAvg (seed 0, the same cut, the task's default rounds)
-# stays within 1 point of its final test accuracy, rounded up to a multiple of
-# 10 (`--converge` measures it; the number is written here before the table
-# runs).
-TASKS = {
-    "synthetic_clusters": dict(k=5, flags=[], clients_per_round=20, seeds="0,1,2",
-                               rounds=200),  # FedAvg within 1 point from round 197
-    "rotated_mnist": dict(k=4, flags=[f"--data_dir={os.path.join(SHARED, 'mnist')}"],
-                          clients_per_round=48, seeds="0",
-                          rounds=250),  # FedAvg within 1 point from round 247
-    "fmnist_clusterwise_dir": dict(k=10, flags=[
-        f"--data_dir={os.path.join(SHARED, 'fashion_mnist')}"], clients_per_round=20,
-        seeds="0", rounds=100),  # FedAvg within 1 point only at round 100
-}
-# Left out of a task by the cut (docs/reproductions/clustered_catalogue.md):
-# FedEM and FedRC at M = 10 on the FMNIST CNN cost 115 s a round, FedSoft 69 s.
-LEFT_OUT = {"fmnist_clusterwise_dir": ("fedem", "fedrc", "fedsoft")}
-# Evaluation every EVAL_EVERY rounds and at the last (the table reads the last
-# only); on rotated_mnist only at the last: a clustered algorithm's evaluation
-# there assigns all 2,800 clients (about 60 s, against 1 s for a round).
-EVAL_EVERY = {"synthetic_clusters": 5, "rotated_mnist": 1000, "fmnist_clusterwise_dir": 10}
-ALGOS = ("fedavg", "ifca", "hypcluster", "cfl_mgd", "wecfl", "fesem", "cfl", "fedgroup",
-         "fedgrouprox", "flhc", "pacfl", "fedem", "fedrc", "stocfl", "fedsoft")
-OWN_SOLVER = ("cfl_mgd", "fedem", "fedrc", "stocfl", "fedsoft")
+NAME = "clustered_catalogue"  # benchmarks/sweeps/NAME.toml, benchmarks/recorded/NAME.csv
+SCRIPT = "clustered_catalogue.py"
+
+
+def fedsoft_k(data: dict) -> dict:
+  """FedSoft's K (clients per cluster) in a sweep file's keys: the round's
+  clients over the task's clusters (the rule the file's values follow), so
+  that it follows --clients_per_round."""
+  for w in data.get("when", []):
+    if "fedsoft_k" in w.get("flags", {}):
+      flags = _cells.flags_of(data, "fedsoft", w["task"])
+      w["flags"]["fedsoft_k"] = max(1, flags["clients_per_round"] // flags["num_groups"])
+  return data
+
+
+# The cells (each task's cut, the flags of each algorithm, the cells left
+# out, evaluation): benchmarks/sweeps/clustered_catalogue.toml.
+PARTS = [_cells.part(NAME, adjust=fedsoft_k)]
+TASKS = {task: _cells.task_cut(PARTS[0].data, task) for task in PARTS[0].data["tasks"]}
+ALGOS = tuple(PARTS[0].data["algos"])
 # Mixture methods: each client predicts with its own mixture weights, so the
 # test-only clients, never trained, keep the initial ones.
 MIXTURE = ("fedem", "fedrc")
@@ -80,49 +85,21 @@ def rotated_note(algo: str) -> str:
     return ("test-only clients predict with the initial uniform mixture (never trained, their "
             "weights never estimated): not comparable with the rows that choose by test loss")
   return "test-only clients choose by their own test loss (IFCA's protocol)"
-# The one setting of a new algorithm's paper or code that fits offline (the
-# catalogue spec's section 18), beside the number its authors published where
-# one could be read. FedEM's README (omarfoq/FedEM @ 996fadd): FEMNIST (LEAF
-# writers, a 15 % sample, 80/20 split, its CNN), M = 3, every client every
-# round, one epoch of batch 128, lr 0.03, plain SGD, 200 rounds. Offline: the
-# shared LEAF sample (51 writers, LEAF's 90/10 split) and the task's MLP.
-FEDEM_FEMNIST = ["--task=femnist", f"--data_dir={os.path.join(SHARED, 'femnist_leaf')}",
-                 "--clients_per_round=51", "--local_epochs=1", "--batch_size=128",
-                 "--client_lr=0.03", "--client_momentum=0", "--rounds=200",
-                 "--checkpoint_every=10", "--eval_every=5"]
-PAPER_ROWS = {  # label: (flags, seeds, the README's number, in %)
-    "fedem_femnist": (["--algo=fedem", "--num_groups=3", *FEDEM_FEMNIST], (0, 1, 2), 79.9),
-    "fedavg_femnist": (["--algo=fedavg", *FEDEM_FEMNIST], (0, 1, 2), 78.6),
+# The per-paper rows (the one setting of a new algorithm's paper or code that
+# fits offline, beside the number its authors published where one could be
+# read): benchmarks/sweeps/clustered_catalogue_papers.toml, a row per
+# algorithm there.
+PAPERS = _cells.part(f"{NAME}_papers")
+PAPER_ROWS = {  # label: (its algorithm, the README's number, in %)
+    "fedem_femnist": ("fedem", 79.9),
+    "fedavg_femnist": ("fedavg", 78.6),
 }
+PAPER_NOTE = "not comparable: 51-writer LEAF sample, MLP, 90/10 split"
 PAPER_FIELDS = ("row", "seed", "rounds", "accuracy", "accuracy_clientavg", "paper",
                 "seconds_per_round", "note")
 RECORD_KEY = ("algo", "task", "seed")
 RECORD_FIELDS = RECORD_KEY + ("rounds", "accuracy", "accuracy_clientavg", "ari", "purity",
                               "bytes_per_round", "seconds_per_round", "note")
-
-
-def flags_for(algo: str, task: str, cpr: int) -> List[str]:
-  k = TASKS[task]["k"]
-  flags = [f"--algo={algo}", f"--task={task}", *TASKS[task]["flags"],
-           f"--clients_per_round={cpr}", "--checkpoint_every=10"]
-  if algo not in ("fedavg", "stocfl"):
-    flags.append(f"--num_groups={k}")
-  if algo == "pacfl":
-    flags.append("--pacfl_beta=0")
-  if algo == "fedsoft":
-    flags.append(f"--fedsoft_k={max(1, cpr // k)}")
-  if algo in OWN_SOLVER:
-    flags.append("--client_momentum=0")
-  return flags
-
-
-def cut(task: str, args) -> Dict[str, object]:
-  """The task's clients per round, seeds and rounds: the written cut unless a
-  flag overrides it."""
-  c = TASKS[task]
-  return {"clients_per_round": args.clients_per_round or c["clients_per_round"],
-          "seeds": [int(x) for x in (args.seeds or c["seeds"]).split(",")],
-          "rounds": args.rounds or c["rounds"]}
 
 
 def score(directory: str) -> Optional[Dict[str, object]]:
@@ -141,28 +118,25 @@ def score(directory: str) -> Optional[Dict[str, object]]:
 
 
 def main(argv=None):
-  p = _cells.parser(__doc__.splitlines()[0], TASKS, ALGOS, "clustered_catalogue")
+  p = _cells.parser(__doc__.splitlines()[0], TASKS, ALGOS, NAME)
   p.add_argument("--paper_rows", action="store_true",
                  help="run the per-paper rows (PAPER_ROWS); with --record, record them")
   args = p.parse_args(argv)
-  _cells.check_names("clustered_catalogue.py", args, TASKS, ALGOS)
-  tasks = args.tasks.split(",")
+  _cells.check_names(SCRIPT, args, TASKS, ALGOS)
   if args.markdown:
     return save_markdown(args.markdown, markdown())
   if args.paper_rows:
     return paper_rows(args)
   if args.converge:
-    return _cells.converge(tasks, args, cut, flags_for)
+    return _cells.converge(SCRIPT, PARTS, args)
   if args.project:
-    return _cells.project(tasks, args, cut, flags_for, LEFT_OUT)
-  save = lambda rows: save_recorded("clustered_catalogue", rows, RECORD_KEY,  # noqa: E731
-                                    RECORD_FIELDS)
+    return _cells.project(SCRIPT, PARTS, args)
+  save = lambda rows: save_recorded(NAME, rows, RECORD_KEY, RECORD_FIELDS)  # noqa: E731
   records = _cells.run_cells(
-      "clustered_catalogue.py", tasks, args, cut, flags_for, EVAL_EVERY.get, score, LEFT_OUT,
+      SCRIPT, PARTS, args, score,
       note=lambda algo, task: rotated_note(algo) if task == "rotated_mnist" else "",
       record=save if args.record else None,
-      recorded=_cells.recorded_cells("clustered_catalogue") if args.skip_recorded
-      else frozenset())
+      recorded=_cells.recorded_cells(NAME) if args.skip_recorded else frozenset())
   if args.record and records:
     save(records)
 
@@ -181,7 +155,7 @@ def markdown() -> str:
             mean_std([num(r, "accuracy_clientavg") for r in mine]), ari_cell,
             mean_std([num(r, "purity") for r in mine], digits=1)]
 
-  out = _cells.task_blocks(load_recorded("clustered_catalogue"), TASKS, ALGOS,
+  out = _cells.task_blocks(load_recorded(NAME), TASKS, ALGOS,
                            ["accuracy %", "client-avg %", "ARI", "purity %"], cells)
   papers = load_recorded("clustered_catalogue_papers")
   if papers:
@@ -201,17 +175,28 @@ def markdown() -> str:
 
 
 def paper_rows(args):
+  """Runs the per-paper rows into OUT_papers (a sweep's folder beside the
+  table's), each seed of each row; with --record, records them."""
+  from tff_cluster.sweep import spec
+  from tff_cluster.sweep.driver import sweep
+  the_sweep = spec.from_dict(PAPERS.data, source=_cells.sweep_file(PAPERS.stem))
+  out = f"{args.out}_papers"
+  if args.dry_run:
+    return print("\n".join(f"{os.path.join(out, c.path)}: {' '.join(c.argv())}"
+                            for c in the_sweep.cells))
+  if not args.table_only:
+    try:
+      sweep(the_sweep, out=out, parallel=args.parallel, progress=False, plots=False)
+    except spec.SpecError as e:
+      raise SystemExit(f"{SCRIPT}: error: {e}") from None
   records = []
-  for label, (flags, seeds, paper) in PAPER_ROWS.items():
-    for seed in seeds:
-      d = os.path.join(args.out, "_paper_rows", label, f"seed{seed}")
-      if not args.table_only:
-        run_one(flags, d, seed, "local", None)
-      got = score(d)
-      print(f"{label} seed {seed}: {got} (README: {paper})", flush=True)
+  for row, (algo, paper) in PAPER_ROWS.items():
+    for cell in [c for c in the_sweep.cells if c.algo == algo]:
+      got = score(os.path.join(out, cell.path))
+      print(f"{row} seed {cell.seed}: {got} (README: {paper})", flush=True)
       if got is not None:
-        records.append({"row": label, "seed": seed, "paper": paper, **got,
-                        "note": "not comparable: 51-writer LEAF sample, MLP, 90/10 split"})
+        records.append({"row": row, "seed": cell.seed, "paper": paper, **got,
+                        "note": PAPER_NOTE})
   if args.record and records:
     save_recorded("clustered_catalogue_papers", records, ("row", "seed"), PAPER_FIELDS)
 

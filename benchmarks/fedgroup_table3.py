@@ -1,8 +1,16 @@
 """Reproduces the FedGroup paper's Table 3 with several seeds: mean ± std beside the paper.
 
-Runs `run_experiment.py` once per (task, column, seed), each in its own
-process and output directory under `--out` (a finished run is not run again,
-so an interrupted table resumes), then prints and writes the table.
+The cells (each row a setting, each column a method, its flags, its seeds)
+are the sweep files benchmarks/sweeps/fedgroup_table3.toml (every row and
+column) and fedgroup_table3_ablation.toml (`--ablation`); this script
+narrows them to its `--tasks`, `--columns` and `--seeds` (and `--rounds`,
+the data folders, `--runner`), runs them with `tff_cluster.sweep`
+(`--parallel` at a time, each in its own process) into `--out` (a sweep's
+folder: each run in OUT/ROW/COLUMN/seedS, the row's and column's names with
+characters other than letters, digits, - and _ as _, the folders the runs had
+before the table was a sweep; a finished run is reused, an interrupted one
+resumes, a failed one does not stop the others), then prints and writes the
+table from each finished cell's summary.json.
 
 Columns (Table 3's, those the library implements): FedAvg, FedProx, FG-RCC-EDC,
 FG-RAC-EDC, FG-EDC, FGP-EDC, FG-MADC, FGP-MADC. IFCA and FeSEM join when they
@@ -36,30 +44,48 @@ Rows:
 Settings are each task's defaults (the paper's E = 20, K = 20, B = 10, alpha = 20,
 eta_g = 0; rounds: FedProx's T, as the FedGroup paper does not state T), on
 `--runner` (default local). Rows where not every client is pre-trained (MNIST,
-FEMNIST) add FG-EDC and FG-MADC with `--newcomer_rule=flexcfl` when any FedGroup
-column runs (`--no-newcomer_columns` leaves them out; `--columns` may also name them,
-so that two processes can share a row's columns without running one twice). `--ablation`
-adds FedGroup-EDC with alpha = 4 under both newcomer rules and RAC (80 of 100
-Synthetic clients then join by client cold start).
+FEMNIST, Sent140) add FG-EDC and FG-MADC with `--newcomer_rule=flexcfl` when any
+FedGroup column runs (`--no-newcomer_columns` leaves them out; `--columns` may also name
+them, so that two processes can share a row's columns without running one twice).
+`--ablation` adds FedGroup-EDC with alpha = 4 under both newcomer rules and RAC (80
+of 100 Synthetic clients then join by client cold start).
 
   python benchmarks/fedgroup_table3.py --tasks=synthetic,mnist --seeds=0,1,2
-  python benchmarks/fedgroup_table3.py --project   # time one round of each run
+  python benchmarks/fedgroup_table3.py --dry_run     # list the cells and their flags
+  python benchmarks/fedgroup_table3.py --project     # time 2 rounds of each run
+  python benchmarks/fedgroup_table3.py --table_only  # the table from finished runs
+  python -m tff_cluster.sweep benchmarks/sweeps/fedgroup_table3.toml
+                          # every row's cells, no table (from the repository root)
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import csv
+import dataclasses
 import json
 import os
+import sys
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from _sweep import (REPO_ROOT, SHARED, diverged_cell, fmt, is_diverged, median_round_seconds,
-                    registered_algorithms, run_config, run_one, run_rounds, save_recorded,
-                    truncated)
+import _cells
+from _sweep import (REPO_ROOT, completed_summary, diverged_cell, diverged_summary, fmt,
+                    is_diverged, median_round_seconds, registered_algorithms, run_config,
+                    run_one, run_rounds, save_recorded, truncated)
+from tff_cluster.sweep import spec  # (_sweep put the repository on sys.path)
+
+NAME = "fedgroup_table3"  # benchmarks/sweeps/NAME*.toml, benchmarks/recorded/NAME.csv
+SCRIPT = "fedgroup_table3.py"
+# The cells: benchmarks/sweeps/fedgroup_table3.toml (every row and column),
+# fedgroup_table3_ablation.toml (--ablation) and fedgroup_table3_ifca_test_loss.toml
+# (the recorded "IFCA (test loss)" cells, which this script does not run).
+PART = _cells.part(NAME)
+ABLATION_PART = _cells.part(f"{NAME}_ablation")
+TEST_LOSS = _cells.part(f"{NAME}_ifca_test_loss")
 
 # benchmarks/recorded/fedgroup_table3.csv: one row per finished run (`seeds` one
 # seed) or, for the cells re-entered from an earlier README, per cell (`seeds`
@@ -90,68 +116,67 @@ PAPER = {
         "FG-MADC": 92.1, "FGP-MADC": 88.5}),
 }
 
-# Column -> run_experiment flags; FedGroup columns are scored on assigned clients.
-COLUMNS = {
-    "FedAvg": ["--algo=fedavg"],
-    "FedProx": ["--algo=fedprox"],
-    "IFCA": ["--algo=ifca", "--ifca_eval=assigned"],
-    "FeSEM": ["--algo=fesem"],
-    "FG-RCC-EDC": ["--algo=fedgroup", "--measure=edc", "--cold_start=rcc"],
-    "FG-RAC-EDC": ["--algo=fedgroup", "--measure=edc", "--cold_start=rac"],
-    "FG-EDC": ["--algo=fedgroup", "--measure=edc"],
-    "FGP-EDC": ["--algo=fedgrouprox", "--measure=edc"],
-    "FG-MADC": ["--algo=fedgroup", "--measure=madc"],
-    "FGP-MADC": ["--algo=fedgrouprox", "--measure=madc"],
-}
-ABLATION = {
-    "FG-EDC alpha=4 newcomer=paper": ["--algo=fedgroup", "--measure=edc",
-                                      "--pretrain_scale=4", "--newcomer_rule=paper"],
-    "FG-EDC alpha=4 newcomer=flexcfl": ["--algo=fedgroup", "--measure=edc",
-                                        "--pretrain_scale=4", "--newcomer_rule=flexcfl"],
-    "FG-EDC alpha=4 RAC": ["--algo=fedgroup", "--measure=edc", "--pretrain_scale=4",
-                           "--cold_start=rac"],
-}
+
+def folder_name(label: str) -> str:
+  """A row's or column's setting / method in the sweep files (its runs'
+  folder): characters other than letters, digits, - and _ as _."""
+  return "".join(c if c.isalnum() or c in "-_" else "_" for c in label)
+
+
+# Column -> its method in the sweep files (FedGroup columns are scored on
+# assigned clients).
+COLUMNS = {c: folder_name(c) for c in (
+    "FedAvg", "FedProx", "IFCA", "FeSEM", "FG-RCC-EDC", "FG-RAC-EDC", "FG-EDC", "FGP-EDC",
+    "FG-MADC", "FGP-MADC")}
+# --ablation (Synthetic only; fedgroup_table3_ablation.toml).
+ABLATION = {c: folder_name(c) for c in (
+    "FG-EDC alpha=4 newcomer=paper", "FG-EDC alpha=4 newcomer=flexcfl", "FG-EDC alpha=4 RAC")}
 # Rows with clients outside the group cold start (alpha * m < N): FedGroup
 # with the authors' TF2 newcomer rule beside the paper's (the default).
-NEWCOMER_COLUMNS = {
-    "FG-EDC newcomer=flexcfl": ["--algo=fedgroup", "--measure=edc",
-                                "--newcomer_rule=flexcfl"],
-    "FG-MADC newcomer=flexcfl": ["--algo=fedgroup", "--measure=madc",
-                                 "--newcomer_rule=flexcfl"],
-}
+NEWCOMER_COLUMNS = {c: folder_name(c) for c in (
+    "FG-EDC newcomer=flexcfl", "FG-MADC newcomer=flexcfl")}
+# The recorded IFCA column from before --ifca_eval=assigned (not run here).
+TEST_LOSS_COLUMNS = {"IFCA (test loss)": "IFCA_test_loss"}
+# Row -> its setting in the sweep files, by --tasks name.
+ROWS = {row: folder_name(row) for row in (
+    "Synthetic(1,1)-MCLR", "MNIST-MCLR", "MNIST-MLP", "Sent140-LSTM", "FEMNIST-MCLR",
+    "FEMNIST-MLP")}
+TASKS = ("synthetic", "mnist", "femnist_fedprox", "sent140")
+# Each setting's task and the flags the command's options set there.
+SETTINGS = {name: s["task"] for name, s in PART.data["settings"].items()}
+ROW_OF = {setting: row for row, setting in ROWS.items()}
+COLUMN_OF = {method: column for column, method in
+             {**COLUMNS, **NEWCOMER_COLUMNS, **ABLATION, **TEST_LOSS_COLUMNS}.items()}
 FULL_SOURCE_IMAGES = 10 * 4000  # the nist recipe's 4,000 images per letter
 
 
 def rows_for(tasks: Sequence[str], args) -> List[dict]:
-  """(row label, task flags) of each requested table row."""
-  out = []
+  """Each requested table row: its label, its setting in the sweep files and
+  its task."""
+  labels = []
   for task in tasks:
     if task == "synthetic":
-      out.append(dict(row="Synthetic(1,1)-MCLR", flags=["--task=synthetic"]))
+      labels.append("Synthetic(1,1)-MCLR")
     elif task == "mnist":
-      for model in args.mnist_models.split(","):
-        # (MCLR, the task's default model, as its recorded runs were started)
-        out.append(dict(row=f"MNIST-{model.upper()}",
-                        flags=["--task=mnist", f"--data_dir={args.mnist_dir}",
-                               *([] if model == "mclr" else [f"--model={model}"])]))
+      labels += [f"MNIST-{m.upper()}" for m in args.mnist_models.split(",")]
     elif task == "sent140":
-      out.append(dict(row="Sent140-LSTM", flags=[
-          "--task=sent140", f"--data_dir={args.sent140_dir}", f"--glove_path={args.sent140_dir}",
-          f"--task_arg=min_tweets={args.min_tweets}"]))
+      labels.append("Sent140-LSTM")
     elif task == "femnist_fedprox":
-      for model in args.femnist_models.split(","):
-        out.append(dict(row=f"FEMNIST-{model.upper()}",
-                        flags=["--task=femnist_fedprox", f"--data_dir={args.femnist_dir}",
-                               f"--model={model}"]))
+      labels += [f"FEMNIST-{m.upper()}" for m in args.femnist_models.split(",")]
     else:
-      raise SystemExit(f"fedgroup_table3.py: error: unknown task {task!r}; valid: "
+      raise SystemExit(f"{SCRIPT}: error: unknown task {task!r}; valid: "
                        "synthetic, mnist, femnist_fedprox, sent140")
-  return out
+  for label in labels:
+    if label not in ROWS:
+      raise SystemExit(f"{SCRIPT}: error: no row {label}; valid: "
+                       f"{', '.join(r for r in ROWS if r.split('-')[0] == label.split('-')[0])}"
+                       " (--mnist_models / --femnist_models: mclr, mlp)")
+  return [dict(row=label, setting=ROWS[label], task=SETTINGS[ROWS[label]]) for label in labels]
 
 
 def run_dir(out: str, row: str, column: str, seed: int) -> str:
-  safe = lambda s: "".join(c if c.isalnum() or c in "-_" else "_" for c in s)  # noqa: E731
-  return os.path.join(out, safe(row), safe(column), f"seed{seed}")
+  """The run of (row, column) at `seed`: its cell's folder under `out`."""
+  return os.path.join(out, folder_name(row), folder_name(column), f"seed{seed}")
 
 
 def score(column: str, summary: dict) -> float:
@@ -179,7 +204,7 @@ def num_clients(directory: str) -> Optional[int]:
 def rounds_note(row: dict, directories: Sequence[str]) -> str:
   """Names the rounds of a row's runs where they are not its task's T (a
   `--rounds` override), so that the label says what ran."""
-  if "flags" not in row:
+  if "task" not in row:
     return ""
   rounds = {run_rounds(d) for d in directories}
   rounds.discard(None)
@@ -189,38 +214,104 @@ def rounds_note(row: dict, directories: Sequence[str]) -> str:
   return f"{'/'.join(map(str, sorted(rounds)))} rounds, not the task's T = {t}"
 
 
-def jobs_for(args) -> Tuple[List[dict], List[int], List[tuple]]:
-  """The rows and seeds the arguments ask for, and every run's (row, column,
-  seed, run_experiment flags)."""
-  seeds = [int(s) for s in args.seeds.split(",")]
+def columns_for(args) -> List[str]:
+  """The columns the arguments ask for, in running order: those named
+  (registered algorithms only), then (where a FedGroup column runs and
+  --newcomer_columns) the newcomer columns, then those named among them."""
   available = registered_algorithms()
-  columns, newcomer = {}, {}
+  methods = {**PART.data["methods"], **ABLATION_PART.data["methods"]}
+  columns, newcomer = [], []
   for name in args.columns.split(","):
     if name in NEWCOMER_COLUMNS:
-      newcomer[name] = NEWCOMER_COLUMNS[name]
+      newcomer.append(name)
       continue
     if name not in COLUMNS:
-      raise SystemExit(f"fedgroup_table3.py: error: unknown column {name!r}; valid: "
+      raise SystemExit(f"{SCRIPT}: error: unknown column {name!r}; valid: "
                        f"{', '.join([*COLUMNS, *NEWCOMER_COLUMNS])}")
-    algo = COLUMNS[name][0].split("=", 1)[1]
+    algo = methods[COLUMNS[name]]["algo"]
     if algo in available:
-      columns[name] = COLUMNS[name]
+      columns.append(name)
     else:
       print(f"(column {name}: --algo={algo} is not implemented yet; left out)")
+  if args.newcomer_columns and any(c.startswith("FG") for c in columns):
+    newcomer = [*NEWCOMER_COLUMNS, *newcomer]
+  return list(dict.fromkeys([*columns, *newcomer]))
+
+
+def _narrowed(data: dict, settings: Sequence[str], methods: Sequence[str], seeds, args
+              ) -> Optional[dict]:
+  """A sweep file's keys narrowed to `settings`, `methods` and `seeds`, with
+  the command's data folders, --min_tweets, --runner and --rounds; None when
+  no cell is left."""
+  data = copy.deepcopy(data)
+  data["tasks"] = [s for s in settings if s in data["tasks"]]
+  data["algos"] = [m for m in methods if m in data["algos"]]
+  def skipped(setting, method):  # (a [[when]] with skip names settings and methods)
+    return any(w.get("skip") and setting in (_cells._names(w.get("task")) or [setting])
+               and method in (_cells._names(w.get("algo")) or [method])
+               for w in data.get("when", []))
+
+  data["tasks"] = [s for s in data["tasks"]
+                   if not all(skipped(s, m) for m in data["algos"])]
+  if not data["tasks"] or not data["algos"]:
+    return None
+  data["seeds"] = list(seeds)
+  folders = {"mnist": args.mnist_dir, "femnist_fedprox": args.femnist_dir,
+             "sent140": args.sent140_dir}
+  for name, setting in data.get("settings", {}).items():
+    flags = setting.setdefault("flags", {})
+    folder = folders.get(setting["task"])
+    if folder is not None:
+      flags["data_dir"] = os.path.abspath(folder)
+      if setting["task"] == "sent140":
+        flags["glove_path"] = os.path.abspath(folder)
+    if setting["task"] == "sent140" and args.min_tweets is not None:
+      flags["task_arg"] = {"min_tweets": args.min_tweets}
+  if args.runner != "local":
+    data.setdefault("flags", {})["runner"] = args.runner
+  if args.rounds is not None:
+    data = _cells.override(data, "rounds", args.rounds)
+  return data
+
+
+def plan(args) -> Tuple[List[dict], List[int], Optional[spec.Sweep]]:
+  """The rows and seeds the arguments ask for, and the sweep of their cells
+  (the main file's, then --ablation's; None when there is none)."""
+  seeds = [int(s) for s in args.seeds.split(",")]
   rows = rows_for(args.tasks.split(","), args)
-  jobs = []
-  for row in rows:
-    cols = dict(columns)
-    if args.ablation and row["row"].startswith("Synthetic"):
-      cols.update(ABLATION)
-    if not row["row"].startswith("Synthetic"):  # (there all 100 clients are pre-trained)
-      if args.newcomer_columns and any(c.startswith("FG") for c in columns):
-        cols.update(NEWCOMER_COLUMNS)
-      cols.update(newcomer)
-    for column, flags in cols.items():
-      for seed in seeds:
-        jobs.append((row, column, seed, [*row["flags"], *flags]))
-  return rows, seeds, jobs
+  settings = [r["setting"] for r in rows]
+  methods = [{**COLUMNS, **NEWCOMER_COLUMNS}[c] for c in columns_for(args)]
+  parts = [(PART, methods)]
+  if args.ablation:
+    parts.append((ABLATION_PART, list(ABLATION.values())))
+  sweeps = []
+  for p, names in parts:
+    data = _narrowed(p.data, settings, names, seeds, args)
+    if data is not None:
+      sweeps.append(_cells.load(SCRIPT, data, p.stem))
+  if not sweeps:
+    return rows, seeds, None
+  return rows, seeds, dataclasses.replace(
+      sweeps[0], cells=[c for s in sweeps for c in s.cells])
+
+
+def finished_summary(directory: str) -> Optional[dict]:
+  """The summary.json of a finished run (completed, or stopped by the
+  divergence guard), else None."""
+  if not os.path.isdir(directory):
+    return None
+  return completed_summary(directory) or diverged_summary(directory)
+
+
+def results_of(the_sweep: Optional[spec.Sweep], out: str) -> Dict[tuple, tuple]:
+  """(row, column, seed) -> (summary, run directory) of each finished cell."""
+  results = {}
+  for cell in [] if the_sweep is None else the_sweep.cells:
+    directory = os.path.join(out, cell.path)
+    summary = finished_summary(directory)
+    if summary is not None:
+      results[(ROW_OF[cell.setting], COLUMN_OF[cell.method], cell.seed)] = (summary, directory)
+  return results
 
 
 def main(argv=None):
@@ -232,78 +323,94 @@ def main(argv=None):
                  help="rows where not every client is pre-trained: add the flexcfl "
                       "newcomer columns when a FedGroup column runs")
   p.add_argument("--ablation", action="store_true",
-                 help="add FedGroup-EDC with alpha = 4 (Synthetic rows only)")
-  p.add_argument("--runner", default="local", choices=("local", "tff"))
+                 help="add FedGroup-EDC with alpha = 4 (Synthetic rows only; the sweep file "
+                      "fedgroup_table3_ablation.toml)")
+  p.add_argument("--runner", default="local", choices=("local", "tff"),
+                 help="the cells' --runner (tff: the cells' flags say so)")
   p.add_argument("--rounds", type=int, default=None, help="override every task's T")
-  p.add_argument("--jobs", type=int, default=2, help="runs in parallel")
-  p.add_argument("--mnist_dir", default=os.path.join(SHARED, "mnist"))
-  p.add_argument("--femnist_dir", default=os.path.join(SHARED, "femnist_leaf"))
+  p.add_argument("--parallel", "--jobs", dest="parallel", type=int, default=2,
+                 help="cells run at a time, each its own process (default 2; --jobs: the "
+                      "same)")
+  p.add_argument("--mnist_dir", default=None,
+                 help="MNIST's folder (default: the sweep file's, ../shared/data/mnist)")
+  p.add_argument("--femnist_dir", default=None,
+                 help="femnist_fedprox's folder (default: the sweep file's, "
+                      "../shared/data/femnist_leaf)")
   p.add_argument("--femnist_models", default="mclr,mlp", help="femnist_fedprox rows")
   p.add_argument("--mnist_models", default="mclr,mlp", help="mnist rows")
-  p.add_argument("--sent140_dir", default=os.path.join(SHARED, "sent140_partial"),
-                 help="raw Sentiment140 CSV and GloVe (the shared partial corpus)")
-  p.add_argument("--min_tweets", type=int, default=5,
-                 help="sent140: keep users with at least this many tweets (the partial "
-                      "corpus: 5 leaves 124 users, enough for alpha * m = 100 pre-trained)")
-  p.add_argument("--out", default=os.path.join(REPO_ROOT, "results", "fedgroup_table3"))
-  p.add_argument("--table", default=os.path.join(REPO_ROOT, "benchmarks", "results",
-                                                 "fedgroup_table3"))
+  p.add_argument("--sent140_dir", default=None,
+                 help="raw Sentiment140 CSV and GloVe (default: the sweep file's, the shared "
+                      "partial corpus ../shared/data/sent140_partial)")
+  p.add_argument("--min_tweets", type=int, default=None,
+                 help="sent140: keep users with at least this many tweets (default: the "
+                      "sweep file's 5; the partial corpus: 5 leaves 124 users, enough for "
+                      "alpha * m = 100 pre-trained)")
+  p.add_argument("--out", default=os.path.join(REPO_ROOT, "results", NAME),
+                 help="the sweep's folder (runs in OUT/ROW/COLUMN/seedS)")
+  p.add_argument("--table", default=os.path.join(REPO_ROOT, "benchmarks", "results", NAME))
   p.add_argument("--record", action="store_true",
                  help="add every finished run's score to benchmarks/recorded/"
                       "fedgroup_table3.csv (one row per seed; the same row, column and "
                       "seed replaced)")
   p.add_argument("--project", action="store_true",
                  help="time 2 rounds of each run instead and project the total")
+  p.add_argument("--dry_run", action="store_true",
+                 help="list each cell's folder and flags (as the sweep runs it) and stop")
+  p.add_argument("--table_only", action="store_true",
+                 help="run nothing: the table from the finished runs under --out")
   args = p.parse_args(argv)
-  rows, seeds, jobs = jobs_for(args)
+  rows, seeds, the_sweep = plan(args)
 
   if args.project:
-    return project(jobs, args)
+    return project(the_sweep, args)
 
-  from concurrent.futures import ThreadPoolExecutor
-  results: Dict[tuple, dict] = {}
   t0 = time.perf_counter()
 
-  def work(job):
-    row, column, seed, flags = job
-    d = run_dir(args.out, row["row"], column, seed)
-    summary = run_one(flags, d, seed, args.runner, args.rounds)
-    print(f"[{time.perf_counter() - t0:7.0f} s] {row['row']} {column} seed {seed}: "
-          f"{score(column, summary):.4f}", flush=True)
-    return (row["row"], column, seed), (summary, d)
+  def done(cell):
+    summary = finished_summary(os.path.join(args.out, cell.path))
+    row, column = ROW_OF[cell.setting], COLUMN_OF[cell.method]
+    got = (f"diverged at round {summary.get('diverged_round')}" if is_diverged(summary)
+           else f"{score(column, summary):.4f}")
+    print(f"[{time.perf_counter() - t0:7.0f} s] {row} {column} seed {cell.seed}: {got}",
+          flush=True)
 
-  with ThreadPoolExecutor(args.jobs) as pool:
-    for key, value in pool.map(work, jobs):
-      results[key] = value
-  write_table(results, rows, seeds, args)
+  if the_sweep is not None and not args.table_only:
+    _cells.run_sweep(SCRIPT, the_sweep, args.out, args, done, parallel=args.parallel)
+  if args.dry_run:
+    return 0
+  write_table(results_of(the_sweep, args.out), rows, seeds, args)
+  return 0
 
 
-def project(jobs, args):
-  """Times 2 rounds per run (the first includes compilation) and projects."""
+def project(the_sweep: Optional[spec.Sweep], args):
+  """Times 2 rounds per (row, column) (the first includes compilation) and
+  projects each of its runs."""
   import tempfile
   total = 0.0
   seen = {}
-  for row, column, seed, flags in jobs:
-    key = (row["row"], column)
+  cells = [] if the_sweep is None else the_sweep.cells
+  for cell in cells:
+    key = (cell.setting, cell.method)
+    row, column = ROW_OF[cell.setting], COLUMN_OF[cell.method]
     if key not in seen:
       with tempfile.TemporaryDirectory() as tmp:
-        s = run_one(flags, os.path.join(tmp, "run"), seed, args.runner, 2)
-      rounds = args.rounds or default_rounds(row)
+        s = run_one(_cells.cell_flags(cell, ("runner",)), os.path.join(tmp, "run"), cell.seed,
+                    args.runner, 2)
+      rounds = dict(cell.flags).get("rounds") or default_rounds(dict(task=cell.task))
       # Training and evaluation of one round (the first includes compilation).
       per_round = (s["total_seconds"] - s["setup_seconds"]) / 2
       seen[key] = s["wall_seconds"] + (rounds - 2) * per_round
-      print(f"{row['row']} {column}: {s['wall_seconds']:.1f} s for 2 rounds, "
+      print(f"{row} {column}: {s['wall_seconds']:.1f} s for 2 rounds, "
             f"{per_round:.3f} s/round -> {seen[key] / 60:.1f} min for {rounds} rounds",
             flush=True)
     total += seen[key]
-  print(f"projected total: {total / 3600:.2f} h for {len(jobs)} runs "
-        f"({total / 3600 / max(args.jobs, 1):.2f} h with {args.jobs} in parallel)")
+  print(f"projected total: {total / 3600:.2f} h for {len(cells)} runs "
+        f"({total / 3600 / max(args.parallel, 1):.2f} h with {args.parallel} in parallel)")
 
 
 def default_rounds(row) -> int:
   from tff_cluster import tasks
-  name = row["flags"][0].split("=", 1)[1]
-  return int(tasks.get_task(name).defaults["rounds"])
+  return int(tasks.get_task(row["task"]).defaults["rounds"])
 
 
 def write_table(results, rows, seeds, args):
@@ -373,4 +480,4 @@ def write_table(results, rows, seeds, args):
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

@@ -25,27 +25,42 @@ paper's "training accuracy"; `personal` = pFedMo/FedNAG's personalised
 models x_{i+}, each on its own worker's test data. Ours: mean ± std over the
 seeds run; local runner.
 
+The cells (each setting, each method's flags) are the sweep file
+benchmarks/sweeps/pfedmo_table2.toml; this script runs them with
+`tff_cluster.sweep` into `--out` (a sweep's folder: each run in
+OUT/SETTING/METHOD/seedS, METHOD the row's name as a folder's; a finished
+run is reused, an interrupted one resumes), seed by seed, and writes the
+tables.
+
   python benchmarks/pfedmo_table2.py --seeds=0,1,2
+  python benchmarks/pfedmo_table2.py --dry_run    # list the cells and their flags
   python benchmarks/pfedmo_table2.py --table_only --record
+  python -m tff_cluster.sweep benchmarks/sweeps/pfedmo_table2.toml
+                              # the same cells, no tables (from the repository root)
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import sys
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Optional
 
 import numpy as np
 
-from _sweep import (completed_summary, diverged_cell, diverged_summary, median_round_seconds,
-                             load_recorded, mean_std, measured, run_one, save_markdown,
-                             save_recorded, truncated)
+import _cells
+from _sweep import (REPO_ROOT, completed_summary, diverged_cell, diverged_summary,
+                    load_recorded, mean_std, measured, median_round_seconds, save_markdown,
+                    save_recorded, truncated)
 from tff_cluster.io import rundir  # (_sweep put the repository on sys.path)
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHARED = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data")
+NAME = "pfedmo_table2"  # benchmarks/sweeps/NAME.toml, benchmarks/recorded/NAME.csv
+SCRIPT = "pfedmo_table2.py"
+# The cells: benchmarks/sweeps/pfedmo_table2.toml, a setting per block of the
+# table, a method per row.
+PART = _cells.part(NAME)
 
 # The paper's Table 2 (%), MNIST columns; None: not in the table.
 PAPER = {
@@ -55,52 +70,39 @@ PAPER = {
     "MimeLite (TFF form)": (87.73, 93.89), "MimeLite (TFF form β 0.5)": (87.73, 93.89),
     "FedAvgM": None, "FedProx": (86.85, 93.78), "FedAvg": (86.89, 93.31),
 }
-METHODS = {
-    "pFedMo (eq. 12)": ["--algo=pfedmo", "--pfedmo_model=eq12"],
-    "pFedMo-mix (project variant)": ["--algo=pfedmo", "--pfedmo_model=mix"],
-    "FedNAG": ["--algo=fednag"],
-    "FedMom": ["--algo=fedmom", "--client_weighting=samples"],
-    "SlowMo": ["--algo=slowmo", "--client_weighting=samples"],
-    "Mime (paper form)": ["--algo=mime", "--mime_momentum_form=paper"],
-    "MimeLite (paper form)": ["--algo=mime_lite", "--mime_momentum_form=paper"],
-    "MimeLite (TFF form)": ["--algo=mime_lite", "--mime_momentum_form=tff"],
-    "MimeLite (TFF form β 0.5)": ["--algo=mime_lite", "--mime_momentum_form=tff",
-                                  "--mime_momentum=0.5"],
-    "FedAvgM": ["--algo=fedavgm", "--client_weighting=samples"],
-    "FedProx": ["--algo=fedprox", "--client_weighting=samples"],
-    "FedAvg": ["--algo=fedavg", "--client_weighting=samples"],
-}
+
+
+def method_name(method: str) -> str:
+  """A row's method in the sweep file (its folder): spaces as _, beta as
+  "beta", what a folder's name cannot take dropped."""
+  return "".join(c for c in method.replace(" ", "_").replace("β", "beta").replace(".", "")
+                 if c.isalnum() or c in "_-")
+
+
+# Row -> its method in the sweep file, in the table's order.
+METHODS = {m: method_name(m) for m in PAPER}
+assert list(METHODS.values()) == PART.data["algos"], "the rows are the sweep file's methods"
 PERSONAL = ("pFedMo (eq. 12)", "pFedMo-mix (project variant)", "FedNAG")
-SETTINGS = {
-    "logistic": ["--model=logistic", "--local_steps=20", "--rounds=50",
-                 "--nag_momentum=0.5", "--pfedmo_pi=1"],
-    "lenet5": ["--model=lenet5", "--local_steps=40", "--rounds=25",
-               "--nag_momentum=0.5", "--pfedmo_pi=1"],
-    "label3": ["--model=lenet5", "--local_steps=40", "--rounds=25",
-               "--nag_momentum=0.5", "--pfedmo_pi=0.5", "--task_arg=split=label",
-               "--task_arg=classes_per_worker=3"],
-}
+# The settings (the sweep file's: each its model, tau, rounds, split).
+SETTINGS = tuple(PART.data["tasks"])
 TITLES = {"logistic": "Logistic MNIST (IID)", "lenet5": "LeNet-5 MNIST (IID)",
           "label3": "LeNet-5 MNIST, label skew 3 classes"}
 PAPER_COLUMN = {"logistic": 0, "lenet5": 1}
 
 
-def flags_for(setting: str, method: str, data_dir: str) -> List[str]:
-  flags = ["--task=mnist_workers", f"--data_dir={data_dir}", *SETTINGS[setting],
-           *METHODS[method]]
-  algo = METHODS[method][0].split("=", 1)[1]
-  # Each algorithm gets only the flags it declares (the CLI warns on others).
-  if algo not in ("pfedmo", "fednag"):
-    flags = [f for f in flags if not f.startswith(("--nag_momentum", "--pfedmo_pi"))]
-  if algo == "fednag":
-    flags = [f for f in flags if not f.startswith("--pfedmo_pi")]
-  return flags
+def plan(settings, methods, seeds, data_dir: Optional[str] = None) -> dict:
+  """The sweep file's keys narrowed to `settings`, `methods` (rows) and
+  `seeds`, in the order given, and `data_dir` where given."""
+  data = copy.deepcopy(PART.data)
+  data["tasks"], data["algos"] = list(settings), [METHODS[m] for m in methods]
+  data["seeds"] = list(seeds)
+  return data if data_dir is None else _cells.override(data, "data_dir",
+                                                      os.path.abspath(data_dir))
 
 
 def run_dir(out: str, setting: str, method: str, seed: int) -> str:
-  safe = "".join(c for c in method.replace(" ", "_").replace("β", "beta").replace(".", "")
-                 if c.isalnum() or c in "_-")
-  return os.path.join(out, setting, safe, f"seed{seed}")
+  """The run of row `method` in `setting` (its cell's folder under `out`)."""
+  return os.path.join(out, setting, METHODS[method], f"seed{seed}")
 
 
 def score(directory: str, method: str) -> Optional[Dict[str, float]]:
@@ -207,11 +209,14 @@ def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--settings", default=",".join(SETTINGS))
   p.add_argument("--seeds", default="0,1,2")
-  p.add_argument("--data_dir", default=os.path.join(SHARED, "mnist"))
-  p.add_argument("--out", default=os.path.join(REPO_ROOT, "results", "pfedmo_table2"))
-  p.add_argument("--table", default=os.path.join(REPO_ROOT, "benchmarks", "results",
-                                                 "pfedmo_table2"))
+  p.add_argument("--data_dir", default=None,
+                 help="MNIST's folder (default: the sweep file's, ../shared/data/mnist)")
+  p.add_argument("--out", default=os.path.join(REPO_ROOT, "results", NAME),
+                 help="the sweep's folder (runs in OUT/SETTING/METHOD/seedS)")
+  p.add_argument("--table", default=os.path.join(REPO_ROOT, "benchmarks", "results", NAME))
   p.add_argument("--methods", default=None, help="comma-separated subset of the methods")
+  p.add_argument("--dry_run", action="store_true",
+                 help="list each cell's folder and flags (as the sweep runs it) and stop")
   p.add_argument("--table_only", action="store_true")
   p.add_argument("--record", action="store_true",
                  help="add the finished runs under --out to benchmarks/recorded/")
@@ -219,25 +224,28 @@ def main(argv=None):
   settings = args.settings.split(",")
   bad = [s for s in settings if s not in SETTINGS]
   if bad:
-    raise SystemExit(f"pfedmo_table2.py: error: unknown setting {bad[0]}; valid: "
+    raise SystemExit(f"{SCRIPT}: error: unknown setting {bad[0]}; valid: "
                      f"{', '.join(SETTINGS)}")
   seeds = [int(s) for s in args.seeds.split(",")]
   methods = list(METHODS) if args.methods is None else args.methods.split(",")
   unknown = [m for m in methods if m not in METHODS]
   if unknown:
-    raise SystemExit(f"pfedmo_table2.py: error: unknown method {unknown[0]!r}; valid: "
+    raise SystemExit(f"{SCRIPT}: error: unknown method {unknown[0]!r}; valid: "
                      f"{', '.join(METHODS)}")
+  the_sweep = _cells.load(SCRIPT, plan(settings, methods, seeds, args.data_dir), NAME)
+  label = {name: method for method, name in METHODS.items()}
   t0 = time.perf_counter()
+
+  def done(cell):
+    method = label[cell.method]
+    print(f"[{time.perf_counter() - t0:6.0f} s] {cell.setting} {method} seed {cell.seed}: "
+          f"{score(os.path.join(args.out, cell.path), method)}", flush=True)
+    write_table(args)
+
   if not args.table_only:
-    for seed in seeds:
-      for setting in settings:
-        for method in methods:
-          d = run_dir(args.out, setting, method, seed)
-          run_one(flags_for(setting, method, args.data_dir), d, seed, "local", None)
-          print(f"[{time.perf_counter() - t0:6.0f} s] {setting} {method} seed {seed}: "
-                f"{score(d, method)}", flush=True)
-        write_table(args)
-  print(write_table(args))
+    _cells.run_sweep(SCRIPT, the_sweep, args.out, args, done)
+  if not args.dry_run:
+    print(write_table(args))
 
 
 if __name__ == "__main__":

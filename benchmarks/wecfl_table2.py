@@ -15,7 +15,8 @@ cluster's (WeCFL, FeSEM), the cluster its training loss chose (IFCA), the one
 model (FedAvg, FedProx) or the ensemble. A run the divergence guard stopped
 is shown as "diverged at round r (k/n seeds)".
 
-Methods (flags beyond the task's defaults):
+Methods (flags beyond the task's defaults; each row at its K a method of the
+sweep file, ROW_K<K>):
   FedAvg, FedProx       one global model (the paper's K = 1 rows; mu 0.95),
                         --client_weighting=samples (FedBase weights clients by
                         their data, not by the examples of the round's 10 steps);
@@ -34,10 +35,15 @@ Methods (flags beyond the task's defaults):
                         rows recorded before that protocol (momentum kept,
                         each client tested with the model of lowest loss on
                         its own test data); in no phase: the table shows
-                        them from the recorded scores;
+                        them from the recorded scores (their cells: the sweep
+                        file wecfl_table2_ifca_test_loss.toml);
   FeSEM                 --fesem_center=data (the code behind the paper's rows);
   WeCFL                 defaults.
-The runs go in this order (`--phases`, default all; the issue's order):
+The cells are the sweep file benchmarks/sweeps/wecfl_table2.toml (settings
+`dir` and `class`, a method per row and K); this script runs them with
+`tff_cluster.sweep` into `--out` (a sweep's folder: each run in
+OUT/SETTING/ROW_K<K>/seedS; a finished run is reused, an interrupted one
+resumes), phase by phase (`--phases`, default all; the issue's order):
   1. K = 10, alpha = (0.1, 10): WeCFL, FeSEM, IFCA, FedAvg, seeds `--seeds`
      (seed-major: every method's seed 0 first);
   2. K = 10, (3, 2)-class: the same methods, 1 seed;
@@ -48,30 +54,38 @@ benchmark: the local runner's CNN round is as fast as the tff runner's).
 
   python benchmarks/wecfl_table2.py --phases=1 --seeds=0,1,2
   python benchmarks/wecfl_table2.py --phases=1 --seeds=1,2 --methods=FeSEM,IFCA
-  python benchmarks/wecfl_table2.py --project      # time one round of each method
+  python benchmarks/wecfl_table2.py --dry_run      # list the cells and their flags
+  python benchmarks/wecfl_table2.py --project      # time 2 rounds of each method
   python benchmarks/wecfl_table2.py --table_only   # the table from finished runs
+  python -m tff_cluster.sweep benchmarks/sweeps/wecfl_table2.toml
+                              # every phase's cells, no table (from the repository root)
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import csv
 import os
 import re
 import tempfile
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 import numpy as np
 
-from _sweep import (completed_summary, diverged_cell, diverged_summary, median_round_seconds,
-                             load_recorded, mean_std, measured, registered_algorithms,
-                             run_one,  # run_one: run or reuse a run
-                             save_markdown, save_recorded, truncated)
+import _cells
+from _sweep import (REPO_ROOT, completed_summary, diverged_cell, diverged_summary,
+                    load_recorded, mean_std, measured, median_round_seconds,
+                    registered_algorithms, run_one, save_markdown, save_recorded, truncated)
 from tff_cluster.io import rundir  # (_sweep put the repository on sys.path)
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHARED = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data")
+NAME = "wecfl_table2"  # benchmarks/sweeps/NAME.toml, benchmarks/recorded/NAME.csv
+SCRIPT = "wecfl_table2.py"
+# The cells: benchmarks/sweeps/wecfl_table2.toml (the phases' rows) and
+# wecfl_table2_ifca_test_loss.toml (the recorded "IFCA (test loss)" rows).
+PART = _cells.part(NAME)
+TEST_LOSS = _cells.part(f"{NAME}_ifca_test_loss")
 
 # The WeCFL paper's Table 2, FMNIST columns: (accuracy, macro-F1) in %.
 PAPER = {
@@ -88,22 +102,13 @@ PAPER = {
     ("dir", 10, "FeSEM"): (95.73, 89.34), ("class", 10, "FeSEM"): (95.54, 84.43),
     ("dir", 10, "WeCFL"): (95.88, 89.81), ("class", 10, "WeCFL"): (97.10, 88.96),
 }
-TASKS = {"dir": "fmnist_clusterwise_dir", "class": "fmnist_clusterwise_class"}
+# Setting -> its task (the sweep file's settings).
+TASKS = {name: setting["task"] for name, setting in PART.data["settings"].items()}
 SETTING = {"dir": "α=(0.1,10)", "class": "(3,2)-class"}
-METHODS = {
-    "FedAvg": ["--algo=fedavg", "--client_weighting=samples"],
-    "FedProx": ["--algo=fedprox", "--client_weighting=samples"],
-    "FedAvg+": ["--algo=fedavg_plus", "--client_weighting=samples"],
-    "FedProx+": ["--algo=fedprox_plus", "--client_weighting=samples"],
-    "IFCA": ["--algo=ifca", "--ifca_loss_batches=3", "--ifca_agg=samples",
-             "--client_state=reset", "--ifca_eval=assigned"],
-    # The IFCA rows recorded before the fair-comparison protocol: in no phase,
-    # so the table shows them from the recorded scores only.
-    "IFCA (test loss)": ["--algo=ifca", "--ifca_loss_batches=3", "--ifca_agg=samples",
-                         "--client_state=persist", "--ifca_eval=test_loss"],
-    "FeSEM": ["--algo=fesem", "--fesem_center=data"],
-    "WeCFL": ["--algo=wecfl"],
-}
+# Row -> its algorithm (its flags: the sweep files' methods ROW_K<K>).
+METHODS = {"FedAvg": "fedavg", "FedProx": "fedprox", "FedAvg+": "fedavg_plus",
+           "FedProx+": "fedprox_plus", "IFCA": "ifca", "IFCA (test loss)": "ifca",
+           "FeSEM": "fesem", "WeCFL": "wecfl"}
 # Each row's settings beyond the tasks' defaults, in words (the table's label).
 LABELS = {
     "FedAvg": "data-size weights",
@@ -119,35 +124,53 @@ LABELS = {
     "WeCFL": "data-weighted K-Means and centres",
 }
 ENSEMBLES = ("FedAvg+", "FedProx+")
-ONE_MODEL = ("FedAvg", "FedProx")
 LAST_ROUNDS = (98, 99, 100)
 
 
-def phases(seeds: Sequence[int]) -> Dict[int, List[tuple]]:
-  """Phase -> [(setting, K, method, seed)] in running order (seed-major)."""
-  return {
-      1: [("dir", 10 if m not in ONE_MODEL else 1, m, s) for s in seeds
-          for m in ("WeCFL", "FeSEM", "IFCA", "FedAvg")],
-      2: [("class", 10 if m not in ONE_MODEL else 1, m, seeds[0])
-          for m in ("FedAvg", "FeSEM", "WeCFL", "IFCA")],
-      3: [("dir", 5, m, seeds[0]) for m in ("FeSEM", "WeCFL", "IFCA")],
-      4: [("dir", 10, "FedAvg+", seeds[0]), ("dir", 10, "FedProx+", seeds[0]),
-          ("dir", 1, "FedProx", seeds[0])],
-  }
+def method_name(method: str, k: int) -> str:
+  """The sweep files' method (and folder) of a row at K: ROW_K<K>, the row's
+  name with other characters than letters, digits and + as _."""
+  return f"{re.sub(r'[^A-Za-z0-9+]+', '_', method).strip('_')}_K{k}"
 
 
-def flags_for(setting: str, k: int, method: str, data_dir: str) -> List[str]:
-  flags = [f"--task={TASKS[setting]}", f"--data_dir={data_dir}", *METHODS[method]]
-  if method in ENSEMBLES:
-    flags.append(f"--ensemble_size={k}")
-  elif method not in ONE_MODEL:
-    flags.append(f"--num_groups={k}")
-  return flags
+# The sweep files' methods -> (row, K).
+ROWS = {method_name(m, k): (m, k) for m in METHODS for k in (1, 5, 10)}
+# Phase -> (its setting, its methods in running order); phase 1 runs every
+# seed given, the others the first.
+PHASES = {
+    1: ("dir", ["WeCFL_K10", "FeSEM_K10", "IFCA_K10", "FedAvg_K1"]),
+    2: ("class", ["FedAvg_K1", "FeSEM_K10", "WeCFL_K10", "IFCA_K10"]),
+    3: ("dir", ["FeSEM_K5", "WeCFL_K5", "IFCA_K5"]),
+    4: ("dir", ["FedAvg+_K10", "FedProx+_K10", "FedProx_K1"]),
+}
+
+
+def phases(seeds: Sequence[int], methods: Sequence[str] = tuple(METHODS),
+           rounds: Optional[int] = None, data_dir: Optional[str] = None) -> Dict[int, dict]:
+  """Phase -> the sweep file's keys narrowed to its setting and its rows among
+  `methods` (in running order), its seeds (phase 1: `seeds`, the others the
+  first), `rounds` and `data_dir` where given; phases with no row left out."""
+  out = {}
+  for phase, (setting, names) in PHASES.items():
+    data = copy.deepcopy(PART.data)
+    data["tasks"] = [setting]
+    data["algos"] = [n for n in names if ROWS[n][0] in methods]
+    if not data["algos"]:
+      continue
+    data["seeds"] = list(seeds if phase == 1 else seeds[:1])
+    for w in data.get("when", []):
+      w.pop("seeds", None)
+    if rounds is not None:
+      data = _cells.override(data, "rounds", rounds)
+    if data_dir is not None:
+      data = _cells.override(data, "data_dir", os.path.abspath(data_dir))
+    out[phase] = data
+  return out
 
 
 def run_dir(out: str, setting: str, k: int, method: str, seed: int) -> str:
-  safe = re.sub(r"[^A-Za-z0-9]+", "_", method.replace("+", "plus")).strip("_")
-  return os.path.join(out, setting, f"K{k}", safe, f"seed{seed}")
+  """The run of `method` at K in `setting` (its cell's folder under `out`)."""
+  return os.path.join(out, setting, method_name(method, k), f"seed{seed}")
 
 
 def score(directory: str, method: str) -> Optional[tuple]:
@@ -184,12 +207,15 @@ def main(argv=None):
                  help="only these methods of the phases (comma-separated)")
   p.add_argument("--rounds", type=int, default=None,
                  help="override the 100 rounds (the score then needs rounds 98-100)")
-  p.add_argument("--data_dir", default=os.path.join(SHARED, "fashion_mnist"))
-  p.add_argument("--out", default=os.path.join(REPO_ROOT, "results", "wecfl_table2"))
-  p.add_argument("--table", default=os.path.join(REPO_ROOT, "benchmarks", "results",
-                                                 "wecfl_table2"))
+  p.add_argument("--data_dir", default=None,
+                 help="FMNIST's folder (default: the sweep file's, ../shared/data/fashion_mnist)")
+  p.add_argument("--out", default=os.path.join(REPO_ROOT, "results", NAME),
+                 help="the sweep's folder (runs in OUT/SETTING/ROW_K<K>/seedS)")
+  p.add_argument("--table", default=os.path.join(REPO_ROOT, "benchmarks", "results", NAME))
   p.add_argument("--project", action="store_true",
                  help="time 2 rounds of each method instead and project the total")
+  p.add_argument("--dry_run", action="store_true",
+                 help="list each cell's folder and flags (as the sweep runs it) and stop")
   p.add_argument("--table_only", action="store_true",
                  help="write the table from the finished runs under --out")
   p.add_argument("--record", action="store_true",
@@ -197,57 +223,55 @@ def main(argv=None):
                       "wecfl_table2.csv, which the table always includes")
   args = p.parse_args(argv)
   seeds = [int(s) for s in args.seeds.split(",")]
-  plan = phases(seeds)
   wanted = [int(x) for x in args.phases.split(",")]
-  bad = [x for x in wanted if x not in plan]
+  bad = [x for x in wanted if x not in PHASES]
   if bad:
-    raise SystemExit(f"wecfl_table2.py: error: unknown phase {bad[0]}; valid: 1, 2, 3, 4")
+    raise SystemExit(f"{SCRIPT}: error: unknown phase {bad[0]}; valid: 1, 2, 3, 4")
   methods = args.methods.split(",")
   unknown = [m for m in methods if m not in METHODS]
   if unknown:
-    raise SystemExit(f"wecfl_table2.py: error: unknown method {unknown[0]!r}; valid: "
+    raise SystemExit(f"{SCRIPT}: error: unknown method {unknown[0]!r}; valid: "
                      f"{', '.join(METHODS)}")
   available = registered_algorithms()
-  jobs = []
-  for phase in wanted:
-    for setting, k, method, seed in plan[phase]:
-      if method not in methods:
-        continue
-      algo = METHODS[method][0].split("=", 1)[1]
-      if algo not in available:
-        print(f"({method}: --algo={algo} is not registered; left out)")
-        continue
-      jobs.append((setting, k, method, seed))
+  for m in [m for m in methods if METHODS[m] not in available]:
+    print(f"({m}: --algo={METHODS[m]} is not registered; left out)")
+  methods = [m for m in methods if METHODS[m] in available]
+  plan = phases(seeds, methods, args.rounds, args.data_dir)
+  sweeps = [_cells.load(SCRIPT, plan[x], NAME) for x in wanted if x in plan]
   if args.project:
-    return project(jobs, args)
+    return project([c for s in sweeps for c in s.cells], args)
   t0 = time.perf_counter()
+
+  def done(cell):
+    method, k = ROWS[cell.method]
+    got = score(os.path.join(args.out, cell.path), method)
+    print(f"[{time.perf_counter() - t0:7.0f} s] {SETTING[cell.setting]} K={k} {method} "
+          f"seed {cell.seed}: {got}", flush=True)
+    write_table(args)
+
   if not args.table_only:
-    for setting, k, method, seed in jobs:
-      d = run_dir(args.out, setting, k, method, seed)
-      run_one(flags_for(setting, k, method, args.data_dir), d, seed, "local", args.rounds)
-      got = score(d, method)
-      print(f"[{time.perf_counter() - t0:7.0f} s] {SETTING[setting]} K={k} {method} "
-            f"seed {seed}: {got}", flush=True)
-      write_table(args)
-  write_table(args)
+    for the_sweep in sweeps:
+      _cells.run_sweep(SCRIPT, the_sweep, args.out, args, done)
+  if not args.dry_run:
+    write_table(args)
 
 
-def project(jobs, args):
+def project(cells, args):
   """Times 2 rounds of each (setting, K, method) and projects the plan."""
   total, seen = 0.0, {}
-  for setting, k, method, seed in jobs:
-    key = (setting, k, method)
+  for cell in cells:
+    key = (cell.setting, cell.method)
     if key not in seen:
+      method, k = ROWS[cell.method]
       with tempfile.TemporaryDirectory() as tmp:
-        s = run_one(flags_for(setting, k, method, args.data_dir),
-                    os.path.join(tmp, "run"), seed, "local", 2)
+        s = run_one(_cells.cell_flags(cell), os.path.join(tmp, "run"), cell.seed, "local", 2)
       per_round = (s["total_seconds"] - s["setup_seconds"]) / 2
       rounds = args.rounds or 100
       seen[key] = s["wall_seconds"] + (rounds - 2) * per_round
-      print(f"{SETTING[setting]} K={k} {method}: {per_round:.2f} s/round -> "
+      print(f"{SETTING[cell.setting]} K={k} {method}: {per_round:.2f} s/round -> "
             f"{seen[key] / 60:.1f} min for {rounds} rounds", flush=True)
     total += seen[key]
-  print(f"projected total: {total / 3600:.2f} h for {len(jobs)} runs")
+  print(f"projected total: {total / 3600:.2f} h for {len(cells)} runs")
 
 
 RECORD_KEY = ("setting", "K", "method", "seed")

@@ -10,6 +10,9 @@
 #   today   the suite less the TFF-only tests on today's stack with Keras 3
 #           (Python 3.12, else 3.13, 3.11, 3.10), the metrics checked against
 #           the TFF stack's reference
+#   sweep   the sweeps (tests/test_sweep*.py, out of the today phase): cells
+#           as processes on this machine, stopped and resumed, and on a
+#           three-node Ray cluster that loses a node, on today's stack
 #   keras2  the model and training tests with Keras 2 (tf_keras,
 #           TF_USE_LEGACY_KERAS=1) in the same environment
 #   colab   a Colab-like runtime (Python 3.13 with Colab's pins,
@@ -28,7 +31,7 @@
 #          phase alone unless phases are named, no test marked slow and no
 #          exhaustive-only case) or exhaustive (every case; the same as
 #          TFF_CLUSTER_EXHAUSTIVE=1). tests/conftest.py says what each holds.
-#   PHASE  default: all five (quick: today).
+#   PHASE  default: all six (quick: today).
 #
 # The CI tier runs one slice of the exhaustive-only cases: TFF_CLUSTER_SLICE
 # if set, else int(commit[:8], 16) % 4 of the checkout's commit (printed).
@@ -62,11 +65,11 @@ fi
 export TFF_CLUSTER_TIER=$TIER
 PHASES=("$@")
 if [ ${#PHASES[@]} -eq 0 ]; then
-  if [ "$TIER" = quick ]; then PHASES=(today); else PHASES=(tff today keras2 colab pip); fi
+  if [ "$TIER" = quick ]; then PHASES=(today); else PHASES=(tff today sweep keras2 colab pip); fi
 fi
 for phase in "${PHASES[@]}"; do
-  case $phase in tff|today|keras2|colab|pip) ;;
-    *) echo "scripts/test.sh: error: unknown phase or tier '$phase'; valid tiers: ci, quick, exhaustive; valid phases: tff, today, keras2, colab, pip" >&2
+  case $phase in tff|today|sweep|keras2|colab|pip) ;;
+    *) echo "scripts/test.sh: error: unknown phase or tier '$phase'; valid tiers: ci, quick, exhaustive; valid phases: tff, today, sweep, keras2, colab, pip" >&2
        exit 2 ;;
   esac
 done
@@ -181,7 +184,7 @@ install_all() {
   local rc=0
   if wants tff && [ -n "$PY_TFF" ]; then sync .venv-tff "$PY_TFF" --extra tff || rc=1; fi
   # (the tff phase resumes checkpoints with today's interpreter too)
-  if { wants today || wants keras2 || wants tff; } && [ -n "$PY_TODAY" ]; then
+  if { wants today || wants sweep || wants keras2 || wants tff; } && [ -n "$PY_TODAY" ]; then
     sync "$TODAY_ENV" "$PY_TODAY" --extra legacy-keras --extra ray --extra tfds || rc=1
   fi
   if wants colab && [ -n "$PY_COLAB" ]; then
@@ -231,11 +234,16 @@ today_phase() {
     for group in "${TODAY_GROUPS[@]}"; do
       i=$((i + 1))
       # shellcheck disable=SC2086  # the group is a glob
-      run_pytest "today-$i" "$TODAY_ENV/bin/python" "not tff" $group
+      run_pytest "today-$i" "$TODAY_ENV/bin/python" "not tff" --ignore-glob='tests/test_sweep*' \
+        $group
       r=$?
       [ $r -ne 0 ] && rc=$r
     done
     exit $rc )
+}
+sweep_phase() {
+  ( unset TF_USE_LEGACY_KERAS
+    run_pytest sweep "$TODAY_ENV/bin/python" "not tff" tests/test_sweep*.py )
 }
 keras2_phase() {
   ( export TF_USE_LEGACY_KERAS=1
@@ -260,6 +268,7 @@ maybe_phase() {
 }
 maybe_phase tff "$PY_TFF" "no Python 3.10/3.11 interpreter: TFF 0.87 installs on those only"
 maybe_phase today "$PY_TODAY" "no Python 3.10-3.13 interpreter"
+maybe_phase sweep "$PY_TODAY" "no Python 3.10-3.13 interpreter"
 maybe_phase keras2 "$PY_TODAY" "no Python 3.10-3.13 interpreter"
 maybe_phase colab "$PY_COLAB" "no Python 3.13 interpreter (Colab's)"
 maybe_phase pip "$PY_PIP" "no Python 3.12/3.13 interpreter"

@@ -259,7 +259,7 @@ def rerun_in_loopback_namespace(test_file: str, isolated_env: str, why: str) -> 
   passed."""
   import pytest
   from tests.conftest import REPO_ROOT
-  from tff_cluster.runners.ray_runner import loopback_only
+  from tff_cluster.runners.ray_setup import loopback_only  # (no TensorFlow)
   if loopback_only():
     pytest.skip("already in a loopback-only namespace (this is the inner run)")
   assert not os.environ.get(isolated_env), "re-executed, yet not in a loopback-only namespace"

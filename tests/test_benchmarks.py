@@ -15,6 +15,7 @@ from tests.conftest import REPO_ROOT
 
 sys.path.insert(0, os.path.join(REPO_ROOT, "benchmarks"))
 import cflmgd_table2  # noqa: E402
+import fedgroup_table3  # noqa: E402
 import clustered_catalogue  # noqa: E402
 import _sweep  # noqa: E402
 import personalized_baselines  # noqa: E402
@@ -42,9 +43,6 @@ def test_recorded_files_name_known_methods_and_fractions():
     if not row.get("diverged_round"):
       assert 0 < float(row["final_accuracy"]) <= 1
   for row in _sweep.load_recorded("clustered_catalogue"):
-    assert row["task"] in clustered_catalogue.TASKS and row["algo"] in clustered_catalogue.ALGOS
-    assert row["algo"] not in clustered_catalogue.LEFT_OUT.get(row["task"], ())
-    assert int(row["rounds"]) == clustered_catalogue.TASKS[row["task"]]["rounds"]
     assert 0 < float(row["accuracy"]) <= 1 and 0 < float(row["accuracy_clientavg"]) <= 1
     if row["ari"]:
       assert -1 <= float(row["ari"]) <= 1 and 0 < float(row["purity"]) <= 1
@@ -330,33 +328,53 @@ def test_runner_speed_defaults_follow_the_stack(capsys):
     assert "needs TensorFlow Federated" in err and "valid here: --runners=local_on,local_off" in err
 
 
-def test_fedgroup_table3_knows_the_mlp_and_lstm_rows():
-  """Rows MNIST-MLP and Sent140-LSTM: the task flags and the paper's values."""
+def _fedgroup_args(**kw):
   import argparse
-  import fedgroup_table3 as t3
-  args = argparse.Namespace(mnist_dir="M", mnist_models="mclr,mlp", sent140_dir="S",
-                            min_tweets=5, femnist_dir="F", femnist_models="mlp")
-  rows = {r["row"]: r["flags"] for r in t3.rows_for(["mnist", "sent140", "femnist_fedprox"], args)}
-  assert rows["MNIST-MLP"] == ["--task=mnist", "--data_dir=M", "--model=mlp"]
-  assert rows["MNIST-MCLR"] == ["--task=mnist", "--data_dir=M"]  # as its recorded runs
-  assert rows["Sent140-LSTM"] == ["--task=sent140", "--data_dir=S", "--glove_path=S",
-                                  "--task_arg=min_tweets=5"]
-  assert rows["FEMNIST-MLP"][-1] == "--model=mlp"
+  args = argparse.Namespace(
+      tasks="synthetic,mnist", seeds="0,1,2", columns=",".join(fedgroup_table3.COLUMNS),
+      newcomer_columns=True, ablation=False, runner="local", rounds=None, mnist_dir=None,
+      femnist_dir=None, femnist_models="mclr,mlp", mnist_models="mclr,mlp", sent140_dir=None,
+      min_tweets=None)
+  vars(args).update(kw)
+  return args
+
+
+def test_fedgroup_table3_knows_the_mlp_and_lstm_rows():
+  """Rows MNIST-MLP and Sent140-LSTM: their settings' flags in the sweep file
+  and the paper's values."""
+  t3 = fedgroup_table3
+  args = _fedgroup_args(femnist_models="mlp", seeds="0", columns="FedAvg")
+  rows = t3.rows_for(["mnist", "sent140", "femnist_fedprox"], args)
+  assert [r["row"] for r in rows] == ["MNIST-MCLR", "MNIST-MLP", "Sent140-LSTM", "FEMNIST-MLP"]
+  _, _, sweep = t3.plan(_fedgroup_args(tasks="mnist,sent140,femnist_fedprox",
+                                       femnist_models="mlp", seeds="0", columns="FedAvg"))
+  flags = {t3.ROW_OF[c.setting]: c.argv()[3:] for c in sweep.cells}
+  shared = os.path.normpath(os.path.join(REPO_ROOT, "..", "shared", "data"))
+  assert flags["MNIST-MLP"] == [f"--data_dir={shared}/mnist", "--model=mlp"]
+  assert flags["MNIST-MCLR"] == [f"--data_dir={shared}/mnist"]  # as its recorded runs
+  assert flags["Sent140-LSTM"] == [f"--data_dir={shared}/sent140_partial",
+                                   f"--glove_path={shared}/sent140_partial",
+                                   "--task_arg=min_tweets=5"]
+  assert flags["FEMNIST-MLP"][-1] == "--model=mlp"
+  # The command's data folders and --min_tweets replace the file's.
+  _, _, sweep = t3.plan(_fedgroup_args(tasks="sent140", seeds="0", columns="FedAvg",
+                                       sent140_dir="/s", min_tweets=3))
+  assert sweep.cells[0].argv()[3:] == ["--data_dir=/s", "--glove_path=/s",
+                                       "--task_arg=min_tweets=3"]
+  with pytest.raises(SystemExit, match="no row MNIST-CNN"):
+    t3.rows_for(["mnist"], _fedgroup_args(mnist_models="cnn"))
   assert t3.PAPER["MNIST-MLP"]["FG-EDC"] == 97.9 and t3.PAPER["MNIST-MLP"]["FedAvg"] == 95.3
   assert t3.PAPER["Sent140-LSTM"]["IFCA"] == 76.8 and t3.PAPER["Sent140-LSTM"]["FeSEM"] == 70.0
 
 
 def test_fedgroup_table3_columns_can_be_shared_by_two_processes():
   """A row's columns split between two invocations run each column once."""
-  import argparse
-  import fedgroup_table3 as t3
+  t3 = fedgroup_table3
 
   def columns(**kw):
-    args = argparse.Namespace(mnist_dir="M", mnist_models="mlp", sent140_dir="S", min_tweets=5,
-                              femnist_dir="F", femnist_models="mlp", seeds="0",
-                              tasks="sent140", ablation=False, newcomer_columns=True)
-    vars(args).update(kw)
-    return [c for (_, c, _, _) in t3.jobs_for(args)[2]]
+    kw = dict(dict(seeds="0", tasks="sent140", mnist_models="mlp", femnist_models="mlp"), **kw)
+    sweep = t3.plan(_fedgroup_args(**kw))[2]
+    return [] if sweep is None else [t3.COLUMN_OF[c.method] for c in sweep.cells]
 
   every = columns(columns=",".join(t3.COLUMNS))
   assert every == [*t3.COLUMNS, *t3.NEWCOMER_COLUMNS]  # added where FedGroup runs
@@ -367,8 +385,66 @@ def test_fedgroup_table3_columns_can_be_shared_by_two_processes():
   # Synthetic pre-trains every client: no newcomer column there, even named.
   assert "FG-EDC newcomer=flexcfl" not in columns(
       tasks="synthetic", columns="FG-EDC,FG-EDC newcomer=flexcfl")
+  assert columns(tasks="synthetic", columns="FG-EDC newcomer=flexcfl") == []
+  # --ablation: its three columns, on Synthetic only.
+  assert columns(tasks="synthetic,mnist", columns="FedAvg", ablation=True) == [
+      "FedAvg", "FedAvg", *t3.ABLATION]
   with pytest.raises(SystemExit, match="unknown column 'FG-X'.*FG-MADC newcomer=flexcfl"):
     columns(columns="FG-X")
+
+
+def test_fedgroup_table3_plans_the_sweep_files_cells():
+  """Every row and column (--ablation too) is the sweep files' grid: 6 rows x
+  12 columns x 3 seeds, less Synthetic's 2 newcomer columns, and 3 ablation
+  columns on Synthetic; --rounds and --runner=tff are the cells' flags."""
+  from tff_cluster.sweep import spec
+  t3 = fedgroup_table3
+  every = _fedgroup_args(tasks="synthetic,mnist,femnist_fedprox,sent140", ablation=True)
+  cells = t3.plan(every)[2].cells
+  assert len(cells) == 6 * 12 * 3 - 2 * 3 + 3 * 3 == 219
+  files = {(c.setting, c.method, c.seed, c.flags) for p in (t3.PART, t3.ABLATION_PART)
+           for c in spec.from_dict(p.data).cells}
+  assert {(c.setting, c.method, c.seed, c.flags) for c in cells} == files
+  assert len(t3.plan(_fedgroup_args())[2].cells) == 102  # the default: synthetic, mnist
+  short = t3.plan(_fedgroup_args(tasks="sent140", seeds="0", rounds=300))[2]
+  assert {dict(c.flags)["rounds"] for c in short.cells} == {300} and len(short.cells) == 12
+  data = t3._narrowed(t3.PART.data, ["MNIST-MLP"], ["FedAvg"], [0],
+                      _fedgroup_args(runner="tff"))
+  assert data["flags"]["runner"] == "tff"
+
+
+def test_fedgroup_table3_runs_its_cells_through_the_sweep(recorded, monkeypatch, capsys):
+  """The table's cells run with the sweep (no process here: a cell's start
+  is faked) into OUT/ROW/COLUMN/seedS; the table and --record read each
+  finished cell's summary.json; --table_only and --dry_run run nothing."""
+  from tff_cluster.sweep import cells
+  ran = []
+
+  def start(cell_dir, argv):
+    ran.append(cell_dir)
+    os.makedirs(cell_dir, exist_ok=True)
+    with open(os.path.join(cell_dir, "summary.json"), "w") as f:
+      json.dump(dict(completed=True, max_test_accuracy=0.75, max_test_accuracy_assigned=0.5,
+                     mean_round_seconds=1.25), f)
+    return cells.Outcome(cells.DONE, ran=True)
+
+  monkeypatch.setattr(cells, "start", start)
+  out = recorded / "runs"
+  base = [f"--out={out}", f"--table={recorded}/t3", "--tasks=mnist", "--mnist_models=mlp",
+          "--seeds=4", "--record"]
+  fedgroup_table3.main(base + ["--columns=FedAvg,FG-EDC", "--no-newcomer_columns",
+                               "--parallel=1"])
+  assert [os.path.relpath(d, out) for d in ran] == ["MNIST-MLP/FedAvg/seed4",
+                                                    "MNIST-MLP/FG-EDC/seed4"]
+  rows = {(r["row"], r["column"], r["seeds"]): r["mean"]
+          for r in _sweep.load_recorded("fedgroup_table3")}
+  assert rows == {("MNIST-MLP", "FedAvg", "4"): "0.750000", ("MNIST-MLP", "FG-EDC", "4"): "0.500000"}
+  assert "| FG-EDC | 50.0 | 97.9 | 1.250 |" in (recorded / "t3.md").read_text()
+  ran.clear()
+  fedgroup_table3.main(base + ["--columns=FedAvg,FG-EDC,FeSEM", "--table_only"])
+  fedgroup_table3.main(base + ["--columns=FeSEM", "--dry_run"])
+  assert ran == [] and "MNIST-MLP/FeSEM/seed4: --algo=fesem --task=mnist" in capsys.readouterr().out
+  assert "FeSEM" not in (recorded / "t3.md").read_text()  # (not run: not in the table)
 
 
 def test_fedgroup_table3_prints_diverged_runs_as_diverged(tmp_path, monkeypatch):
@@ -406,8 +482,7 @@ def test_fedgroup_table3_names_rounds_other_than_the_tasks_T(tmp_path, monkeypat
   import fedgroup_table3 as t3
   saved = {}
   monkeypatch.setattr(t3, "save_recorded", lambda name, rows, key, fields: saved.update(rows=rows))
-  args = argparse.Namespace(mnist_dir="M", mnist_models="mlp", sent140_dir="S", min_tweets=5,
-                            femnist_dir="F", femnist_models="mlp")
+  args = _fedgroup_args(mnist_models="mlp", femnist_models="mlp")
   sent140, = t3.rows_for(["sent140"], args)
   mnist, = t3.rows_for(["mnist"], args)
   results = {}
@@ -514,13 +589,181 @@ def test_clustered_catalogue_rounds_are_where_fedavg_stays_within_a_point(tmp_pa
   assert clustered_catalogue.one_point_round(str(tmp_path)) == 5
 
 
+def _table_cells(table):
+  """{(algo, the table's task, seed): cell} of every cell of a table's sweep
+  files (loading them runs every cell through the CLI's checks)."""
+  from tff_cluster.sweep import spec
+  return {(c.algo, p.label_of(c), c.seed): c for p in table.PARTS
+          for c in spec.from_dict(p.data, source=p.stem).cells}
+
+
+@pytest.mark.parametrize("table", [clustered_catalogue, personalized_baselines])
+def test_every_recorded_row_is_a_cell_of_the_sweep_files(table):
+  """Each row of benchmarks/recorded/<table>.csv is a cell of the table's
+  sweep files (benchmarks/sweeps/<table>*.toml), run for the rounds the row
+  records: the recorded table is the files' grid."""
+  cells = _table_cells(table)
+  rows = _sweep.load_recorded(table.NAME)
+  assert rows
+  for row in rows:
+    key = (row["algo"], row["task"], int(row["seed"]))
+    assert key in cells, key
+    assert int(row["rounds"]) == dict(cells[key].flags)["rounds"], key
+
+
+def _file_cells(part):
+  from tff_cluster.sweep import spec
+  return spec.from_dict(part.data, source=part.stem).cells
+
+
+def test_every_recorded_paper_table_row_is_a_cell_of_its_sweep_files():
+  """Each row of the CFL-MGD, WeCFL and pFedMo tables' recorded CSVs is a
+  cell of the table's sweep files (method and setting by the row's names),
+  and their phases / plans run only those files' cells."""
+  cfl = {(c.method, c.seed) for c in _file_cells(cflmgd_table2.PART)}
+  rows = _sweep.load_recorded("cflmgd_table2")
+  assert rows and all((cflmgd_table2.METHODS[r["method"]], int(r["seed"])) in cfl
+                      for r in rows)
+  wecfl = {(c.setting, c.method, c.seed) for p in (wecfl_table2.PART, wecfl_table2.TEST_LOSS)
+           for c in _file_cells(p)}
+  rows = _sweep.load_recorded("wecfl_table2")
+  assert rows
+  for r in rows:
+    key = (r["setting"], wecfl_table2.method_name(r["method"], int(r["K"])), int(r["seed"]))
+    assert key in wecfl, key
+  pfedmo = {(c.setting, c.method, c.seed) for c in _file_cells(pfedmo_table2.PART)}
+  rows = _sweep.load_recorded("pfedmo_table2")
+  assert rows and all((r["setting"], pfedmo_table2.METHODS[r["method"]], int(r["seed"])) in pfedmo
+                      for r in rows)
+  # The default plans are the files' grids: the phases (WeCFL), the two
+  # plans (CFL-MGD), every setting and method (pFedMo).
+  from tff_cluster.sweep import spec
+  cells = lambda data: {(c.setting, c.method, c.seed, c.flags)  # noqa: E731
+                        for c in spec.from_dict(data).cells}
+  assert set().union(*map(cells, wecfl_table2.phases([0, 1, 2]).values())) == \
+      cells(wecfl_table2.PART.data)
+  assert cells(cflmgd_table2.plan([0, 1, 2])) | cells(cflmgd_table2.plan([0, 1, 2], "controls")) \
+      == cells(cflmgd_table2.PART.data)
+  assert cells(pfedmo_table2.plan(pfedmo_table2.SETTINGS, pfedmo_table2.METHODS, [0, 1, 2])) \
+      == cells(pfedmo_table2.PART.data)
+
+
+def test_every_recorded_fedgroup_row_is_a_cell_of_its_sweep_files():
+  """Each row of benchmarks/recorded/fedgroup_table3.csv is a cell of the
+  table's sweep files (row and column by their settings and methods), each
+  seed of a row re-entered over seeds ("0,1,2") one cell."""
+  t3 = fedgroup_table3
+  cells = {(c.setting, c.method, c.seed): c
+           for p in (t3.PART, t3.ABLATION_PART, t3.TEST_LOSS) for c in _file_cells(p)}
+  rows = _sweep.load_recorded(t3.NAME)
+  assert rows
+  for row in rows:
+    for seed in row["seeds"].split(","):
+      key = (t3.ROWS[row["row"]], {v: k for k, v in t3.COLUMN_OF.items()}[row["column"]],
+             int(seed))
+      assert key in cells, key
+  # The "IFCA (test loss)" file holds only the recorded rows' cells.
+  test_loss = {(c.setting, c.seed) for c in _file_cells(t3.TEST_LOSS)}
+  assert test_loss == {(t3.ROWS[r["row"]], int(s)) for r in rows
+                       if r["column"] == "IFCA (test loss)" for s in r["seeds"].split(",")}
+
+
+def test_paper_tables_run_their_cells_through_the_sweep(recorded, monkeypatch):
+  """The CFL-MGD, WeCFL and pFedMo scripts run their plans' cells with the
+  sweep (no process here: a cell's start is faked) into OUT/SETTING/METHOD/seedS."""
+  from tff_cluster.sweep import cells
+  ran = []
+  monkeypatch.setattr(cells, "start", lambda d, argv: ran.append(d) or cells.Outcome(cells.DONE))
+  out = recorded / "runs"
+  cflmgd_table2.main([f"--out={out}/c", f"--table={recorded}/t", "--seeds=4",
+                      "--methods=IFCA,CFL-MGD I"])
+  wecfl_table2.main([f"--out={out}/w", f"--table={recorded}/t", "--seeds=4", "--phases=2,3",
+                     "--methods=WeCFL"])
+  pfedmo_table2.main([f"--out={out}/p", f"--table={recorded}/t", "--seeds=4",
+                      "--settings=label3", "--methods=FedNAG"])
+  assert [os.path.relpath(d, out) for d in ran] == [
+      "c/rotated_mnist/CFL-MGD_I/seed4", "c/rotated_mnist/IFCA/seed4",
+      "w/class/WeCFL_K10/seed4", "w/dir/WeCFL_K5/seed4", "p/label3/FedNAG/seed4"]
+
+
+def test_every_recorded_paper_row_is_a_cell_of_its_sweep_file():
+  from tff_cluster.sweep import spec
+  papers = clustered_catalogue.PAPERS
+  cells = {(c.algo, c.seed): c for c in spec.from_dict(papers.data, source=papers.stem).cells}
+  rows = _sweep.load_recorded("clustered_catalogue_papers")
+  assert rows
+  for row in rows:
+    cell = cells[clustered_catalogue.PAPER_ROWS[row["row"]][0], int(row["seed"])]
+    assert int(row["rounds"]) == dict(cell.flags)["rounds"] and cell.task == "femnist"
+
+
+def test_every_sweep_file_of_the_tables_loads(monkeypatch):
+  """Every file under benchmarks/sweeps passes the sweep command's checks
+  (each cell through the CLI's), run from the repository root as the files
+  say, and the table scripts read every one of them."""
+  from tff_cluster.sweep import spec
+  monkeypatch.chdir(REPO_ROOT)
+  folder = os.path.join("benchmarks", "sweeps")
+  files = sorted(f for f in os.listdir(folder) if f.endswith(".toml"))
+  read = {f"{p.stem}.toml" for t in (clustered_catalogue, personalized_baselines)
+          for p in t.PARTS} | {f"{p.stem}.toml" for p in (
+              clustered_catalogue.PAPERS, cflmgd_table2.PART, wecfl_table2.PART,
+              wecfl_table2.TEST_LOSS, pfedmo_table2.PART, fedgroup_table3.PART,
+              fedgroup_table3.ABLATION_PART, fedgroup_table3.TEST_LOSS)}
+  assert read == set(files)
+  for name in files:
+    sweep = spec.load(os.path.join(folder, name))
+    # (the recorded IFCA (test loss) rows: in the WeCFL table's folder, where it reads them)
+    # (and the FedGroup table's ablation and IFCA (test loss) cells: in its folder)
+    out = {"wecfl_table2_ifca_test_loss": "wecfl_table2",
+           "fedgroup_table3_ablation": "fedgroup_table3",
+           "fedgroup_table3_ifca_test_loss": "fedgroup_table3"}.get(name[:-5], name[:-5])
+    assert sweep.cells and sweep.out == f"results/{out}", name
+    for cell in sweep.cells:
+      for flag, value in cell.flags:
+        if flag in ("data_dir", "glove_path"):
+          assert value.startswith("../shared/data/"), (name, flag, value)
+
+
 def test_clustered_catalogue_gives_each_clustered_algorithm_the_true_clusters():
-  for task, spec in clustered_catalogue.TASKS.items():
-    for algo in clustered_catalogue.ALGOS:
-      flags = clustered_catalogue.flags_for(algo, task, spec["clients_per_round"])
-      given = f"--num_groups={spec['k']}" in flags
-      assert given == (algo not in ("fedavg", "stocfl")), (task, algo)
-      assert ("--client_momentum=0" in flags) == (algo in clustered_catalogue.OWN_SOLVER)
+  from tff_cluster import registry
+  k = {"synthetic_clusters": 5, "rotated_mnist": 4, "fmnist_clusterwise_dir": 10}
+  cells = _table_cells(clustered_catalogue)
+  assert len(cells) == 72
+  for (algo, task, seed), cell in cells.items():
+    flags = dict(cell.flags)
+    assert flags.get("num_groups") == (None if algo in ("fedavg", "stocfl") else k[task])
+    assert (flags.get("client_momentum") == 0.0) == bool(registry.ALGORITHMS[algo].own_momentum)
+    assert seed in clustered_catalogue.TASKS[task]["seeds"]
+    if algo == "fedsoft":  # K: the round's clients over the clusters
+      assert flags["fedsoft_k"] == flags["clients_per_round"] // k[task]
+  assert not [c for c in cells if c[1] == "fmnist_clusterwise_dir"
+              and c[0] in ("fedem", "fedrc", "fedsoft")]
+
+
+def test_a_tables_overrides_edit_its_sweep_files_keys():
+  """--seeds, --rounds and --clients_per_round replace the files' values
+  everywhere they are written (FedSoft's K follows the clients per round);
+  --tasks and --algos narrow the grid, in the order given; a cross-silo
+  algorithm (pFedMo) still takes every client."""
+  p = clustered_catalogue._cells.parser("x", clustered_catalogue.TASKS, clustered_catalogue.ALGOS,
+                                        "x")
+  args = p.parse_args(["--tasks=rotated_mnist,synthetic_clusters", "--algos=fedsoft,fedavg",
+                       "--seeds=4", "--rounds=3", "--clients_per_round=8"])
+  [(_, sweep)] = clustered_catalogue._cells.sweeps("t", clustered_catalogue.PARTS, args)
+  got = [(c.task, c.algo, c.seed, dict(c.flags)["rounds"], dict(c.flags)["clients_per_round"],
+          dict(c.flags).get("fedsoft_k")) for c in sweep.cells]
+  assert got == [("rotated_mnist", "fedsoft", 4, 3, 8, 2), ("rotated_mnist", "fedavg", 4, 3, 8, None),
+                 ("synthetic_clusters", "fedsoft", 4, 3, 8, 1),
+                 ("synthetic_clusters", "fedavg", 4, 3, 8, None)]
+  args = p.parse_args(["--tasks=mnist_workers,pfedme_mnist", "--algos=pfedmo,pfedme",
+                       "--clients_per_round=4"])
+  got = {(pt.label_of(c), c.algo, c.seed): dict(c.flags).get("clients_per_round")
+         for pt, sweep in personalized_baselines._cells.sweeps("t", personalized_baselines.PARTS,
+                                                              args) for c in sweep.cells}
+  assert got == {**{("mnist_workers", a, s): 4 if a == "pfedme" else None
+                    for a in ("pfedmo", "pfedme") for s in (0, 1, 2)},
+                 **{("pfedme_mnist", "pfedme", s): 4 for s in (0, 1, 2)}}
 
 
 def test_personalized_baselines_cells_are_settings_the_cli_accepts():
@@ -529,35 +772,37 @@ def test_personalized_baselines_cells_are_settings_the_cli_accepts():
   task momentum."""
   from tff_cluster import experiment as run_experiment
   from tff_cluster import registry
-  for task, spec in personalized_baselines.TASKS.items():
-    for algo in personalized_baselines.ALGOS:
-      if algo in personalized_baselines.LEFT_OUT.get(task, ()):
-        continue
-      flags = personalized_baselines.flags_for(algo, task, spec["clients_per_round"])
-      run_experiment.FLAGS.unparse_flags()
-      run_experiment.FLAGS(["run_experiment.py", *flags])
-      settings = run_experiment.resolve_settings(run_experiment._flag_values())
-      assert settings["algo"] == algo and settings["task"] == spec.get("task", task)
-      if registry.ALGORITHMS[algo].own_momentum:
-        assert settings["client_momentum"] == 0.0, (task, algo)
-      assert (f"--num_groups={personalized_baselines.NUM_GROUPS.get(task)}" in flags) == (
-          algo in personalized_baselines.CLUSTERED)
-      if algo == "pfedme":  # the README's row for the setting's model
-        want = ((0.05, 30.0) if task not in personalized_baselines.SETTINGS else
-                (0.1, 15.0) if task == "pfedme_mnist" else (0.01, 20.0))
-        assert (settings["pfedme_personal_lr"], settings["pfedme_lambda"]) == want, task
-      if task in ("pfedme_mnist", "pfedme_synthetic"):  # each its README fine-tuned row
-        mnist = task == "pfedme_mnist"
-        want = {"fedavg": (0.02, 20, None), "pfedme": (0.01, 20, None),
-                "perfedavg": (0.03 if mnist else 0.02, 40, 0.003 if mnist else 0.002)}[algo]
-        got = (settings["client_lr"], settings["local_steps"],
-               settings["perfedavg_beta"] if algo == "perfedavg" else None)
-        assert got == want, (task, algo)
+  num_groups = {"mnist_workers": 4, "fmnist_clientwise_class": 5, "femnist": 5}
+  clustered = ("fedgroup", "hypcluster", "flhc")
+  cells = _table_cells(personalized_baselines)
+  assert len(cells) == 95
+  for (algo, task, seed), cell in cells.items():
+    flags = cell.argv()
+    run_experiment.FLAGS.unparse_flags()
+    run_experiment.FLAGS(["run_experiment.py", *flags])
+    settings = run_experiment.resolve_settings(run_experiment._flag_values())
+    spec = personalized_baselines.TASKS[task]
+    assert settings["algo"] == algo and settings["task"] == spec.get("task", task)
+    assert seed in spec["seeds"]
+    if registry.ALGORITHMS[algo].own_momentum:
+      assert settings["client_momentum"] == 0.0, (task, algo)
+    assert (dict(cell.flags).get("num_groups") == num_groups.get(task)) == (
+        algo in clustered or task not in num_groups), (task, algo)
+    if algo == "pfedme":  # the README's row for the setting's model
+      want = ((0.05, 30.0) if task not in personalized_baselines.SETTINGS else
+              (0.1, 15.0) if task == "pfedme_mnist" else (0.01, 20.0))
+      assert (settings["pfedme_personal_lr"], settings["pfedme_lambda"]) == want, task
+    if task in ("pfedme_mnist", "pfedme_synthetic"):  # each its README fine-tuned row
+      mnist = task == "pfedme_mnist"
+      want = {"fedavg": (0.02, 20, None), "pfedme": (0.01, 20, None),
+              "perfedavg": (0.03 if mnist else 0.02, 40, 0.003 if mnist else 0.002)}[algo]
+      got = (settings["client_lr"], settings["local_steps"],
+             settings["perfedavg_beta"] if algo == "perfedavg" else None)
+      assert got == want, (task, algo)
   # Each paper setting runs its own method and FedAvg, nothing else.
-  for name, spec in personalized_baselines.SETTINGS.items():
-    kept = [a for a in personalized_baselines.ALGOS
-            if a not in personalized_baselines.LEFT_OUT[name]]
-    assert sorted(kept) == sorted(spec["algos"]) and "fedavg" in kept, name
+  for name in personalized_baselines.SETTINGS:
+    kept = {a for a, t, _ in cells if t == name}
+    assert kept == set(personalized_baselines.TASKS[name]["algos"]) and "fedavg" in kept, name
   run_experiment.FLAGS.unparse_flags()
 
 
@@ -613,12 +858,18 @@ def test_a_diverged_run_is_recorded_with_its_round_and_no_scores(tmp_path):
 
 
 def _fake_cells(monkeypatch, tmp_path):
-  """run_one makes a finished run directory; score reads its accuracy."""
+  """A cell's run makes a finished run directory (no process); score reads
+  its accuracy."""
+  from tff_cluster.sweep import cells
   ran = []
 
-  def run_one(flags, directory, seed, runner, rounds):
-    ran.append(directory)
-    _finished_run(directory, 0.5, 1.0)
+  def start(cell_dir, argv):
+    done = cells.finished(cell_dir)
+    if done is not None:  # reused, as the sweep reuses a finished run
+      return done
+    ran.append(cell_dir)
+    _finished_run(cell_dir, 0.5, 1.0)
+    return cells.Outcome(cells.DONE, ran=True)
 
   def score(directory):
     if not os.path.isdir(directory):
@@ -627,7 +878,7 @@ def _fake_cells(monkeypatch, tmp_path):
                 accuracy_p10=0.5, accuracy_p50=0.5, accuracy_p90=0.5, bytes_per_round=1,
                 seconds_per_round=1.0)
 
-  monkeypatch.setattr(personalized_baselines._cells, "run_one", run_one)
+  monkeypatch.setattr(cells, "start", start)
   monkeypatch.setattr(personalized_baselines, "score", score)
   return ran
 
@@ -636,37 +887,41 @@ def test_a_table_records_each_cell_as_it_finishes_and_skips_recorded_ones(
     recorded, monkeypatch):
   """With --record each finished cell is in the CSV before the next starts
   (a session's finished cells outlive its run directories); with
-  --skip_recorded a recorded cell is neither run nor shared out to a shard."""
+  --skip_recorded a recorded cell is not run."""
+  from tff_cluster.sweep import cells
   ran = _fake_cells(monkeypatch, recorded)
   seen_before_run = []
-  run_one = personalized_baselines._cells.run_one
-  monkeypatch.setattr(personalized_baselines._cells, "run_one", lambda *a: (
+  start = cells.start
+  monkeypatch.setattr(cells, "start", lambda *a: (
       seen_before_run.append(sorted(personalized_baselines._cells.recorded_cells(
-          personalized_baselines.NAME))), run_one(*a)))
+          personalized_baselines.NAME))), start(*a))[1])
   out = str(recorded / "runs")
   base = ["--tasks=mnist_workers", "--seeds=0", f"--out={out}", "--record"]
   personalized_baselines.main(base + ["--algos=fedavg,ditto"])
   assert [os.path.basename(os.path.dirname(d)) for d in ran] == ["fedavg", "ditto"]
   assert seen_before_run == [[], [("fedavg", "mnist_workers", 0)]]
+  with open(os.path.join(out, "sweep.json")) as f:  # a sweep's folder
+    assert len(json.load(f)["cells"]) == 2
 
-  # A new session: no run directories; fedavg and ditto recorded, two shards
-  # share the three cells left (fedrep, fedper, apfl: --algos order).
+  # A new session: no run directories; fedavg and ditto recorded, the three
+  # cells left run (fedrep, fedper, apfl: --algos order), two at a time.
   ran.clear()
   os.rename(out, out + ".old")
   algos = "--algos=fedavg,ditto,fedrep,fedper,apfl"
-  personalized_baselines.main(base + [algos, "--skip_recorded", "--shard=0/2"])
-  assert [os.path.basename(os.path.dirname(d)) for d in ran] == ["fedrep", "apfl"]
-  personalized_baselines.main(base + [algos, "--skip_recorded", "--shard=1/2"])
-  assert [os.path.basename(os.path.dirname(d)) for d in ran] == ["fedrep", "apfl", "fedper"]
+  personalized_baselines.main(base + [algos, "--skip_recorded", "--parallel=2"])
+  assert [os.path.basename(os.path.dirname(d)) for d in ran] == ["fedrep", "fedper", "apfl"]
   assert personalized_baselines._cells.recorded_cells(personalized_baselines.NAME) == {
       (a, "mnist_workers", 0) for a in ("fedavg", "ditto", "fedrep", "fedper", "apfl")}
   # Without --skip_recorded a recorded cell runs again.
   personalized_baselines.main(base + ["--algos=fedavg"])
   assert os.path.basename(os.path.dirname(ran[-1])) == "fedavg"
+  # A cell whose folder holds a run with other flags is refused in one line.
+  with pytest.raises(SystemExit, match="other flags"):
+    personalized_baselines.main(base + ["--algos=fedavg", "--rounds=3"])
 
 
 def test_two_processes_recording_at_once_keep_every_row(tmp_path):
-  """Two table processes (--shard) recording 200 rows each into one CSV at
+  """Two table processes recording 200 rows each into one CSV at
   once: the lock keeps every row (without it, a read-merge-write of one drops
   the other's rows)."""
   go = os.path.join(tmp_path, "go")  # both start writing together

@@ -7,7 +7,8 @@ Conventions (docs/README.md says them for writers):
   this process, with `--output_dir` pointed at a temporary directory, and
   requires exit status 0; `python -m tff_cluster.io.plot` lines draw those runs
   (their directories mapped to where the test put them); every other line of
-  it must be such a command.
+  it must be such a command. A `python -m tff_cluster.sweep ...` line, run or
+  not, is checked with `--dry_run` (its cells through the CLI's checks).
 - A block whose nearest non-empty line before it starts with
   `*Not run by the tests:` (followed by the reason) is not run; its
   `run_experiment.py` commands still have their flags parsed and checked
@@ -210,7 +211,12 @@ def test_shell_blocks(block, tmp_path, capsys, monkeypatch):
   for n, words in enumerate(commands(block.code)):
     args = cli_args(words)
     where = f"{_rel(block.page)}:{block.line}: {' '.join(words)}"
-    if block.run and words[:3] == ["python", "-m", "tff_cluster.io.plot"]:
+    if words[:3] == ["python", "-m", "tff_cluster.sweep"]:
+      # A sweep's cells are checked as its --dry_run checks them (nothing run).
+      from tff_cluster.sweep import __main__ as sweep_main
+      code = sweep_main.main([*words[3:], "--dry_run"])
+      assert code == 0, f"{where}: exit {code}: {capsys.readouterr().err[-2000:]}"
+    elif block.run and words[:3] == ["python", "-m", "tff_cluster.io.plot"]:
       # The runs the block made, drawn into the temporary directory.
       from tff_cluster.io import plot
       argv = [run_dirs.get(a, a) for a in words[3:]]

@@ -34,7 +34,8 @@ LAYERS: List[Tuple[str, ...]] = [
     ("tff_cluster.host",),
     ("tff_cluster.algorithms",),
     ("tff_cluster.registry", "tff_cluster.tasks"),
-    ("tff_cluster.api", "tff_cluster.cli", "tff_cluster.evaluate", "tff_cluster.tff_program"),
+    ("tff_cluster.api", "tff_cluster.cli", "tff_cluster.evaluate", "tff_cluster.tff_program",
+     "tff_cluster.sweep"),
     # the command: tff-cluster, python -m tff_cluster (run_experiment.py in a checkout)
     ("tff_cluster.experiment", "tff_cluster.console", "tff_cluster.__main__"),
 ]

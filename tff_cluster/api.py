@@ -78,6 +78,7 @@ from tff_cluster.host.driver import Context, LossRatio, TrainingConfig
 from tff_cluster.core.definition import LocalSolver
 from tff_cluster.io import checkpoint
 from tff_cluster.data.federated import FederatedData
+from tff_cluster.sweep.driver import sweep  # noqa: F401  (the API's: a grid of runs, docs/sweeps.md)
 
 _PROCESS_IDS = itertools.count()
 

@@ -27,6 +27,7 @@ from tff_cluster.spec import hparams as hp
 from tff_cluster import interrupts, registry
 from tff_cluster.cli import (
     ALGO_HPARAMS as _ALGO_HPARAMS, ALGOS as _ALGOS, GENERAL as _GENERAL,
+    GENERAL_DEFAULTS as _DEFAULT, GROUPS_FORMATS as _GROUPS_FORMATS,
     RUNNER_HPARAMS as _RUNNER_HPARAMS, TASKS as _TASKS, UsageError, flag_names,
     load_task_data, prepare_output_dir, resolve_settings, run_config, run_dir_settings)
 
@@ -56,43 +57,51 @@ __doc__ = "\n".join(
 
 FLAGS = flags.FLAGS
 PROG = "run_experiment.py"  # the command's name in its error lines (`main` sets it)
-flags.DEFINE_string("algo", "fedavg", f"Algorithm: {', '.join(sorted(_ALGOS))}.")
-flags.DEFINE_string("task", "synthetic", f"Task: {', '.join(sorted(_TASKS))}.")
+flags.DEFINE_string("algo", _DEFAULT["algo"], f"Algorithm: {', '.join(sorted(_ALGOS))}.")
+flags.DEFINE_string("task", _DEFAULT["task"], f"Task: {', '.join(sorted(_TASKS))}.")
 flags.DEFINE_string("model", None, "Model, for tasks that offer several (see the task "
                     "list above; default: the task's first).")
 flags.DEFINE_integer("num_clients", None, "Number of clients, for tasks that "
                      "generate or partition data (task default).")
 flags.DEFINE_string("data_dir", None, "Directory with the task's data files.")
-flags.DEFINE_string("data_source", "auto", "Where the MNIST, Fashion-MNIST and CIFAR-10 "
+flags.DEFINE_string("data_source", _DEFAULT["data_source"],
+                    "Where the MNIST, Fashion-MNIST and CIFAR-10 "
                     "tasks read their images: auto, keras or tfds. keras: --data_dir's files, "
                     "else Keras' cache or download; tfds: TensorFlow Datasets (pip install "
                     "'tff-cluster[tfds]'; --data_dir is then TFDS's data directory); auto: "
                     "--data_dir's files, else Keras' cache when it holds them, else a prepared "
                     "TFDS copy when there is one, else Keras' download. Every source gives the "
                     "same arrays in the same order (docs/tasks.md).")
-flags.DEFINE_float("synthetic_alpha", 1.0, "Synthetic(alpha, beta): model heterogeneity.")
-flags.DEFINE_float("synthetic_beta", 1.0, "Synthetic(alpha, beta): input heterogeneity.")
+flags.DEFINE_float("synthetic_alpha", _DEFAULT["synthetic_alpha"],
+                   "Synthetic(alpha, beta): model heterogeneity.")
+flags.DEFINE_float("synthetic_beta", _DEFAULT["synthetic_beta"],
+                   "Synthetic(alpha, beta): input heterogeneity.")
 flags.DEFINE_string("glove_path", None, "GloVe vectors for sent140: a text file of any "
                     "dimension, plain or .gz (glove.6B.300d.txt), or a directory with one "
                     "glove*.txt[.gz].")
-flags.DEFINE_multi_string("task_arg", [], "Task-specific setting NAME=VALUE, repeatable "
+flags.DEFINE_multi_string("task_arg", list(_DEFAULT["task_arg"]),
+                          "Task-specific setting NAME=VALUE, repeatable "
                           "(e.g. --task_arg=num_clusters=4 for cluster-structured tasks).")
 flags.DEFINE_string("output_dir", None, "Results directory (default: "
                     "results/<task>_<algo>_<timestamp>).")
-flags.DEFINE_boolean("overwrite", False, "Replace results in a non-empty --output_dir.")
-flags.DEFINE_boolean("progress", True, "Show a progress bar.")
-flags.DEFINE_integer("checkpoint_every", 10, "Checkpoint the run state every this many "
+flags.DEFINE_boolean("overwrite", _DEFAULT["overwrite"],
+                     "Replace results in a non-empty --output_dir.")
+flags.DEFINE_boolean("progress", _DEFAULT["progress"], "Show a progress bar.")
+flags.DEFINE_integer("checkpoint_every", _DEFAULT["checkpoint_every"],
+                     "Checkpoint the run state every this many "
                      "rounds (also after the set-up and at the end); --resume continues "
                      "from the latest.")
-flags.DEFINE_enum("groups_format", "wide", ["wide", "long"], "groups.csv: one row per "
+flags.DEFINE_enum("groups_format", _DEFAULT["groups_format"],
+                  list(_GROUPS_FORMATS), "groups.csv: one row per "
                   "round with a column per client (wide), or round,client,group lines for "
                   "the clients whose group changed (long; for large federations).")
-flags.DEFINE_boolean("resume", False, "Continue the run in --output_dir from its latest "
+flags.DEFINE_boolean("resume", _DEFAULT["resume"],
+                     "Continue the run in --output_dir from its latest "
                      "checkpoint (written on any stack and runner); flags not given take "
                      "the run's values; only a larger --rounds, --runner and --jit may "
                      "differ (with another --runner, the run's flags of its old runner "
                      "are dropped).")
-flags.DEFINE_boolean("eval_only", False, "Evaluate the saved models of the run in "
+flags.DEFINE_boolean("eval_only", _DEFAULT["eval_only"], "Evaluate the saved models of the run in "
                      "--output_dir (models/final and models/best) on --task's test data "
                      "(default: the run's task); writes eval_<task>.json there.")
 

@@ -99,8 +99,8 @@ def _clear_previous_results(path: str) -> None:
   foreign = set(foreign_entries(path))
   for name in os.listdir(path):
     full = os.path.join(path, name)
-    if name in foreign or name + "/" in foreign or name == rundir.LOCK:
-      continue  # (the lock: this run's own, held)
+    if name in foreign or name + "/" in foreign or name in (rundir.LOCK, rundir.LOG):
+      continue  # (the lock: this run's own, held; the log: a sweep writing this run's output)
     if os.path.isdir(full) and not os.path.islink(full):
       if any(f.startswith(name + "/") for f in foreign):
         continue  # never the case after check_output_dir; kept whole if it were

@@ -47,6 +47,7 @@ CLIENTS_JSON = "clients.json"
 EVAL_PREFIX = "eval_"
 WRITE_TEST = ".write-test"  # the empty file that tells a folder is writable (never a link)
 LOCK = ".lock"  # held while a run writes (`tff_cluster.io.lock`; never a link)
+LOG = "output.log"  # a sweep's cell: its runs' output (`tff_cluster.sweep`), kept by --overwrite
 RUN_FILES = (CONFIG, METRICS_CSV, METRICS_JSONL, SUMMARY, ACCURACY_PNG, GROUPS_CSV, GROUPS_PNG)
 RUN_DIRS = (TENSORBOARD, CHECKPOINTS, MODELS)
 # The temporary files and directories a write of a run makes, by folder:
@@ -66,7 +67,7 @@ _TEMPORARIES = {
 # What a run writes besides RUN_FILES, as glob patterns per folder (a folder
 # pattern of its own); `*/` marks a folder.
 RUN_ENTRIES = {
-    "": (f"{EVAL_PREFIX}*.json", WRITE_TEST, LOCK, *(f"{d}/" for d in RUN_DIRS)),
+    "": (f"{EVAL_PREFIX}*.json", WRITE_TEST, LOCK, LOG, *(f"{d}/" for d in RUN_DIRS)),
     TENSORBOARD: ("events.out.tfevents.*", "*/"),
     f"{TENSORBOARD}/*": ("events.out.tfevents.*", "*/"),
     CHECKPOINTS: ("round-[0-9][0-9][0-9][0-9][0-9][0-9]*.npz",
@@ -336,7 +337,7 @@ def foreign_entries(path: str) -> List[str]:
   `config.json` (a directory holding only a run's temporary files is a
   run's); [] for a previous run's directory."""
   names = [n for n in os.listdir(path)
-           if not (n in (WRITE_TEST, LOCK) and is_plain_file(os.path.join(path, n)))]
+           if not (n in (WRITE_TEST, LOCK, LOG) and is_plain_file(os.path.join(path, n)))]
   if not names or all(is_temporary(n) for n in names):
     return []
   if not is_run_config(path_of(path, CONFIG)):

@@ -52,39 +52,10 @@ from tff_cluster.learning import evaluation
 from tff_cluster.learning import schedule
 from tff_cluster.data.federated import FederatedData, LazyFederatedData
 from tff_cluster.runners import local_runner
+from tff_cluster.runners.ray_setup import (  # noqa: F401  (re-exported)
+    CONNECT_TIMEOUT_S, RayUnavailable, check_reachable, import_ray, init_kwargs, loopback_only)
 from tff_cluster.runners.base import (ClientStateStore, RoundOutput, WorkerLost, check_keys,
                                       client_summary, to_numpy)
-
-# How long a call to an unreachable `--ray_address` may take before it fails.
-CONNECT_TIMEOUT_S = 30
-
-
-class RayUnavailable(ValueError):
-  """Ray cannot be used (not installed, the cluster cannot be reached, too
-  few CPUs for the actors); the message is one line."""
-
-
-def import_ray():
-  """Ray, or one clear `RayUnavailable`."""
-  try:
-    import ray  # noqa: PLC0415  (an optional dependency)
-  except ImportError:
-    raise RayUnavailable(stack.RAY_MISSING) from None
-  return ray
-
-
-def loopback_only() -> bool:
-  """Whether this process's network namespace has no interface but `lo`
-  (read from /proc/self/net/dev, which is per namespace; /sys/class/net is
-  not remounted by `unshare -n`). The tests and the scale-out benchmark run
-  Ray only in such a namespace on a machine that has other interfaces."""
-  try:
-    with open("/proc/self/net/dev") as f:
-      names = {line.split(":", 1)[0].strip() for line in f.readlines()[2:] if ":" in line}
-  except OSError:
-    return False
-  return names <= {"lo"}
-
 
 def shard_bounds(num_clients: int, num_workers: int) -> List[int]:
   """Start offsets (and the end) of `num_workers` contiguous shards of
@@ -139,7 +110,7 @@ class ShardHost:
                                       client_batching=client_batching, chunk=chunk)
     self._shards[key] = _Shard(runner, data, model_fn, loss)
     out = dict(runner.describe())
-    out.update(pid=os.getpid(), host=_host_name(), memory=_rss_bytes())
+    out.update(pid=os.getpid(), host=_host_name(), node=_node_id(), memory=_rss_bytes())
     return out
 
   def drop(self, key: str) -> None:
@@ -227,6 +198,11 @@ def _host_name() -> str:
   return socket.gethostname()
 
 
+def _node_id() -> str:
+  """The Ray node this actor runs on (one host may hold several)."""
+  return import_ray().get_runtime_context().get_node_id()
+
+
 class _Pool:
   """The actors of one Ray instance, reused by the runners of this process."""
 
@@ -237,19 +213,6 @@ class _Pool:
 
 
 _POOL: Optional[_Pool] = None
-
-
-def _worker_env() -> Dict[str, str]:
-  """What an actor's process needs of this one's environment: the import
-  path (a checkout's `tff_cluster` and task modules) and TF's settings."""
-  env = {k: v for k, v in os.environ.items()
-         if k.startswith(("TF_", "TFF_CLUSTER_")) or k in ("CUDA_VISIBLE_DEVICES",)}
-  paths = [p for p in sys.path if p and os.path.isdir(p) and "site-packages" not in p
-           and not p.startswith(sys.base_prefix)]
-  if os.getcwd() not in paths:
-    paths.insert(0, os.getcwd())
-  env["PYTHONPATH"] = os.pathsep.join(paths)
-  return env
 
 
 def connect(num_workers: int, address: Optional[str]) -> _Pool:
@@ -327,41 +290,6 @@ def _shutdown_pool(pool: _Pool) -> None:
   """At exit: stops `pool`'s actors and Ray if the run did not (`session`)."""
   if _POOL is pool:
     shutdown()
-
-
-def init_kwargs(num_cpus: Optional[int] = None, address: Optional[str] = None
-                ) -> Dict[str, Any]:
-  """`ray.init`'s arguments for the ray runner: no dashboard, the actors'
-  output shown here, and this process's import path given to the actors."""
-  # Ray starts its workers at niceness 15 by default: the actors, which do the
-  # training, would yield the CPU to everything else on the host.
-  os.environ.setdefault("RAY_worker_niceness", "0")
-  kwargs: Dict[str, Any] = dict(
-      include_dashboard=False, configure_logging=False, log_to_driver=True,
-      runtime_env={"env_vars": _worker_env()})
-  if address is not None:
-    kwargs["address"] = address
-  else:
-    kwargs["num_cpus"] = num_cpus
-  return kwargs
-
-
-def check_reachable(address: str) -> None:
-  """Fails within CONNECT_TIMEOUT_S (RayUnavailable) when no Ray head answers
-  at `address` (host:port; 'auto' and ray:// addresses are left to Ray)."""
-  if address == "auto" or "://" in address:
-    return
-  import socket
-  host, _, port = address.rpartition(":")
-  if not host or not port.isdigit():
-    raise RayUnavailable(f"invalid --ray_address={address}; valid: HOST:PORT of a Ray "
-                         "head (ray start --head), or auto")
-  try:
-    with socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S):
-      pass
-  except OSError as e:
-    raise RayUnavailable(f"--ray_address={address}: no Ray cluster answers there "
-                         f"({e.strerror or type(e).__name__})") from None
 
 
 @contextlib.contextmanager
@@ -494,11 +422,15 @@ class RayRunner(local_runner.ServerSide):
     ray = self._ray
     return {"runner": self.name, "ray_version": ray.__version__,
             "ray_address": self.address or "local",
-            "ray_workers": len(self._actors), "device": self.device, "jit": self.jit,
+            "ray_workers": len(self._actors),
+            # the distinct Ray nodes the actors run on (each actor's `node` below)
+            "ray_nodes": len({info.get("node") for info in self._shard_info}),
+            "device": self.device, "jit": self.jit,
             "client_batching": self.client_batching,
             **({"chunk": self.chunk} if self.chunk else {}), "model_family": self.model_family, "exact_batches": self.exact_batches,
             "actors": [{"clients": self._bounds[w + 1] - self._bounds[w],
                         "first_client": self._bounds[w], "host": info["host"],
+                        "node": info.get("node"),
                         "pid": info["pid"], "device": info["device"],
                         # resident bytes after making its clients
                         "memory": info.get("memory")}
