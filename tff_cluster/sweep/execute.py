@@ -181,7 +181,7 @@ def _run_tasks(ray, jobs, report, cpus, gpus, retries, show) -> None:
       while refs:
         ready, _ = ray.wait(list(refs), num_returns=1, timeout=POLL_S * 5)
         if signals.received is not None:
-          _cancel(ray, list(refs))
+          _cancel(ray, refs)
           raise Stopped(signals.received)
         for ref in ready:
           job = refs.pop(ref)
@@ -197,13 +197,18 @@ def _run_tasks(ray, jobs, report, cpus, gpus, retries, show) -> None:
       bar.close()
 
 
-def _cancel(ray, refs) -> None:
+def _cancel(ray, refs: Dict[object, Job]) -> None:
   """Stops the cells' tasks: a KeyboardInterrupt in each (`cells.run` then
-  stops its run with SIGTERM, so it ends as interrupted), then, for those not
-  done within STOP_GRACE_S, their workers killed."""
+  stops its run with SIGTERM, so it ends as interrupted), then waits while
+  any of their runs still holds its run directory's lock (a cancelled task's
+  result is ready before its run has stopped), at most STOP_GRACE_S; the
+  workers of tasks still running then are killed."""
   for ref in refs:
     ray.cancel(ref, force=False)
-  _, left = ray.wait(refs, num_returns=len(refs), timeout=STOP_GRACE_S)
+  deadline = time.monotonic() + STOP_GRACE_S
+  while _held(refs.values()) and time.monotonic() < deadline:
+    time.sleep(POLL_S)
+  _, left = ray.wait(list(refs), num_returns=len(refs), timeout=0)
   for ref in left:
     ray.cancel(ref, force=True)
 
