@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -139,8 +140,19 @@ def _stop(running: Dict[object, Job], report: Report) -> None:
 
 
 def _ray_cell(cell_dir: str, argv: List[str]) -> cells.Outcome:
-  """A Ray task's body: the cell's run on the worker's node (named in the outcome)."""
-  outcome = cells.run(cell_dir, argv)
+  """A Ray task's body: the cell's run on the worker's node (named in the
+  outcome). Ray's cancel reaches a running task as SIGINT's KeyboardInterrupt,
+  which a worker started where SIGINT is ignored (`nohup`, a background job
+  of a script) would never raise: Python's own handler is put back for the
+  task."""
+  old = None
+  if threading.current_thread() is threading.main_thread():
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+  try:
+    outcome = cells.run(cell_dir, argv)
+  finally:
+    if old is not None:
+      signal.signal(signal.SIGINT, old)
   outcome.node = ray_setup.import_ray().get_runtime_context().get_node_id()
   return outcome
 
