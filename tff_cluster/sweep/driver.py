@@ -11,6 +11,7 @@ import os
 import socket
 from typing import Any, Dict, List, Mapping, Optional, Union
 
+from tff_cluster.io import checkpoint
 from tff_cluster.sweep import cells as cells_mod
 from tff_cluster.sweep import execute, report
 from tff_cluster.sweep.spec import Sweep, SpecError, from_dict, load, conflicts, union
@@ -89,26 +90,33 @@ class _FolderLock:
     return False
 
 
+def _read_record(out: str) -> Dict[str, Any]:
+  """`out`/sweep.json ({} where there is none). Raises SweepBusy (one line)."""
+  path = os.path.join(out, RECORD)
+  if not os.path.exists(path):
+    return {}
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, ValueError) as e:
+    raise SweepBusy(f"{path} cannot be read ({e}); valid: another --out") from None
+
+
+def _write_record(out: str, recorded: Mapping[str, Any]) -> None:
+  checkpoint.atomic_write_bytes(os.path.join(out, RECORD),
+                                json.dumps(recorded, indent=1).encode())
+
+
 def _claim(sweep: Sweep, out: str) -> None:
   """Records the sweep's cells in `out`/sweep.json (with the cells of earlier
   sweeps there), or refuses a folder where one of its cells ran with other
   flags."""
-  path = os.path.join(out, RECORD)
-  recorded: Dict[str, Any] = {}
-  if os.path.exists(path):
-    try:
-      with open(path) as f:
-        recorded = json.load(f)
-    except (OSError, ValueError) as e:
-      raise SweepBusy(f"{path} cannot be read ({e}); valid: another --out") from None
-    differs = conflicts(recorded, sweep)
-    if differs is not None:
-      raise SweepBusy(f"{out} holds another sweep ({differs}); valid: the same cells' flags "
-                      "(a sweep may add cells or leave some out), or another --out")
-  tmp = f"{path}.tmp-{os.getpid()}"
-  with open(tmp, "w") as f:
-    json.dump(union(recorded, sweep), f, indent=1)
-  os.replace(tmp, path)
+  recorded = _read_record(out)
+  differs = conflicts(recorded, sweep)
+  if differs is not None:
+    raise SweepBusy(f"{out} holds another sweep ({differs}); valid: the same cells' flags "
+                    "(a sweep may add cells or leave some out), or another --out")
+  _write_record(out, union(recorded, sweep))
 
 
 def sweep(spec: Union[str, Mapping[str, Any], Sweep], out: Optional[str] = None,
@@ -177,22 +185,15 @@ def sweep(spec: Union[str, Mapping[str, Any], Sweep], out: Optional[str] = None,
 def _record_failures(out: str, sweep: Sweep, failed: Dict[str, str]) -> None:
   """sweep.json's `failed`: each failed cell's line (a later report says why
   it failed); a cell of this sweep that did not fail this time is taken off."""
-  path = os.path.join(out, RECORD)
-  with open(path) as f:
-    recorded = json.load(f)
+  recorded = _read_record(out)
   mine = {c.path for c in sweep.cells}
   kept = {p: m for p, m in recorded.get("failed", {}).items() if p not in mine}
-  recorded["failed"] = {**kept, **failed}
-  tmp = f"{path}.tmp-{os.getpid()}"
-  with open(tmp, "w") as f:
-    json.dump(recorded, f, indent=1)
-  os.replace(tmp, path)
+  _write_record(out, {**recorded, "failed": {**kept, **failed}})
 
 
 def recorded_failures(out: str) -> Dict[str, str]:
   """The failed cells sweep.json in `out` names (path -> one line)."""
   try:
-    with open(os.path.join(out, RECORD)) as f:
-      return dict(json.load(f).get("failed", {}))
-  except (OSError, ValueError):
+    return dict(_read_record(out).get("failed", {}))
+  except SweepBusy:
     return {}

@@ -21,7 +21,6 @@ raises `Stopped`; running the sweep again finishes it.
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import threading
 import time
@@ -239,11 +238,3 @@ def _held(jobs) -> int:
 def _first_line(e: Exception) -> str:
   text = str(e).strip().splitlines()
   return f"{type(e).__name__}: {text[-1] if text else ''}"
-
-
-def cpu_count() -> int:
-  """The CPUs this process may use."""
-  try:
-    return len(os.sched_getaffinity(0))
-  except AttributeError:
-    return os.cpu_count() or 1

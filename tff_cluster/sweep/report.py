@@ -11,13 +11,14 @@ rounds up). Nothing here imports TensorFlow.
 from __future__ import annotations
 
 import csv
+import io
 import math
 import os
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from tff_cluster.io import plot, rundir
+from tff_cluster.io import checkpoint, plot, rundir
 from tff_cluster.sweep import cells as cells_mod
 from tff_cluster.sweep.spec import Cell, Sweep, flag_text
 
@@ -93,13 +94,12 @@ def _text(value: Any) -> str:
 def write_csv(path: str, table: Sequence[Dict[str, Any]]) -> None:
   """`table` as CSV, written atomically (floats in full)."""
   fields = list(table[0]) if table else []
-  tmp = f"{path}.tmp-{os.getpid()}"
-  with open(tmp, "w", newline="") as f:
-    writer = csv.writer(f, lineterminator="\n")
-    writer.writerow(fields)
-    for row in table:
-      writer.writerow([_text(row.get(k)) for k in fields])
-  os.replace(tmp, path)
+  text = io.StringIO()
+  writer = csv.writer(text, lineterminator="\n")
+  writer.writerow(fields)
+  for row in table:
+    writer.writerow([_text(row.get(k)) for k in fields])
+  checkpoint.atomic_write_bytes(path, text.getvalue().encode())
 
 
 def truncated(x: float, digits: int) -> str:
@@ -185,10 +185,8 @@ def write(sweep: Sweep, out: str, failures: Optional[Dict[str, str]] = None,
   """results.csv, table.md and the curves; returns the rows."""
   table = rows(sweep, out, failures)
   write_csv(os.path.join(out, RESULTS_CSV), table)
-  tmp = os.path.join(out, f"{TABLE_MD}.tmp-{os.getpid()}")
-  with open(tmp, "w") as f:
-    f.write(markdown(sweep, table) + "\n")
-  os.replace(tmp, os.path.join(out, TABLE_MD))
+  checkpoint.atomic_write_bytes(os.path.join(out, TABLE_MD),
+                                (markdown(sweep, table) + "\n").encode())
   if plots:
     plot_tasks(sweep, out, table)
   return table

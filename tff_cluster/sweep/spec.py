@@ -131,10 +131,6 @@ class Sweep:
   out: Optional[str]
   source: str
 
-  def record(self) -> Dict[str, Any]:
-    """What `sweep.json` holds: the cells (what makes two sweeps the same)."""
-    return {"cells": [c.record() for c in self.cells], "grid": list(self.grid_names)}
-
 
 def flag_text(value: Any) -> str:
   """A value as a flag's text (booleans true/false, floats in full)."""
