@@ -185,7 +185,7 @@ install_all() {
   if wants tff && [ -n "$PY_TFF" ]; then sync .venv-tff "$PY_TFF" --extra tff || rc=1; fi
   # (the tff phase resumes checkpoints with today's interpreter too)
   if { wants today || wants sweep || wants keras2 || wants tff; } && [ -n "$PY_TODAY" ]; then
-    sync "$TODAY_ENV" "$PY_TODAY" --extra legacy-keras --extra ray --extra tfds || rc=1
+    sync "$TODAY_ENV" "$PY_TODAY" --extra legacy-keras --extra ray --extra tfds --extra privacy || rc=1
   fi
   if wants colab && [ -n "$PY_COLAB" ]; then
     rm -rf .venv-colab

@@ -20,6 +20,7 @@ import clustered_catalogue  # noqa: E402
 import _sweep  # noqa: E402
 import personalized_baselines  # noqa: E402
 import pfedmo_table2  # noqa: E402
+import private_clustered  # noqa: E402
 import wecfl_table2  # noqa: E402
 import xla_compile_growth  # noqa: E402
 from tff_cluster.io import checkpoint  # noqa: E402
@@ -709,7 +710,8 @@ def test_every_sweep_file_of_the_tables_loads(monkeypatch):
           for p in t.PARTS} | {f"{p.stem}.toml" for p in (
               clustered_catalogue.PAPERS, cflmgd_table2.PART, wecfl_table2.PART,
               wecfl_table2.TEST_LOSS, pfedmo_table2.PART, fedgroup_table3.PART,
-              fedgroup_table3.ABLATION_PART, fedgroup_table3.TEST_LOSS)}
+              fedgroup_table3.ABLATION_PART, fedgroup_table3.TEST_LOSS)} | {
+                  os.path.basename(private_clustered.SWEEP)}
   assert read == set(files)
   for name in files:
     sweep = spec.load(os.path.join(folder, name))

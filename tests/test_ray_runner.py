@@ -119,6 +119,19 @@ def test_ray_gives_the_local_runners_numbers(algo, ray_instance, uneven_data, tm
                   options.get("_weights_atol", ATOL))
 
 
+# About 10 s: the order statistics' host step reads every client's delta,
+# which the actors send back with their results (docs/privacy.md).
+@needs_isolation
+def test_ray_gives_the_local_runners_median_of_the_clients_deltas(ray_instance, uneven_data,
+                                                                   tmp_path):
+  task, data = uneven_data
+  options = {"num_groups": 2, "_config": {"jit": "off", "aggregator": "median"}}
+  with_workers = dict(options, _config={**options["_config"], "ray_workers": 2})
+  assert_same_run(_run(task, data, "ifca", dict(options), "local", tmp_path, SOLVER_CASES[SOLVER], rounds=2),
+                  _run(task, data, "ifca", with_workers, "ray", tmp_path, SOLVER_CASES[SOLVER],
+                       rounds=2))
+
+
 # About 35 s: the only test of the actors' side-by-side clients (each actor
 # traces the stacked round of K models); one algorithm.
 @needs_isolation

@@ -30,12 +30,18 @@ OLD_MAXIMIZED = ("test_accuracy_assigned", "test_accuracy_client_mean", "test_ac
 OLD_HPARAM_KEYS = ("algo", "task", "model", "seed", "rounds", "clients_per_round",
                    "batch_size", "client_lr", "local_epochs", "local_steps", "lr_decay",
                    "client_momentum", "client_state", "eval_every", "num_clients", "runner",
-                   "jit", "client_batching", "client_chunk")
+                   "jit", "client_batching", "client_chunk",
+                   # The aggregation slot's settings (docs/privacy.md), added since.
+                   "aggregator", "clip", "noise_multiplier", "dp_epsilon", "dp_delta",
+                   "clip_quantile", "clip_lr", "clip_count_stddev", "trim_fraction")
 OLD_KEY_SETTINGS = (("algo", ""), ("task", ""), ("model", ""), ("num_groups", "groups"),
                     ("client_lr", "lr"), ("local_epochs", "E"), ("local_steps", "steps"),
                     ("runner", "runner"))
 OLD_OTHER_SETTINGS = ("batch_size", "clients_per_round", "rounds", "num_clients", "lr_decay",
-                      "client_momentum", "client_state", "eval_every", "jit",
+                      "client_momentum", "client_state", "eval_every",
+                      # The aggregation slot's settings, added since.
+                      "aggregator", "clip", "noise_multiplier", "dp_epsilon", "dp_delta",
+                      "clip_quantile", "clip_lr", "clip_count_stddev", "trim_fraction", "jit",
                       "client_batching", "synthetic_alpha", "synthetic_beta", "data_dir",
                       "glove_path")
 

@@ -94,8 +94,8 @@ def _run(task, data, algo, options, runner, tmp_path, solver, rounds=ROUNDS):
       "clients_per_round": data.num_clients if algo in ALL_CLIENTS else 8,
       "seed": 1, "runner": runner, **settings, **options.pop("_config", {})})
   driver = registry.build_driver(algo, task, data, config, **options)
-  columns = [*loop.BASE_COLUMNS, *driver.extra_columns]
-  writer = ResultsWriter(str(tmp_path / runner), columns, tensorboard=False, figures=False)
+  writer = ResultsWriter(str(tmp_path / runner), loop.columns(driver), tensorboard=False,
+                         figures=False)
   summary = loop.run_training(task, data, config, driver, writer, progress=False)
   writer.close()
   weights, client_model = driver.eval_models()

@@ -204,10 +204,9 @@ def run(settings: dict) -> dict:
   if resume is not None:
     _check_same_data(previous, data, data_fingerprint, out_dir)
 
-  runner_columns = list(getattr(driver, "extra_columns", ()))
   try:
     writer = results.ResultsWriter(
-        out_dir, [*loop.BASE_COLUMNS, *runner_columns],
+        out_dir, loop.columns(driver),
         overwrite=settings["overwrite"], resume_rows=None if resume is None else resume["rows"],
         groups_format=settings["groups_format"] or "wide")
   except results.OutputDirError as e:  # e.g. another run started into the folder meanwhile

@@ -52,7 +52,7 @@ def build_driver(spec, model, data, config, options=None, *, initial_weights=Non
   context = driver.Context.of(model, data, config, options, initial_weights)
   host = spec.load_host()
   host.check(context)
-  return host(context, spec.load_definition()(context))
+  return host(context, driver.with_mechanism(spec.load_definition()(context), host, context))
 
 
 ALGORITHMS: Dict[str, AlgorithmSpec] = {spec.name: spec for spec in discover_specs()}

@@ -4,7 +4,9 @@
 * `ClientDataSource`: a `tff.program.FederatedDataSource` (below).
 * `build_learning_process(algo, ...)`: the round of an algorithm whose round
   is TensorFlow end to end as a `tff.learning.templates.LearningProcess` that
-  `tff.learning.programs.train_model` drives (`tff.learning`'s metrics layout).
+  `tff.learning.programs.train_model` drives (`tff.learning`'s metrics layout),
+  optionally with a `tff.aggregators` factory (`model_aggregator`: TFF's
+  DP-FedAvg, robust or mean aggregators) combining the clients' updates.
 * `train_program(process, data, ...)`: any algorithm, host steps included, in
   `tff.program`'s style, resuming from its program state.
 
@@ -47,6 +49,7 @@ from tensorflow_federated.python.common_libs import serializable  # noqa: E402
 
 from tff_cluster import api  # noqa: E402
 from tff_cluster.algorithms.fedavg import fedavg  # noqa: E402
+from tff_cluster.core import mechanisms  # noqa: E402
 from tff_cluster.core.definition import round_params  # noqa: E402
 from tff_cluster.data.federated import FederatedData  # noqa: E402
 from tff_cluster.host.driver import sample_clients  # noqa: E402
@@ -177,7 +180,7 @@ def build_learning_process(algo: str, model_fn, loss, element_spec, initial_weig
                            client_lr: float, options=None, *, modes=None,
                            model_index: int = 0, data=None,
                            client_momentum: float = 0.0, server_optimizer=None,
-                           client_optimizer=None):
+                           client_optimizer=None, model_aggregator=None):
   """`algo`'s round as a `tff.learning.templates.LearningProcess` that
   `tff.learning.programs.train_model` drives.
 
@@ -204,12 +207,18 @@ def build_learning_process(algo: str, model_fn, loss, element_spec, initial_weig
   HypCluster: its state stacked) / of the clients' local step; anything
   else is refused in one line.
 
+  `model_aggregator`: a `tff.aggregators` factory combining the clients'
+  updates (each client's delta in its cluster's row, with its weight for a
+  weighted factory) in place of the library's sum, for the algorithms with
+  the aggregation slot; the rule: `_aggregated_process`, docs/privacy.md.
+
   Args: as `api.computations` (options by name, `data` and
   `client_momentum` to the definition), plus the clients' learning rate and `initial_weights`: one
   model's weight list, or for a clustered one a list per cluster (K equal
   models would tie every client's choice to cluster 0).
   """
   _check_host_steps(algo, options)
+  _check_factory(model_aggregator)
   definition, computations = api.computations(algo, model_fn, loss, element_spec, options,
                                               data=data, client_momentum=client_momentum,
                                               server_optimizer=server_optimizer,
@@ -217,17 +226,12 @@ def build_learning_process(algo: str, model_fn, loss, element_spec, initial_weig
   initial = definition.initial_state(tf.nest.map_structure(np.asarray, list(initial_weights)))
   _check_process_algorithm(algo, computations, initial)
   modes = tuple(modes or ROUND_MODES.get(algo, ("train",)))
-  for mode in modes:
-    if mode not in computations:
-      raise ValueError(f"invalid mode {mode!r} for {algo}; valid: {', '.join(computations)}")
-    needs = [what for what, needed in (
-        ("keys", definition.num_keys(mode) > 0),
-        ("states", definition.client_state_spec(mode) is not None)) if needed]
-    if needs:
-      raise ValueError(f"{algo}'s {mode} round takes per-client {' and '.join(needs)} from "
-                       "the host, which a LearningProcess cannot pass; valid: its "
-                       "api.computations driven by a program, or build(..., runner='tff')")
+  _check_modes(algo, definition, computations, modes)
   _check_distinct_models(algo, initial)
+  if model_aggregator is not None:
+    _check_aggregation_slot(algo, definition, modes)
+    return _aggregated_process(definition, computations[modes[0]], modes[0], initial,
+                               model_aggregator, client_lr, model_index)
   rounds = [computations[mode].computation for mode in modes]
   round_comp = rounds[-1]
   state_type, data_type = (round_comp.type_signature.parameter[i] for i in (0, 2))
@@ -269,6 +273,175 @@ def build_learning_process(algo: str, model_fn, loss, element_spec, initial_weig
   set_model_weights = tff.tensorflow.computation(with_weights, state_type.member, model_type)
   return tff.learning.templates.LearningProcess(initialize, next_fn, get_model_weights,
                                                 set_model_weights)
+
+
+# The state's entry of a `model_aggregator`'s process state.
+AGGREGATOR_STATE = "model_aggregator"
+FACTORIES = ("a tff.aggregators factory: an UnweightedAggregationFactory (e.g. "
+             "tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(...)) or a "
+             "WeightedAggregationFactory (e.g. tff.aggregators.MeanFactory(), "
+             "tff.learning.robust_aggregator())")
+
+
+def _check_factory(model_aggregator) -> None:
+  """ValueError (one line) for a `model_aggregator` that is not a factory."""
+  if model_aggregator is None or isinstance(
+      model_aggregator, (tff.aggregators.UnweightedAggregationFactory,
+                         tff.aggregators.WeightedAggregationFactory)):
+    return
+  raise ValueError(f"invalid model_aggregator={model_aggregator!r} (a "
+                   f"{type(model_aggregator).__name__}); valid: None, or {FACTORIES}")
+
+
+def _check_aggregation_slot(algo: str, definition, modes) -> None:
+  """ValueError (one line) for a round whose updates a factory cannot take:
+  an algorithm without update parts, or a round of several modes."""
+  without = [m for m in modes if definition.update_parts(m) is None]
+  if not getattr(definition, "aggregation_slot", False) or without:
+    what = (f"its {without[0]} round sends no update" if without and
+            getattr(definition, "aggregation_slot", False) else
+            "its server does not read only sums of its clients' updates (no update parts)")
+    raise ValueError(f"model_aggregator with {algo}: {what}; valid: model_aggregator=None, "
+                     "or an algorithm with the aggregation slot (fedavg and its server "
+                     "optimizers, fedprox, ifca)")
+  if len(modes) != 1:
+    raise ValueError(f"model_aggregator with {algo}'s round of modes {', '.join(modes)}: "
+                     "one factory aggregates one mode's updates; valid: a round of one mode")
+
+
+def _record_computations(parts, summed_type, weighted: bool):
+  """(split, assemble, train_metrics): a client's summed as (its record, its
+  weight, the rest); the rest's sum and the factory's result as the
+  definition's summed (`_aggregated_process`' rule); the training metrics of
+  the rest's sum."""
+  layout = {}
+
+  @tff.tensorflow.computation(summed_type)
+  def split(summed):
+    summed = collections.OrderedDict(summed)
+    flat, layout["rebuild"] = mechanisms.flatten_parts(summed, parts.updates)
+    layout["keys"] = list(summed)
+    w = tf.reduce_sum(summed[parts.weight])
+    safe = tf.where(w > 0, w, 1.0)
+    rest = collections.OrderedDict((k, v) for k, v in summed.items()
+                                   if k not in parts.updates)
+    return [u / safe for u in flat], w, rest
+
+  rest_type = split.type_signature.result[2]
+  record_type = split.type_signature.result[0]
+
+  @tff.tensorflow.computation(rest_type, record_type)
+  def assemble(rest, result):
+    rest = collections.OrderedDict(rest)
+    weight = rest[parts.weight]
+    values = tf.nest.flatten(result)
+    if weighted:
+      total = tf.reduce_sum(weight)
+      values = [v * total for v in values]
+    else:
+      rest[parts.weight] = tf.ones_like(weight)
+    summed = collections.OrderedDict((k, rest.get(k)) for k in layout["keys"])
+    layout["rebuild"](summed, values)
+    return summed
+
+  @tff.tensorflow.computation(rest_type)
+  def train_metrics(rest):
+    n = rest["num_examples"] if "num_examples" in rest else rest[parts.weight]
+    return collections.OrderedDict(train=fedavg.train_metrics(rest["loss_sum"], n))
+
+  return split, assemble, train_metrics
+
+
+def _aggregated_process(definition, round_computation, mode: str, initial, factory,
+                        client_lr: float, model_index: int):
+  """The LearningProcess of `mode`'s round with `factory` aggregating the
+  update parts (`Definition.update_parts`) in place of the library's sum.
+
+  Each client's record is its delta in its cluster's row (the update parts
+  over its summed weight w: a [K, ...] stack, zeros elsewhere, for a
+  clustered definition), aggregated by the factory's process with weight w
+  (a `WeightedAggregationFactory`, e.g. `tff.aggregators.MeanFactory()`,
+  `tff.learning.robust_aggregator()`) or unweighted (an
+  `UnweightedAggregationFactory`, e.g. `DifferentiallyPrivateFactory`). The
+  server update then gets, in place of the update sums: for a weighted
+  factory, its result times the round's total weight W beside the summed
+  weights W_k (row k becomes the result's row k x W / W_k: each cluster's own
+  weighted mean where the factory is the mean); for an unweighted one its
+  result beside weights of 1 in every row (DP-FedAvg's rule, as
+  `--aggregator=dp_fixed`: the noised sum over the factory's
+  `clients_per_round` for every cluster, members or not). The process state
+  is the state's `model_aggregator` entry, beside the definition's; its
+  measurements are the metrics' `aggregator`."""
+  d = definition
+  broadcast_fn, client_fn, server_fn = round_computation.parts
+  data_type = client_fn.type_signature.parameter[1]  # (received, dataset, position)
+  weighted = isinstance(factory, tff.aggregators.WeightedAggregationFactory)
+  split, assemble, train_metrics = _record_computations(
+      d.update_parts(mode), client_fn.type_signature.result[0], weighted)
+  record_type, weight_type, _ = split.type_signature.result
+  process = factory.create(record_type, weight_type) if weighted else factory.create(record_type)
+
+  @tff.tensorflow.computation(data_type)
+  def position(dataset):
+    del dataset
+    return tf.constant(0, tf.int32)
+
+  @tff.tensorflow.computation
+  def initial_state():
+    return tf.nest.map_structure(tf.constant, initial)
+
+  def combined(state, aggregator_state):
+    return tff.federated_zip(collections.OrderedDict(
+        [(k, state[k]) for k in initial] + [(AGGREGATOR_STATE, aggregator_state)]))
+
+  @tff.federated_computation
+  def initialize():
+    return combined(tff.federated_eval(initial_state, tff.SERVER), process.initialize())
+
+  params = tf.nest.map_structure(np.asarray, round_params(client_lr))
+  state_type = initialize.type_signature.result
+
+  @tff.federated_computation(state_type, tff.FederatedType(data_type, tff.CLIENTS))
+  def next_fn(state, data):
+    inner = tff.federated_zip(collections.OrderedDict((k, state[k]) for k in initial))
+    received = tff.federated_broadcast(tff.federated_map(
+        broadcast_fn, (inner, tff.federated_value(params, tff.SERVER))))
+    out = tff.federated_map(client_fn, (received, data, tff.federated_map(position, data)))
+    record = tff.federated_map(split, out[0])
+    rest = tff.federated_sum(record[2])
+    if weighted:
+      aggregated = process.next(state[AGGREGATOR_STATE], record[0], record[1])
+    else:
+      aggregated = process.next(state[AGGREGATOR_STATE], record[0])
+    new = tff.federated_map(server_fn, (inner, tff.federated_map(
+        assemble, (rest, aggregated.result))))
+    metrics = tff.federated_zip(collections.OrderedDict(
+        client_work=tff.federated_map(train_metrics, rest),
+        aggregator=aggregated.measurements))
+    return tff.learning.templates.LearningProcessOutput(combined(new, aggregated.state),
+                                                        metrics)
+
+  weights_of, with_weights = _model_access(initial, d.num_trainable, model_index)
+  get_model_weights = tff.tensorflow.computation(weights_of, state_type.member)
+  model_type = get_model_weights.type_signature.result
+  set_model_weights = tff.tensorflow.computation(with_weights, state_type.member, model_type)
+  return tff.learning.templates.LearningProcess(initialize, next_fn, get_model_weights,
+                                                set_model_weights)
+
+
+def _check_modes(algo: str, definition, computations, modes) -> None:
+  """ValueError (one line) for a mode the definition lacks, or one whose
+  round takes per-client keys or states from the host."""
+  for mode in modes:
+    if mode not in computations:
+      raise ValueError(f"invalid mode {mode!r} for {algo}; valid: {', '.join(computations)}")
+    needs = [what for what, needed in (
+        ("keys", definition.num_keys(mode) > 0),
+        ("states", definition.client_state_spec(mode) is not None)) if needed]
+    if needs:
+      raise ValueError(f"{algo}'s {mode} round takes per-client {' and '.join(needs)} from "
+                       "the host, which a LearningProcess cannot pass; valid: its "
+                       "api.computations driven by a program, or build(..., runner='tff')")
 
 
 def _check_host_steps(algo: str, options) -> None:

@@ -37,7 +37,7 @@ import tensorflow as tf
 
 from tff_cluster.core.weighting import add_mean_update, client_weight, with_weight_spec
 from tff_cluster.core import personal
-from tff_cluster.core.definition import ClientOutput, Definition, LocalSolver
+from tff_cluster.core.definition import ClientOutput, Definition, LocalSolver, UpdateParts
 from tff_cluster.host import driver
 from tff_cluster.learning import optimizers, schedule
 
@@ -79,6 +79,12 @@ class SplitDefinition(PersonalStateDefinition):
   that trains the shared part, `update` = sum_k n_k (shared delta) and
   `weight` = sum_k n_k.
   """
+
+  aggregation_slot = True
+
+  def update_parts(self, mode):
+    """The shared weights' updates (the head mode sends none)."""
+    return None if mode == "head" else UpdateParts(("update",), "weight")
 
   def __init__(self, weights_spec, num_trainable: int, *, indices: Sequence[int],
                initial_weights, weighting: str, modes: Tuple[str, ...] = ("train",),
@@ -154,6 +160,12 @@ class FullPersonalDefinition(PersonalStateDefinition):
   global model's training; local-only: `loss_sum` and `num_examples` of v_k's
   training, and the state never changes.
   """
+
+  aggregation_slot = True
+
+  def update_parts(self, mode):
+    """The global model's updates (local-only sends none)."""
+    return UpdateParts(("update",), "weight") if self.federated else None
 
   def __init__(self, weights_spec, num_trainable: int, *, initial_weights, weighting: str,
                lam: float = 0.0, federated: bool = True,

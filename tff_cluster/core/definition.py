@@ -76,6 +76,16 @@ class ClientOutput(NamedTuple):
   state: Any = None
 
 
+class UpdateParts(NamedTuple):
+  """Where a definition's `summed` holds its clients' updates in a mode (the
+  aggregation slot, `tff_cluster.core.mechanisms`): `updates` the keys (each
+  a list of tensors, or one tensor) of w x delta (in the row of the client's
+  key for a clustered definition), `weight` the key of w (a scalar, or w in
+  the key's row of a [K] vector)."""
+  updates: Tuple[str, ...]
+  weight: str
+
+
 def round_params(lr: float) -> "collections.OrderedDict[str, np.ndarray]":
   """The per-round values a definition's `broadcast` receives."""
   return collections.OrderedDict(lr=np.float32(lr))
@@ -118,6 +128,13 @@ class Definition:
   """
 
   modes: Tuple[str, ...] = ("train",)
+  # The aggregation slot (`--aggregator`, `tff_cluster.core.mechanisms`): a
+  # definition whose server reads only sums of its clients' deltas sets
+  # `aggregation_slot` and says where they are (`update_parts`); one whose
+  # host reads each client's update says which step does
+  # (`individual_updates`, a phrase), and refuses every aggregator but mean.
+  aggregation_slot: bool = False
+  individual_updates: str = ""
 
   def __init__(self, weights_spec: Sequence[tf.TensorSpec], num_trainable: int,
                solver: LocalSolver = LocalSolver()):
@@ -166,6 +183,12 @@ class Definition:
 
   def server_update(self, state, summed, mode: str):
     raise NotImplementedError
+
+  def update_parts(self, mode: str):
+    """The `UpdateParts` of `mode`'s `summed` (None: the mode sends no
+    update, e.g. a cluster choice only)."""
+    del mode
+    return None
 
   def with_server_optimizer(self, optimizer: optimizers.Chain) -> "Definition":
     """A copy of this definition whose server optimizer is `optimizer` (a

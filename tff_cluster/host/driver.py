@@ -26,6 +26,7 @@ from tff_cluster.learning.evaluation import Evaluator, deployment
 from tff_cluster.host.model_spec import ModelSpec
 from tff_cluster.core.definition import LocalSolver
 from tff_cluster.spec.options import Options
+from tff_cluster.host import privacy
 from tff_cluster.host.state import HostState
 from tff_cluster.runners.config import RunnerConfig
 from tff_cluster.runners.factory import make_runner
@@ -61,6 +62,15 @@ class TrainingConfig:
   client_momentum: float = 0.0
   client_state: str = "persist"
   divergence_ratio: float = 100.0
+  aggregator: str = "mean"
+  clip: float = 1.0
+  noise_multiplier: float = 1.0
+  dp_epsilon: float = 0.0
+  dp_delta: float = 0.0
+  clip_quantile: float = 0.5
+  clip_lr: float = 0.2
+  clip_count_stddev: float = 0.0
+  trim_fraction: float = 0.1
   runner: RunnerConfig = RunnerConfig()
 
   def __post_init__(self):
@@ -196,6 +206,14 @@ class Driver:
   # "tests each client with several models' outputs combined"), or "": a
   # sequence loss (a label per position) is refused where it is set.
   label_per_example: str = ""
+  # What of this algorithm's host reads each client's update (or data
+  # summary) and lets it shape other clients' models (a phrase), or "": such
+  # an algorithm refuses every `--aggregator` but mean (docs/privacy.md).
+  individual_updates: str = ""
+  # Why this algorithm's rounds are not one release each of the mechanism
+  # the privacy account counts (a phrase), or "": refuses a private
+  # `--aggregator` (dp_fixed, dp_adaptive) only.
+  not_one_release: str = ""
 
   @classmethod
   def check(cls, context: Context) -> None:
@@ -446,6 +464,13 @@ def _all_finite(structure) -> bool:
     if value.dtype.kind == "f" and not np.isfinite(value).all():
       return False
   return True
+
+
+def with_mechanism(definition, host, context: Context):
+  """`definition` with the aggregator the run's `--aggregator` names
+  (`privacy.mechanism_for`; itself for mean)."""
+  return privacy.mechanism_for(definition, host, context.config, context.data,
+                               context.options.algo)
 
 
 def sample_clients(rng: np.random.Generator, num_clients, clients_per_round: int

@@ -29,6 +29,7 @@ from tff_cluster.data.federated import FederatedData
 from tff_cluster.host.driver import (Diverged, Driver, LossRatio, TrainingConfig, client_groups,
                                 sample_clients)
 from tff_cluster.learning.evaluation import deployment
+from tff_cluster.host import privacy
 from tff_cluster.host import round as host_round
 from tff_cluster.io.results import ResultsWriter, summarize
 from tff_cluster.runners.base import WorkerLost
@@ -36,6 +37,12 @@ from tff_cluster.spec.task import TaskSpec
 
 BASE_COLUMNS = ("round", "train_loss", "loss_ratio", *host_round.EVAL_METRICS,
                 "round_seconds", "eval_seconds", "bytes_down", "bytes_up")
+
+
+def columns(driver: Driver) -> List[str]:
+  """A run's metric columns: `BASE_COLUMNS`, the driver's own and its
+  aggregator's (`privacy.columns`)."""
+  return [*BASE_COLUMNS, *getattr(driver, "extra_columns", ()), *privacy.columns(driver)]
 
 
 def check_clients_per_round(config: TrainingConfig, data: FederatedData) -> None:
@@ -235,6 +242,7 @@ class TrainingRun:
     summary["bytes_up"] = int(sum(r.get("bytes_up", 0) for r in rows))
     summary.update(self.extras)
     summary.update(self.driver.summary())
+    summary.update(privacy.summary(self.driver))
     if self.writer is not None:
       with interrupts.deferred():  # (a signal now: the run is closing anyway)
         try:

@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
+from tff_cluster.host import privacy
 from tff_cluster.host.driver import Diverged, Driver, LossRatio, _all_finite
 from tff_cluster.learning.evaluation import EvalResult, Evaluator
 
@@ -81,6 +82,7 @@ def run_round(driver: Driver, round_num: int, sampled: np.ndarray,
   t0 = time.perf_counter()
   row: Dict[str, Any] = {"round": round_num}
   row.update(driver.run_round(round_num, sampled))
+  row.update(privacy.round_metrics(driver))
   row["round_seconds"] = time.perf_counter() - t0
   weights, client_model = (driver.eval_models() if evaluator is not None
                            else driver.round_models())

@@ -38,6 +38,18 @@ def to_numpy(structure):
   return tf.nest.map_structure(np.asarray, structure)
 
 
+def combine_clients(definition, mode: str, total, results: List[Any]):
+  """(total, results) of a call, where `definition` combines its clients'
+  deltas by an order statistic in `mode` (`core.mechanisms.Aggregated`):
+  the total's update parts replaced by the combination of the results'
+  contributions, and the results without them; else as they are."""
+  combines = getattr(definition, "combines", None)
+  if combines is None or not combines(mode):
+    return total, results
+  inner, contributions = definition.split(results)
+  return definition.combine(total, contributions, mode), inner
+
+
 def check_keys(keys, num_keys: int, num_clients: int) -> None:
   """One key per client, each in 0..num_keys-1 (else one clear ValueError)."""
   if keys is None or len(keys) != num_clients:

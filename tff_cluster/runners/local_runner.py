@@ -40,7 +40,7 @@ from tff_cluster.learning import trainers
 from tff_cluster import models
 from tff_cluster.core import aggregators
 from tff_cluster.core.definition import round_params
-from tff_cluster.runners.base import RoundOutput, Runner, check_keys, to_numpy
+from tff_cluster.runners.base import RoundOutput, Runner, check_keys, combine_clients, to_numpy
 
 JIT_CHOICES = ("auto", "on", "off")
 BATCHING_CHOICES = ("auto", "sequential", "parallel")
@@ -546,6 +546,7 @@ class LocalRunner(ServerSide):
       state = self.put_state(state)
       total, per_client, new_states = self.train_clients(
           mode, state, clients, round_num, work, lr, keys, client_states)
+      total, per_client = combine_clients(self.definition, mode, total, per_client)
       new_server_state = self.server_update(mode, state, total)
     return RoundOutput(new_server_state, total, per_client, new_states)
 

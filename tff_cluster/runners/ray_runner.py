@@ -55,7 +55,7 @@ from tff_cluster.runners import local_runner
 from tff_cluster.runners.ray_setup import (  # noqa: F401  (re-exported)
     CONNECT_TIMEOUT_S, RayUnavailable, check_reachable, import_ray, init_kwargs, loopback_only)
 from tff_cluster.runners.base import (ClientStateStore, RoundOutput, WorkerLost, check_keys,
-                                      client_summary, to_numpy)
+                                      client_summary, combine_clients, to_numpy)
 
 def shard_bounds(num_clients: int, num_workers: int) -> List[int]:
   """Start offsets (and the end) of `num_workers` contiguous shards of
@@ -520,6 +520,7 @@ class RayRunner(local_runner.ServerSide):
         results[i] = shard_results[j]
         if states is not None:
           states[i] = shard_states[j]
+    total, results = combine_clients(self.definition, mode, total, results)
     new_state = self.server_update(mode, state, total)
     return RoundOutput(new_state, total, results, states)
 

@@ -203,8 +203,48 @@ DIVERGENCE_RATIO = HParam(
     "(their training data, measured before training); 0 = only NaN and infinities "
     "stop it.", low=0)
 
+# How the clients' updates are combined (docs/privacy.md; tff_cluster.core.mechanisms).
+AGGREGATOR = HParam(
+    "aggregator", str, "mean", "How the clients' updates are combined: mean (the "
+    "algorithm's own weighted mean), clipped (each update's L2 norm clipped to --clip, "
+    "then the mean), dp_fixed / dp_adaptive (DP-FedAvg: clipped to --clip or to an "
+    "adaptive clip, uniform weights, Gaussian noise, (epsilon, delta) reported), median "
+    "or trimmed_mean (coordinate-wise, per cluster).",
+    choices=("mean", "clipped", "dp_fixed", "dp_adaptive", "median", "trimmed_mean"),
+    group="aggregation")
+CLIP = HParam("clip", float, 1.0, "L2 norm each client's update is clipped to "
+              "(--aggregator=clipped, dp_fixed; dp_adaptive's starting clip).",
+              low=0, low_open=True, group="aggregation")
+NOISE_MULTIPLIER = HParam(
+    "noise_multiplier", float, 1.0, "z of --aggregator=dp_fixed/dp_adaptive: the Gaussian "
+    "noise's stddev over the clip (dp_adaptive: the total, its clip estimate's share "
+    "included, as TFF's); ignored when --dp_epsilon is set.", low=0, group="aggregation")
+DP_EPSILON = HParam(
+    "dp_epsilon", float, 0.0, "Target epsilon of a private run: the noise multiplier is "
+    "calibrated so that --rounds rounds spend it at --dp_delta (0 = use "
+    "--noise_multiplier).", low=0, group="aggregation")
+DP_DELTA = HParam("dp_delta", float, 0.0, "delta of the reported (epsilon, delta); 0 = "
+                  "1 / N^1.1, N the clients with training data.", low=0, high=1,
+                  high_open=True, group="aggregation")
+CLIP_QUANTILE = HParam("clip_quantile", float, 0.5, "dp_adaptive: the fraction of "
+                       "updates the clip aims to leave unclipped.", low=0, high=1,
+                       group="aggregation")
+CLIP_LR = HParam("clip_lr", float, 0.2, "dp_adaptive: the clip's geometric learning "
+                 "rate (clip <- clip exp(-lr (unclipped fraction - quantile))).", low=0,
+                 group="aggregation")
+CLIP_COUNT_STDDEV = HParam("clip_count_stddev", float, 0.0, "dp_adaptive: the stddev of "
+                           "the noise on the count of unclipped updates; 0 = 0.05 x "
+                           "--clients_per_round (TFF's default).", low=0,
+                           group="aggregation")
+TRIM_FRACTION = HParam("trim_fraction", float, 0.1, "trimmed_mean: the fraction of a "
+                       "cluster's updates dropped at each end, per coordinate.", low=0,
+                       high=0.5, high_open=True, group="aggregation")
+AGGREGATION = (AGGREGATOR, CLIP, NOISE_MULTIPLIER, DP_EPSILON, DP_DELTA, CLIP_QUANTILE,
+               CLIP_LR, CLIP_COUNT_STDDEV, TRIM_FRACTION)
+
 TRAINING = (ROUNDS, CLIENTS_PER_ROUND, LOCAL_EPOCHS, LOCAL_STEPS, BATCH_SIZE, CLIENT_LR,
-            LR_DECAY, CLIENT_MOMENTUM, CLIENT_STATE, SEED, EVAL_EVERY, DIVERGENCE_RATIO)
+            LR_DECAY, CLIENT_MOMENTUM, CLIENT_STATE, SEED, EVAL_EVERY, DIVERGENCE_RATIO,
+            *AGGREGATION)
 
 # ---------------------------------------------------------------------------
 # Shared names: every algorithm that has the concept declares these objects

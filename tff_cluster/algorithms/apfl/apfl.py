@@ -31,7 +31,7 @@ import tensorflow as tf
 
 from tff_cluster.algorithms import personal
 from tff_cluster.core.weighting import add_mean_update
-from tff_cluster.core.definition import ClientOutput, LocalSolver
+from tff_cluster.core.definition import ClientOutput, LocalSolver, UpdateParts
 from tff_cluster.host import driver
 from tff_cluster.learning import evaluation, optimizers
 from tff_cluster.spec.options import Options
@@ -43,6 +43,11 @@ class APFLDefinition(personal.PersonalStateDefinition):
   mixing). Summed: `update` = sum_k a_k (w_k - w), `weight` = sum_k a_k (a_k
   1, or the examples processed), `loss_sum` and `num_examples` of w's
   training."""
+
+  aggregation_slot = True
+
+  def update_parts(self, mode):
+    return UpdateParts(("update",), "weight")
 
   def __init__(self, weights_spec, num_trainable: int, *, initial_weights, options: Options,
                solver: LocalSolver = LocalSolver()):

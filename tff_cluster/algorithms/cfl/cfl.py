@@ -61,6 +61,9 @@ class CFLHost(wecfl.ClusterModelsHost):
 class CFLDriver(wecfl.ClusterModelsDriver):
   """CFL's host side: the cluster tree over the slots (see the module docstring)."""
 
+  individual_updates = (
+      "its host splits clusters by the cosine similarities of the clients' individual updates")
+
   host: CFLHost
   min_round_clients = 1
 

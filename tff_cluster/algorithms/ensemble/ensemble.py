@@ -37,6 +37,9 @@ class EnsembleDriver(driver.Driver):
   `state` is the list of the R members' server states; `client_states` keys
   member r's client k as r * N + k.
   """
+
+  not_one_release = ("its --ensemble_size models train on each round's clients, a release "
+                     "each, which the privacy account does not compose")
   label_per_example = "tests each client with the vote of several models' outputs"
 
   def __init__(self, context: driver.Context, definition: fedavg.FedAvgDefinition):

@@ -60,7 +60,7 @@ from tff_cluster.host import driver
 from tff_cluster.spec import hparams
 from tff_cluster.learning import trainers
 from tff_cluster.spec.options import Options, given
-from tff_cluster.core.definition import ClientOutput, Definition, LocalSolver
+from tff_cluster.core.definition import ClientOutput, Definition, LocalSolver, UpdateParts
 from tff_cluster.core.aggregators import Mean
 from tff_cluster.core.weighting import client_weight, with_weight_spec
 from tff_cluster.learning import optimizers
@@ -94,6 +94,11 @@ class FedAvgDefinition(Definition):
     self.client_optimizer = optimizers.chain(optimizers.proximal(self.mu), self.local_step)
     self.server_optimizer = (optimizers.server_sgd(1.0) if server_optimizer is None
                              else server_optimizer)
+
+  aggregation_slot = True
+
+  def update_parts(self, mode):
+    return UpdateParts(("update",), "weight")
 
   def client_state_spec(self, mode):
     return with_weight_spec(super().client_state_spec(mode), self.weighting)

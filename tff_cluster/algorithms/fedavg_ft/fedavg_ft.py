@@ -49,6 +49,9 @@ class FineTuneDefinition(fedavg.FedAvgDefinition):
                                                      head)[:self.num_trainable]))
     self.finetune_optimizer = optimizers.chain(*steps, self.local_step)
 
+  def update_parts(self, mode):
+    return None if mode == "finetune" else super().update_parts(mode)
+
   def client_state_spec(self, mode):
     if mode != "finetune":
       return super().client_state_spec(mode)

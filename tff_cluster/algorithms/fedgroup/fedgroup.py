@@ -353,6 +353,9 @@ class FedGroupHost(HostState):
 class FedGroupDriver(driver.Driver):
   """Group cold start, then FedGroup rounds; holds each client's group."""
 
+  individual_updates = (
+      "its host groups the clients by the directions of their individual updates (FedGroup's EDC cold start and each newcomer's assignment)")
+
   @classmethod
   def check(cls, context: driver.Context) -> None:
     """The sizes the cold start and the newcomers need (the draws of

@@ -148,6 +148,9 @@ class FedSoftDriver(driver.Driver):
   """FedSoft's host side (see the module docstring). It chooses its own
   participants: the loop's sample is not used."""
 
+  individual_updates = (
+      "its host weighs each cluster's aggregation by the importance estimates each client sends")
+
   def __init__(self, context: driver.Context, definition: FedSoftDefinition):
     super().__init__(context, definition)
     options, data, config = self.options, self.data, self.config

@@ -40,6 +40,9 @@ from tff_cluster.algorithms.wecfl import wecfl
 class FLHCDriver(wecfl.FixedClustersDriver):
   """FL+HC's host side (see the module docstring)."""
 
+  individual_updates = (
+      "its host clusters the clients by the linkage of their individual updates")
+
   @classmethod
   def check(cls, context: driver.Context) -> None:
     super().check(context)

@@ -90,7 +90,8 @@ from tff_cluster.host.state import HostState
 from tff_cluster import models
 from tff_cluster.core import cluster_ops
 from tff_cluster.core.aggregators import ClusterMean
-from tff_cluster.core.definition import ClientOutput, Definition, LocalSolver, flat_norm
+from tff_cluster.core.definition import (ClientOutput, Definition, LocalSolver, UpdateParts,
+                                         flat_norm)
 from tff_cluster.learning import optimizers
 from tff_cluster.algorithms.fedavg import fedavg
 from tff_cluster.algorithms.fedavg.fedavg import SERVER_OPT_STATE
@@ -163,6 +164,7 @@ class IFCADefinition(Definition):
   """
 
   modes = ("train", "assign", "forced")
+  aggregation_slot = True
 
   def __init__(self, weights_spec, num_trainable: int, num_clusters: int, *,
                aggregation: str, loss_batches: int,
@@ -179,6 +181,9 @@ class IFCADefinition(Definition):
     self.aggregation = aggregation
     self.loss_batches = int(loss_batches)
     self.server_optimizer = server_optimizer
+
+  def update_parts(self, mode):
+    return None if mode == "assign" else UpdateParts(("update_sums",), "weight_sums")
 
   def with_server_optimizer(self, optimizer):
     _check_per_cluster(optimizer)

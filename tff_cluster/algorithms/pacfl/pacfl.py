@@ -84,6 +84,9 @@ def proximity(signatures, form: str) -> np.ndarray:
 
 class PACFLDriver(wecfl.FixedClustersDriver):
   """PACFL's host side (see the module docstring)."""
+
+  individual_updates = (
+      "its host clusters the clients by the principal angles between the subspaces each client sends of its data")
   label_per_example = "clusters clients by the subspaces of their data per class"
 
   def __init__(self, context: driver.Context, definition: wecfl.ClusterModelsDefinition):

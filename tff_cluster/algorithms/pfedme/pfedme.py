@@ -28,7 +28,7 @@ import tensorflow as tf
 
 from tff_cluster.algorithms import personal
 from tff_cluster.core.weighting import add_mean_update, client_weight
-from tff_cluster.core.definition import ClientOutput, LocalSolver
+from tff_cluster.core.definition import ClientOutput, LocalSolver, UpdateParts
 from tff_cluster.host import driver
 from tff_cluster.learning import optimizers
 from tff_cluster.spec.options import Options
@@ -41,6 +41,11 @@ class PFedMeDefinition(personal.PersonalStateDefinition):
   (averaged) and 0 when it only trains. Summed: `update` = sum_k a_k n_k (w_k -
   w), `weight` = sum_k a_k n_k (a_k its key, 1 without keys), `loss_sum` and
   `num_examples` of every client that trained."""
+
+  aggregation_slot = True
+
+  def update_parts(self, mode):
+    return UpdateParts(("update",), "weight")
 
   def __init__(self, weights_spec, num_trainable: int, *, options: Options, keyed: bool,
                solver: LocalSolver = LocalSolver()):

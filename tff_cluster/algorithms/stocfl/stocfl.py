@@ -148,6 +148,9 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
 class StoCFLDriver(driver.Driver):
   """StoCFL's host side (see the module docstring)."""
 
+  individual_updates = (
+      "its host merges clusters by the distances between the clients' individual updates")
+
   host: StoCFLHost
 
   def __init__(self, context: driver.Context, definition: StoCFLDefinition):

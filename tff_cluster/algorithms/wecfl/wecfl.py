@@ -358,6 +358,9 @@ def fixed_clusters_definition(context: driver.Context) -> ClusterModelsDefinitio
 class WeCFLDriver(ClusterModelsDriver):
   """WeCFL / FeSEM (see the module docstring)."""
 
+  individual_updates = (
+      "its host assigns clusters by K-Means over the clients' individual trained models")
+
   def __init__(self, context: driver.Context, definition: ClusterModelsDefinition):
     """The K-Means weights `kmeans_weights` and the M-step's a_i, data or
     uniform: WeCFL's `--kmeans_weights` and data; FeSEM's uniform (fixed by

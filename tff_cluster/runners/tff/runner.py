@@ -37,7 +37,7 @@ options).
 from __future__ import annotations
 
 import collections
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -55,7 +55,7 @@ from tff_cluster.learning import trainers
 from tff_cluster.runners.tff import runtime
 from tff_cluster.runners.tff import types as tff_types
 from tff_cluster.core.definition import round_params
-from tff_cluster.runners.base import RoundOutput, Runner, check_keys, to_numpy
+from tff_cluster.runners.base import RoundOutput, Runner, check_keys, combine_clients, to_numpy
 
 PARAMS_SPEC = collections.OrderedDict(lr=tf.TensorSpec([], tf.float32))
 KEY_TYPE = tff.TensorType(np.int32, [1])
@@ -168,13 +168,20 @@ def build_round(definition, mode: str, model_fn, loss: str, element_spec):
     summed = tff.federated_sum(out[0])
     zero, accumulate, merge, report = collect
     collected = tff.federated_aggregate(out[1], zero(), accumulate, merge, report)
+    if combines:  # the host combines the clients' deltas, then `server`
+      return state, summed, collected
     new_state = tff.federated_map(server_fn, (state, summed))
     return new_state, summed, collected
 
+  # An order statistic of the clients' deltas (`core.mechanisms`) is the
+  # host's, from the collected rows; the server update is then its own call.
+  combines = getattr(d, "combines", None) is not None and d.combines(mode)
   computation = _federated_round(body, state_type, params_type, data_type,
                                  KEY_TYPE if keyed else None,
                                  arg_types[-1] if stateful else None)
-  return RoundComputation(computation, specs["per_client"], stateful)
+  return RoundComputation(computation, specs["per_client"], stateful,
+                          server_fn if combines else None,
+                          RoundParts(broadcast_fn, client_fn, server_fn))
 
 
 def has_database(definition, mode: str) -> bool:
@@ -272,6 +279,17 @@ def collect_aggregation(row_type):
   return zero, accumulate, merge, report
 
 
+class RoundParts(NamedTuple):
+  """A round's TensorFlow computations, for composing the round another way
+  (`tff_program.build_learning_process` with a `tff.aggregators` factory in
+  place of the sum of the update parts): `broadcast(state, params)`,
+  `client(args)` (`client_computation`'s: -> (summed, collect row)) and
+  `server(state, summed)`."""
+  broadcast: Any
+  client: Any
+  server: Any
+
+
 class RoundComputation:
   """A round's federated computation (`build_round`) and how to read its
   collected per-client outputs.
@@ -283,8 +301,13 @@ class RoundComputation:
   0..n-1 and returns (new_state, summed, per-client results[, per-client
   states]) in the clients' order."""
 
-  def __init__(self, computation, per_client_specs, stateful: bool):
+  def __init__(self, computation, per_client_specs, stateful: bool, server=None,
+               parts: Optional[RoundParts] = None):
     self.computation = computation
+    self.parts = parts
+    # The server update as its own computation where the host combines the
+    # clients' deltas between the round and it (None: inside the round).
+    self.server = server
     self.per_client_specs = per_client_specs
     self.stateful = stateful
     self.type_signature = computation.type_signature
@@ -411,5 +434,11 @@ class TffRunner(Runner):
       with tff.framework.get_context_stack().install(self._context):
         out = self.computation(mode)(*args)
     results = [to_numpy(r) for r in out[2]]
-    return RoundOutput(out[0], to_numpy(out[1]), results,
+    computation = self.computation(mode)
+    total = to_numpy(out[1])
+    new_state = out[0]
+    if computation.server is not None:
+      total, results = combine_clients(d, mode, total, results)
+      new_state = computation.server(state, total)
+    return RoundOutput(new_state, total, results,
                        [to_numpy(s) for s in out[3]] if stateful else None)
