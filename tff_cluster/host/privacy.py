@@ -147,7 +147,8 @@ def _mechanism_state(driver) -> Optional[Dict[str, Any]]:
   definition = getattr(driver, "definition", None)
   if not isinstance(definition, mechanisms.Aggregated) or getattr(driver, "state", None) is None:
     return None
-  return driver.runner.numpy_state(driver.state)[mechanisms.STATE_KEY]
+  # The mechanism's four scalars only, not the whole state (every model) each round.
+  return driver.runner.numpy_state(driver.state[mechanisms.STATE_KEY])
 
 
 def columns(driver):
