@@ -25,7 +25,7 @@ PACKAGE = "tff_cluster"
 # package's own `__init__` stands for itself only.
 LAYERS: List[Tuple[str, ...]] = [
     ("tff_cluster", "tff_cluster.stack", "tff_cluster.interrupts", "tff_cluster.clustering",
-     "tff_cluster.seeds",
+     "tff_cluster.seeds", "tff_cluster.timing",
      "tff_cluster.data", "tff_cluster.progress"),
     ("tff_cluster.spec", "tff_cluster.models", "tff_cluster.vision_models"),
     ("tff_cluster.learning", "tff_cluster.io"),

@@ -560,3 +560,45 @@ def test_api_refuses_ray_settings_without_the_ray_runner():
                      "runner=ray with them, or neither$"):
     api.build("fedavg", lambda: models.mclr(60, 10), "sparse_categorical_crossentropy",
               client_lr=0.01, batch_size=10, local_epochs=1, ray_workers=2)
+
+
+def _listening_addresses():
+  """The local addresses of this network namespace's listening TCP sockets
+  (/proc/net/tcp and tcp6, state 0A), as hex."""
+  out = []
+  for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+    try:
+      with open(name) as f:
+        lines = f.readlines()[1:]
+    except OSError:
+      continue
+    out += [line.split()[1].rsplit(":", 1)[0] for line in lines if line.split()[3] == "0A"]
+  return out
+
+
+@needs_isolation
+def test_a_local_cluster_listens_on_loopback_and_never_looks_outside(ray_instance):
+  """The cluster a run starts (no --ray_address) binds 127.0.0.1, and none of
+  its processes connects towards an outside address to learn this machine's
+  (in a namespace with loopback only, Ray's logs would say "Failed to
+  determine local IP via external connectivity to: 8.8.8.8:53")."""
+  @ray.remote(num_cpus=0)  # (the pooled actors hold every CPU)
+  def node_ip():
+    return ray.util.get_node_ip_address()
+
+  assert ray.util.get_node_ip_address() == "127.0.0.1"
+  assert {node["NodeManagerAddress"] for node in ray.nodes()} == {"127.0.0.1"}
+  assert ray.get(node_ip.remote()) == "127.0.0.1"
+  loopback = ("0100007F", "0000000000000000FFFF00000100007F",
+              "00000000000000000000000001000000")  # 127.0.0.1, ::ffff:127.0.0.1, ::1
+  addresses = _listening_addresses()
+  assert addresses and set(addresses) <= set(loopback), addresses
+  logs = os.path.join(ray._private.worker._global_node.get_session_dir_path(), "logs")  # noqa: SLF001
+  read = 0
+  for root, _, files in os.walk(logs):
+    for name in files:
+      with open(os.path.join(root, name), errors="replace") as f:
+        text = f.read()
+      read += 1
+      assert "external connectivity" not in text and "8.8.8.8" not in text, name
+  assert read > 0

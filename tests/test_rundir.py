@@ -137,6 +137,25 @@ def test_tensorboard_sections_equal_the_old_list_for_every_algorithm(algorithm_c
   assert "kmeans_objective" in algorithm_columns["wecfl"]
 
 
+def _documented_list(name: str) -> set:
+  """The `--algo` names of docs/outputs.md's "- <name> list (...): ..." line."""
+  text = open(os.path.join(REPO_ROOT, "docs", "outputs.md")).read()
+  line = next(l for l in text.splitlines() if l.startswith(f"- {name} list ("))
+  return set(re.findall(r"`([a-z0-9_]+)`", line.split("): ", 1)[1]))
+
+
+def test_outputs_doc_lists_the_algorithms_that_write_groups_and_cluster_scores(
+    algorithm_columns):
+  """docs/outputs.md's lists, against what each algorithm's rows hold on a
+  task with true clusters: `group_<j>_size` (groups.png) and `ari`."""
+  groups = {a for a, cols in algorithm_columns.items()
+            if any(re.fullmatch(r"group_\d+_size", c) for c in cols)}
+  scored = {a for a, cols in algorithm_columns.items() if "ari" in cols and "purity" in cols}
+  assert "flhc" in groups and "flhc" in scored
+  assert _documented_list("Groups") == groups
+  assert _documented_list("ARI") == scored
+
+
 def test_maximized_columns_equal_the_old_list_for_every_algorithm(algorithm_columns):
   for algo, columns in algorithm_columns.items():
     assert results.maximized_columns(columns) == [c for c in OLD_MAXIMIZED

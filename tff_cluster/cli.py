@@ -34,18 +34,20 @@ RUNNER_HPARAMS = hp.RUNNER_HPARAMS
 GENERAL = ("algo", "task", "model", "num_clients", "data_dir", "synthetic_alpha",
            "synthetic_beta", "glove_path", "task_arg", "output_dir", "overwrite",
            "progress", "checkpoint_every", "groups_format", "resume", "eval_only",
-           "data_source")
+           "data_source", "profile")
 # The general flags' defaults (run_experiment.py's flags and a sweep's cells
 # take them; the others default to None: unset).
 GENERAL_DEFAULTS = {"algo": "fedavg", "task": "synthetic", "synthetic_alpha": 1.0,
                     "synthetic_beta": 1.0, "task_arg": (), "overwrite": False,
                     "progress": True, "checkpoint_every": 10, "groups_format": "wide",
-                    "resume": False, "eval_only": False, "data_source": "auto"}
+                    "resume": False, "eval_only": False, "data_source": "auto",
+                    "profile": False}
 GROUPS_FORMATS = ("wide", "long")
 # Settings a resumed run may change (the rest must equal the run's config.json).
 # The runner and its XLA setting compute the same rounds (parity tests), so a
 # run started on `tff` (or on another stack) may go on with `local`.
-RESUME_MAY_CHANGE = ("rounds", "output_dir", "overwrite", "progress", "checkpoint_every",
+RESUME_MAY_CHANGE = ("rounds", "output_dir", "overwrite", "progress", "profile",
+                     "checkpoint_every",
                      "resume", "eval_only", "runner", "jit", "client_batching", "client_chunk",
                      "divergence_ratio",
                      "ray_workers", "ray_address", "tff_workers", "tff_worker_grace",

@@ -29,8 +29,14 @@ from typing import Sequence
 
 import numpy as np
 import tensorflow as tf
-from sklearn import cluster as sk_cluster
-from sklearn import metrics as sk_metrics
+
+
+def _sk_cluster():
+  """scikit-learn's clustering, imported when first used (0.4 s of a run's
+  start-up that most algorithms never need)."""
+  from sklearn import cluster
+  return cluster
+
 
 MEASURES = ("edc", "madc")
 
@@ -268,7 +274,7 @@ def edc_cluster(updates: np.ndarray, num_groups: int, seed: int) -> np.ndarray:
   Returns int labels in 0..m-1.
   """
   features = edc_features(updates, num_groups)
-  kmeans = sk_cluster.KMeans(n_clusters=int(num_groups), init="k-means++",
+  kmeans = _sk_cluster().KMeans(n_clusters=int(num_groups), init="k-means++",
                              n_init=10, random_state=seed)
   return kmeans.fit_predict(features).astype(np.int64)
 
@@ -318,7 +324,7 @@ def madc_cluster(updates: np.ndarray, num_groups: int) -> np.ndarray:
   n = updates.shape[0]
   m = _check_num_groups(num_groups, n, "at most one group per update")
   distances = madc_matrix(updates)
-  agg = sk_cluster.AgglomerativeClustering(n_clusters=m, metric="precomputed",
+  agg = _sk_cluster().AgglomerativeClustering(n_clusters=m, metric="precomputed",
                                            linkage="complete")
   return agg.fit_predict(distances).astype(np.int64)
 
@@ -422,7 +428,8 @@ def _check_labels(true, pred) -> tuple[np.ndarray, np.ndarray]:
 def adjusted_rand_index(true, pred) -> float:
   """Adjusted Rand index of two labelings (1 = identical up to renaming)."""
   true, pred = _check_labels(true, pred)
-  return float(sk_metrics.adjusted_rand_score(true, pred))
+  from sklearn import metrics
+  return float(metrics.adjusted_rand_score(true, pred))
 
 
 def purity(true, pred) -> float:
@@ -457,7 +464,7 @@ def weighted_kmeans(features: np.ndarray, num_clusters: int,
     if weights.shape != (features.shape[0],) or not np.all(np.isfinite(weights)) \
         or np.any(weights <= 0):
       raise ValueError(f"weights must be {features.shape[0]} positive finite numbers")
-  km = sk_cluster.KMeans(n_clusters=num_clusters, init="k-means++", n_init=n_init,
+  km = _sk_cluster().KMeans(n_clusters=num_clusters, init="k-means++", n_init=n_init,
                          max_iter=max_iter, random_state=seed)
   km.fit(features, sample_weight=weights)
   return km.labels_.astype(np.int64), km.cluster_centers_
@@ -524,7 +531,7 @@ def cfl_bipartition(updates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     raise ValueError("a cluster needs at least 2 members to split")
   distance = np.clip(1.0 - cosine_similarity_matrix(updates, updates), 0.0, 2.0)
   np.fill_diagonal(distance, 0.0)
-  labels = sk_cluster.AgglomerativeClustering(
+  labels = _sk_cluster().AgglomerativeClustering(
       n_clusters=2, metric="precomputed", linkage="complete").fit_predict(distance)
   return np.flatnonzero(labels == 0), np.flatnonzero(labels == 1)
 

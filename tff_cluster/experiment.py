@@ -20,6 +20,7 @@ import re
 import shutil
 import threading
 import time
+from typing import Optional
 
 from absl import flags, logging
 
@@ -101,6 +102,9 @@ flags.DEFINE_boolean("resume", _DEFAULT["resume"],
                      "the run's values; only a larger --rounds, --runner and --jit may "
                      "differ (with another --runner, the run's flags of its old runner "
                      "are dropped).")
+flags.DEFINE_boolean("profile", _DEFAULT["profile"], "At the end, print where the "
+                     "process's seconds went (summary.json's process_time: start, imports, "
+                     "data, build, compile, training, evaluation, host side, closing).")
 flags.DEFINE_boolean("eval_only", _DEFAULT["eval_only"], "Evaluate the saved models of the run in "
                      "--output_dir (models/final and models/best) on --task's test data "
                      "(default: the run's task); writes eval_<task>.json there.")
@@ -162,73 +166,113 @@ def _fail(message: str, code: int = 2) -> "NoReturn":  # noqa: F821
   sys.exit(code)
 
 
-def run(settings: dict) -> dict:
-  """Loads data, builds the driver, trains, writes results. Returns the summary."""
-  from tff_cluster import stack
+def run(settings: dict, origin: Optional[float] = None) -> dict:
+  """Loads data, builds the driver, trains, writes results. Returns the
+  summary. `origin`: the `time.time()` the run's `process_time` counts from
+  (the command: its process's start; None: now)."""
+  from tff_cluster import stack, timing
   from tff_cluster.io import results as results_io  # (no TensorFlow)
+  ledger = timing.Ledger(origin)
   if not settings["resume"]:  # a folder that cannot take the run: refused before TF loads
     try:
       results_io.check_output_dir(settings["output_dir"], settings["overwrite"])
     except results_io.OutputDirError as e:
       raise UsageError(str(e)) from None
-  tf = stack.import_tensorflow()
+  ledger.add("start", time.time() - ledger.origin)
+  with ledger.part("tensorflow_import"):
+    tf = stack.import_tensorflow()
 
-  from tff_cluster.host import loop
-  from tff_cluster.host.driver import SETTINGS, TrainingConfig
-  from tff_cluster.io import results
-  from tff_cluster.io import rundir
+  with ledger.part("library_import"):
+    from tff_cluster.host import loop
+    from tff_cluster.host.driver import SETTINGS, TrainingConfig
+    from tff_cluster.io import results
+    from tff_cluster.io import rundir
 
   tf.get_logger().setLevel("ERROR")  # retracing notices per padded-batch shape
   task = _TASKS[settings["task"]].with_model(settings["model"])
   algo = _ALGOS[settings["algo"]]
   out_dir = settings["output_dir"]
-  resume = _latest_checkpoint(out_dir) if settings["resume"] else None
-  previous = run_config(out_dir) if settings["resume"] else {}
-  created = prepare_output_dir(out_dir, settings["overwrite"], settings["resume"])
+  with ledger.part("setup"):  # a resumed run's checkpoint and settings
+    resume = _latest_checkpoint(out_dir) if settings["resume"] else None
+    previous = run_config(out_dir) if settings["resume"] else {}
+  with ledger.part("results_setup"):
+    created = prepare_output_dir(out_dir, settings["overwrite"], settings["resume"])
   try:
-    load_start = time.perf_counter()
-    data = load_task_data(settings, task, _present())
-    load_seconds = time.perf_counter() - load_start
-    config = TrainingConfig.checked(**{name: settings[name] for name in SETTINGS})
-    try:
-      driver = registry.build_driver(algo, task, data, config, **settings["algo_options"])
-    except ValueError as e:
-      raise UsageError(str(e)) from None
+    with ledger.part("data"):
+      load_start = time.perf_counter()
+      data = load_task_data(settings, task, _present())
+      load_seconds = time.perf_counter() - load_start
+    with ledger.part("build"):
+      config = TrainingConfig.checked(**{name: settings[name] for name in SETTINGS})
+      try:
+        driver = registry.build_driver(algo, task, data, config, **settings["algo_options"])
+      except ValueError as e:
+        raise UsageError(str(e)) from None
   except BaseException:
     if created:
       shutil.rmtree(out_dir, ignore_errors=True)
     raise
 
-  from tff_cluster.data.federated import fingerprint
-  data_fingerprint = fingerprint(data)
-  if resume is not None:
-    _check_same_data(previous, data, data_fingerprint, out_dir)
+  with ledger.part("data"):
+    from tff_cluster.data.federated import fingerprint
+    data_fingerprint = fingerprint(data)
+    if resume is not None:
+      _check_same_data(previous, data, data_fingerprint, out_dir)
+
+  with ledger.part("results_setup"):
+    writer = _open_writer(results, loop, settings, out_dir, driver, resume)
+  summary = None
+
+  def final_summary():  # process_time, once everything the run opened is closed
+    summary["process_time"] = ledger.breakdown()
+    writer.write_summary(summary)
 
   try:
-    writer = results.ResultsWriter(
+    with ledger.part("results_setup"):
+      _record_config(writer, settings, task, algo, data, driver, config, load_seconds,
+                     data_fingerprint, resume, previous)
+    owner = contextlib.ExitStack()
+    with ledger.part("build"):  # the runner's processes: a Ray session, TFF's workers
+      owner.enter_context(_runtime_owner(config.runner.name))
+    try:
+      summary = loop.run_training(
+          task, data, config, driver, writer, progress=settings["progress"],
+          checkpoint_dir=out_dir, checkpoint_every=settings["checkpoint_every"],
+          resume=resume, models_dir=rundir.path_of(out_dir, rundir.MODELS), ledger=ledger)
+    finally:
+      with ledger.part("closing"):
+        owner.close()
+  finally:
+    with ledger.part("closing"):
+      writer.close(last=None if summary is None else final_summary)
+  return summary
+
+
+def _open_writer(results, loop, settings, out_dir, driver, resume):
+  """The run's `ResultsWriter` (UsageError, one line, when another run
+  took the folder meanwhile)."""
+  try:
+    return results.ResultsWriter(
         out_dir, loop.columns(driver),
         overwrite=settings["overwrite"], resume_rows=None if resume is None else resume["rows"],
         groups_format=settings["groups_format"] or "wide")
-  except results.OutputDirError as e:  # e.g. another run started into the folder meanwhile
+  except results.OutputDirError as e:
     raise UsageError(str(e)) from None
-  try:
-    record = _config_record(settings, task, data, driver, load_seconds, data_fingerprint,
-                            resume, previous)
-    writer.write_config(record)
-    device = record["runner_info"].get("device") if isinstance(
-        record["runner_info"], dict) else None
-    print(f"{algo.name} on {task.name} ({task.model_name}, runner {config.runner.name}"
-          f"{f' on {device}' if device else ''}): "
-          f"{data.description}; {data.num_clients} clients, {record['num_train_samples']} "
-          f"train samples; results -> {out_dir}"
-          + (f"; resuming after round {resume['round']}" if resume else ""), file=sys.stderr)
-    with _runtime_owner(config.runner.name):
-      return loop.run_training(
-          task, data, config, driver, writer, progress=settings["progress"],
-          checkpoint_dir=out_dir, checkpoint_every=settings["checkpoint_every"],
-          resume=resume, models_dir=rundir.path_of(out_dir, rundir.MODELS))
-  finally:
-    writer.close()
+
+
+def _record_config(writer, settings, task, algo, data, driver, config, load_seconds,
+                   data_fingerprint, resume, previous) -> None:
+  """config.json, and the run's one opening line."""
+  record = _config_record(settings, task, data, driver, load_seconds, data_fingerprint,
+                          resume, previous)
+  writer.write_config(record)
+  device = record["runner_info"].get("device") if isinstance(
+      record["runner_info"], dict) else None
+  print(f"{algo.name} on {task.name} ({task.model_name}, runner {config.runner.name}"
+        f"{f' on {device}' if device else ''}): "
+        f"{data.description}; {data.num_clients} clients, {record['num_train_samples']} "
+        f"train samples; results -> {settings['output_dir']}"
+        + (f"; resuming after round {resume['round']}" if resume else ""), file=sys.stderr)
 
 
 def _config_record(settings, task, data, driver, load_seconds, data_fingerprint, resume,
@@ -386,15 +430,17 @@ def program_name(argv0: str) -> str:
   return "python -m tff_cluster" if name in ("__main__.py", "") else name
 
 
-def main(argv) -> int:
+def main(argv, origin: Optional[float] = None) -> int:
+  """Runs the command on `argv`; `origin`: the `time.time()` summary.json's
+  `process_time` counts from (the command: its process's start; None: now)."""
   global PROG
   PROG = program_name(argv[0] if argv else "")
   interrupts.note(None)  # main() may run more than once in one process
   with _signals_as_exit():
-    return _main(argv)
+    return _main(argv, time.time() if origin is None else origin)
 
 
-def _main(argv) -> int:
+def _main(argv, origin: float) -> int:
   if any(a in ("-h", "--help", "-help", "--helpshort", "--helpfull") for a in argv[1:]):
     _print_help()
     return 0
@@ -417,7 +463,7 @@ def _main(argv) -> int:
       from tff_cluster.evaluate import evaluate_saved  # imports TensorFlow
       evaluate_saved(settings, _present())
       return 0
-    summary = run(settings)
+    summary = run(settings, origin)
   except UsageError as e:
     _fail(str(e))
   except KeyboardInterrupt:
@@ -450,4 +496,7 @@ def _main(argv) -> int:
   line = {k: summary.get(k) for k in ("final_test_accuracy", "max_test_accuracy",
                                        "max_round", "mean_round_seconds")}
   print(json.dumps(line), file=sys.stderr)
+  if settings.get("profile"):
+    from tff_cluster import timing
+    timing.print_table(summary["process_time"])
   return 0

@@ -344,7 +344,16 @@ def load_mnist_like(name: str, data_dir: Optional[str] = None,
   x, y = _pool(train, test, 10, where)
   if x.ndim != 3 or x.shape[1:] != (28, 28):
     raise DataError(f"{where}: expected 28x28 images, got {x.shape[1:]}")
-  return (x.reshape(len(x), -1).astype(np.float32) / 255.0), y
+  return _unit_float32(x.reshape(len(x), -1)), y
+
+
+def _unit_float32(x: np.ndarray) -> np.ndarray:
+  """uint8 pixels as float32 in [0, 1]: `x.astype(np.float32) / 255.0`'s
+  numbers, divided in place (one array of the size instead of two: CIFAR-10's
+  took seconds of a run's start)."""
+  out = x.astype(np.float32)
+  np.divide(out, np.float32(255.0), out=out)
+  return out
 
 
 def load_mnist(data_dir: Optional[str] = None, data_source: str = "keras"):
@@ -371,5 +380,5 @@ def load_cifar10_split(data_dir: Optional[str] = None, data_source: str = "keras
   if x.shape[1:] != (32, 32, 3):
     raise DataError(f"{where}: expected 32x32x3 images, got {x.shape[1:]}")
   n = len(train[0])
-  x = x.astype(np.float32) / 255.0
+  x = _unit_float32(x)
   return (x[:n], y[:n]), (x[n:], y[n:])

@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import time
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -428,10 +429,13 @@ class LossRatio:
   """The divergence rule: a round's training loss over the initial model's
   loss on the round's clients.
 
-  The initial model (`w0`, the run's seeded start) is evaluated once on every
-  client's training data; a round's reference is the mean of those losses over
-  the round's clients, weighted by their training samples. `check` returns the
-  ratio and raises `Diverged` above `limit` (0: never).
+  The initial model (`w0`, the run's seeded start) is evaluated on a
+  client's training data the first time the client is in a round (each
+  client alone, so its loss does not depend on which clients came with it);
+  a round's reference is the mean of those losses over the round's clients,
+  weighted by their training samples. `check` returns the ratio and raises
+  `Diverged` above `limit` (0: never). `seconds`: the time its evaluations
+  took so far.
   """
 
   def __init__(self, model: ModelSpec, data: FederatedData, w0, limit: float,
@@ -440,10 +444,19 @@ class LossRatio:
     self._sizes = data.num_train_samples().astype(np.float64)
     if evaluator is None:
       evaluator = Evaluator(model.model_fn, model.loss, data, split="train")
-    self._initial = evaluator.mean_losses(w0)
+    self._evaluator, self._w0 = evaluator, w0
+    self._initial = np.full(len(self._sizes), np.nan)
+    self._known = np.zeros(len(self._sizes), bool)
+    self.seconds = 0.0
 
   def reference(self, clients) -> float:
     clients = np.asarray(clients)
+    new = np.unique(clients[~self._known[clients]])
+    if len(new):
+      start = time.perf_counter()
+      self._initial[new] = self._evaluator.mean_losses(self._w0, clients=new)
+      self._known[new] = True
+      self.seconds += time.perf_counter() - start
     sizes = self._sizes[clients]
     return float(np.dot(sizes, self._initial[clients]) / sizes.sum())
 

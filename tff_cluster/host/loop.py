@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from tff_cluster import seeds
 from tff_cluster import interrupts
+from tff_cluster import timing
 from tff_cluster.progress import progress_bar
 from tff_cluster.io import checkpoint
 from tff_cluster import models
@@ -93,13 +94,16 @@ class TrainingRun:
 
   def __init__(self, task: TaskSpec, config: TrainingConfig, driver: Driver,
                writer: Optional[ResultsWriter], checkpoint_dir: Optional[str],
-               checkpoint_every: int):
+               checkpoint_every: int, ledger: Optional[timing.Ledger] = None):
     self.task, self.config, self.driver = task, config, driver
     self.writer, self.checkpoint_dir = writer, checkpoint_dir
     self.checkpoint_every = checkpoint_every
-    self.evaluator = driver.make_evaluator()
-    self.data = driver.data  # materialized by the driver unless its runner makes the clients
     self.start = time.perf_counter()
+    self.ledger = ledger if ledger is not None else timing.Ledger()
+    with self.ledger.part("build"):
+      self.evaluator = driver.make_evaluator()
+      train_evaluator = driver.make_evaluator("train")
+    self.data = driver.data  # materialized by the driver unless its runner makes the clients
     self.rng = seeds.generator(config.seed, "client_sampling")
     self.rows: List[Dict[str, Any]] = []
     self.extras: Dict[str, Any] = {}
@@ -107,8 +111,11 @@ class TrainingRun:
     self.first_round = 1
     self.setup_seconds = 0.0
     self.last_choice = None
+    # The first round of each process (this one's is added when it runs): its
+    # compilation is left out of mean_round_seconds.
+    self.first_rounds: List[int] = []
     self.loss_ratio = LossRatio(task, self.data, driver.w0, config.divergence_ratio,
-                                evaluator=driver.make_evaluator("train"))
+                                evaluator=train_evaluator)
     # The rows are on disk already where the writer writes the run's metrics
     # files: the checkpoint names them (count and SHA-256) instead of holding
     # them, so that writing it does not grow with the rounds.
@@ -127,10 +134,12 @@ class TrainingRun:
                else {"rows": self.rows})
     checkpoint.save(self.checkpoint_dir, round_num, {
         "driver": state, "sampling_rng": sampling_rng, **records,
-        "extras": self.extras, "best": self.best, "setup_seconds": self.setup_seconds},
+        "extras": self.extras, "best": self.best, "setup_seconds": self.setup_seconds,
+        "first_rounds": [r for r in self.first_rounds if r <= round_num]},
         client_states=client_states)
     if self.writer is not None:  # a killed run's summary says so
-      self.writer.write_summary(dict(summarize(self.rows, self.config.rounds),
+      self.writer.write_summary(dict(summarize(self.rows, self.config.rounds,
+                                               self.first_rounds),
                                      completed=False, reason="running",
                                      checkpoint_round=round_num))
 
@@ -146,6 +155,8 @@ class TrainingRun:
       self.best = payload["best"]
       self.setup_seconds = float(payload["setup_seconds"])
       self.first_round = int(payload["round"]) + 1
+      # (checkpoints written before the first rounds were kept: round 1's)
+      self.first_rounds = [int(r) for r in payload.get("first_rounds", [1] if self.rows else [])]
       if not isinstance(self.rng, np.random.Generator) or len(self.rows) > self.first_round - 1:
         raise ValueError("its sampling generator or rows are malformed")
     except checkpoint.WriteFailed:
@@ -160,16 +171,20 @@ class TrainingRun:
 
   def set_up(self) -> None:
     """The driver's set-up (e.g. a cold start), timed and checkpointed as round 0."""
-    setup_start = time.perf_counter()
-    self.extras = self.driver.setup() or {}
-    self.setup_seconds = time.perf_counter() - setup_start
-    self.save_checkpoint(0, self.driver.snapshot(), self.rng)
+    with self.ledger.part("setup"):
+      setup_start = time.perf_counter()
+      self.extras = self.driver.setup() or {}
+      self.setup_seconds = time.perf_counter() - setup_start
+      self.save_checkpoint(0, self.driver.snapshot(), self.rng)
 
   def run_rounds(self, trainable: np.ndarray, bar) -> None:
     """Rounds `first_round`..`config.rounds`, each on clients sampled from
     `trainable`; a diverged round checkpoints the state before it."""
     config, driver = self.config, self.driver
     for round_num in range(self.first_round, config.rounds + 1):
+      started, baseline = time.perf_counter(), self.loss_ratio.seconds
+      if round_num == self.first_round:
+        self.first_rounds.append(round_num)
       good, good_rng = driver.snapshot(), copy.deepcopy(self.rng)
       sampled = sample_clients(self.rng, trainable, config.clients_per_round)
       evaluate = round_num % config.eval_every == 0 or round_num == config.rounds
@@ -185,7 +200,18 @@ class TrainingRun:
       # is recorded here and raised just after, never inside them.
       with interrupts.deferred():
         self.record(round_num, outcome, bar)
+      self.account_round(outcome.row, time.perf_counter() - started,
+                         self.loss_ratio.seconds - baseline)
       interrupts.raise_if_received()
+
+  def account_round(self, row: Dict[str, Any], seconds: float, baseline: float) -> None:
+    """The round's `seconds` in the ledger: training, evaluation, the
+    divergence baseline's evaluations (`baseline`) and the host side (the
+    rest)."""
+    train, evaluation = row["round_seconds"], row.get("eval_seconds")
+    self.ledger.round(train, evaluation)
+    self.ledger.add("divergence_baseline", baseline)
+    self.ledger.add("host", seconds - train - (evaluation or 0.0) - baseline)
 
   def keep_best(self, round_num: int, outcome: host_round.RoundOutcome) -> None:
     """Notes an evaluated round's choice; keeps its models if the most accurate."""
@@ -230,7 +256,7 @@ class TrainingRun:
     """The run's summary with `status`, written with the plots (none after a
     failed write: the disk may be full)."""
     rows = self.rows
-    summary = summarize(rows, self.config.rounds)
+    summary = summarize(rows, self.config.rounds, self.first_rounds)
     summary.update(status)
     saved = ([] if self.checkpoint_dir is None or status["completed"]
              else checkpoint.rounds(self.checkpoint_dir))
@@ -243,8 +269,18 @@ class TrainingRun:
     summary.update(self.extras)
     summary.update(self.driver.summary())
     summary.update(privacy.summary(self.driver))
+    summary["compile_seconds"] = self.ledger.compile_seconds()
     if self.writer is not None:
       with interrupts.deferred():  # (a signal now: the run is closing anyway)
+        try:
+          self.writer.drain()  # the rows queued for the writer thread
+        except checkpoint.WriteFailed:
+          if status["completed"]:
+            raise
+          write_failed = True
+        if not write_failed:  # (no figures on a full disk)
+          self.writer.plot(f"{self.task.name}")
+        summary["process_time"] = self.ledger.breakdown()
         try:
           self.writer.write_summary(summary)
         except checkpoint.WriteFailed:
@@ -252,8 +288,8 @@ class TrainingRun:
             raise
           # The run is failing already (the disk may be full): summary.json
           # keeps what the last checkpoint wrote there.
-        if not write_failed:  # (no figures on a full disk)
-          self.writer.plot(f"{self.task.name}")
+    else:
+      summary["process_time"] = self.ledger.breakdown()
     return summary
 
 
@@ -261,7 +297,8 @@ def run_training(task: TaskSpec, data: FederatedData, config: TrainingConfig,
                  driver: Driver, writer: Optional[ResultsWriter] = None,
                  progress: bool = True, checkpoint_dir: Optional[str] = None,
                  checkpoint_every: int = 10, resume: Optional[Dict[str, Any]] = None,
-                 models_dir: Optional[str] = None) -> Dict[str, Any]:
+                 models_dir: Optional[str] = None,
+                 ledger: Optional[timing.Ledger] = None) -> Dict[str, Any]:
   """Runs rounds up to `config.rounds`; returns the summary (also written to disk).
 
   Args:
@@ -275,32 +312,40 @@ def run_training(task: TaskSpec, data: FederatedData, config: TrainingConfig,
       the driver, the sampling generator, the rows and the best models are
       restored and the set-up is not run again.
     models_dir: where the final and best-round models are saved (None: not).
+    ledger: where the run's seconds are added up (`timing.Ledger`; None: a
+      new one from now); summary.json's `process_time` is its breakdown.
 
   A NaN or infinite loss, update or model raises `Diverged` after the last
   good state is checkpointed and the summary says `"reason": "diverged"`.
   """
   check_clients_per_round(config, data)
-  run = TrainingRun(task, config, driver, writer, checkpoint_dir, checkpoint_every)
+  run = TrainingRun(task, config, driver, writer, checkpoint_dir, checkpoint_every, ledger)
   if resume is not None:
-    run.resume(resume)
+    with run.ledger.part("setup"):
+      run.resume(resume)
   bar = _progress_bar(task.name, config, run.first_round) if progress else None
   status: Dict[str, Any] = {"completed": False, "reason": "interrupted"}
   write_failed = False
+  closing = None
   try:
     if resume is None:
       run.set_up()
     run.run_rounds(data.training_clients(), bar)
+    closing = time.perf_counter()
     if models_dir is not None:
       run.save_final_models(models_dir)
     status = {"completed": True}
   except BaseException as e:  # noqa: B036 - recorded, then re-raised
     status = run_status(e)
     write_failed = isinstance(e, checkpoint.WriteFailed)
+    closing = time.perf_counter() if closing is None else closing
     raise
   finally:
     if bar is not None:
       bar.close()
-    summary = run.close(status, write_failed)
+    run.ledger.add("closing", time.perf_counter() - closing)
+    with run.ledger.part("closing"):
+      summary = run.close(status, write_failed)
   return summary
 
 

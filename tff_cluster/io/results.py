@@ -45,12 +45,12 @@ import shutil
 import subprocess
 import sys
 import warnings
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import numpy as np
 
 from tff_cluster import stack
-from tff_cluster.io import checkpoint
+from tff_cluster.io import background, checkpoint
 from tff_cluster.io import plot
 from tff_cluster.io.checkpoint import WriteFailed, atomic_write_bytes, write_failed
 from tff_cluster.io import rundir
@@ -270,8 +270,8 @@ def git_state(repo: Optional[str] = None) -> Dict[str, Any]:
   """{"git_commit": HEAD, "git_dirty": whether tracked files differ from it} of
   the checkout holding this package (`repo`: another directory); both None
   when it is not the top of a git work tree or git is missing. Never raises."""
-  if repo is None:
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  if repo is None:  # the folder holding the package: tff_cluster/io/results.py's third parent
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   none = {"git_commit": None, "git_dirty": None}
   try:
     top = _git(repo, "rev-parse", "--show-toplevel")
@@ -357,7 +357,6 @@ class ResultsWriter:
       self._discard()
       raise write_failed(csv_path, e) from None
     self._raw_rows: List[Dict[str, Any]] = raw  # NaN and infinities kept
-    self._rows: List[Dict[str, Any]] = [to_jsonable(r) for r in raw]
     self._groups_width = 0
     # tf.summary's implementation is the tensorboard package (a dependency;
     # absent only from installs made without dependencies): no logs without it.
@@ -370,6 +369,9 @@ class ResultsWriter:
         self._tb = tf.summary.create_file_writer(tb_dir)
       except Exception as e:  # noqa: BLE001 - e.g. a full disk
         self._tb_failed(e)
+    # The rows, groups and scalars are written by this thread, in order; what
+    # reads them (a checkpoint's digest, the summary, the plots) waits for it.
+    self._background = background.Background()
 
   def _hold(self, path: str) -> None:
     try:
@@ -387,6 +389,11 @@ class ResultsWriter:
   def _discard(self) -> None:
     """A new run that could not start: close and remove what it wrote (a
     resumed run's files are left as they were)."""
+    if getattr(self, "_background", None) is not None:
+      try:
+        self._background.close()
+      except Exception:  # noqa: BLE001 - the run could not start anyway
+        pass
     for f in (self._csv_file, self._jsonl, self._groups_file):
       if f is not None and not f.closed:
         try:
@@ -423,7 +430,8 @@ class ResultsWriter:
 
   def records_digest(self) -> Dict[str, Any]:
     """{"count": rows written, "metrics.csv": SHA-256, "metrics.jsonl": SHA-256}:
-    what a checkpoint records in place of the rows."""
+    what a checkpoint records in place of the rows (once they are on disk)."""
+    self._background.drain()
     return {"count": len(self._raw_rows),
             **{name: h.hexdigest() for name, h in self._hashes.items()}}
 
@@ -461,26 +469,35 @@ class ResultsWriter:
       raise
     self._created = []
     if self._tb is not None and self._resume_rounds is None:
-      from tensorboard.plugins.hparams import api as hp_api
-      try:
-        with self._tb.as_default():
-          hp_api.hparams(hparams_of(config),
-                         trial_id=os.path.basename(os.path.normpath(self.path)))
-        self._tb.flush()
-      except Exception as e:  # noqa: BLE001
-        self._tb_failed(e)
+      self._background.submit(self._write_hparams, self.config)
+
+  def _write_hparams(self, config: Mapping[str, Any]) -> None:
+    if self._tb is None:
+      return
+    from tensorboard.plugins.hparams import api as hp_api
+    try:
+      with self._tb.as_default():
+        hp_api.hparams(hparams_of(config),
+                       trial_id=os.path.basename(os.path.normpath(self.path)))
+      self._tb.flush()
+    except Exception as e:  # noqa: BLE001
+      self._tb_failed(e)
 
   def write_round(self, row: Mapping[str, Any]) -> None:
+    """Queues a round's row for metrics.csv, metrics.jsonl and TensorBoard
+    (written by the writer thread; a failed write is raised by a later call)."""
     raw = _plain(row)
     unknown = set(raw) - set(self.columns)
     if unknown:
       raise KeyError(f"metrics {sorted(unknown)} are not declared columns")
+    self._raw_rows.append(raw)
+    self._background.submit(self._write_row, raw)
+
+  def _write_row(self, raw: Dict[str, Any]) -> None:
     csv_line, jsonl_line = self._csv_row(raw), _jsonl_line(raw)
     self._append((self._csv_file, csv_line), (self._jsonl, jsonl_line))
     self._hashes[rundir.METRICS_CSV].update(csv_line.encode())
     self._hashes[rundir.METRICS_JSONL].update(jsonl_line.encode())
-    self._raw_rows.append(raw)
-    self._rows.append(to_jsonable(raw))
     if self._tb is not None:
       import tensorflow as tf
       algo = (self.config or {}).get("algo")
@@ -500,8 +517,14 @@ class ResultsWriter:
 
     The first call writes the header (`round`, the client ids); in a resumed
     run it keeps the existing rows of the rounds in `resume_rows` (torn or
-    later lines dropped, as in metrics.csv), rewritten atomically.
+    later lines dropped, as in metrics.csv), rewritten atomically. Written by
+    the writer thread, like the rows.
     """
+    groups = None if groups is None else np.array(groups, copy=True)
+    self._background.submit(self._write_groups, int(round_num), list(client_ids), groups)
+
+  def _write_groups(self, round_num: int, client_ids: List[str],
+                    groups: Optional[np.ndarray]) -> None:
     if self.groups_format == "long":
       self._write_groups_long(round_num, client_ids, groups)
       return
@@ -584,9 +607,15 @@ class ResultsWriter:
   @property
   def rows(self) -> List[Dict[str, Any]]:
     """The rows so far, JSON-ready (non-finite numbers as None)."""
-    return self._rows
+    return [to_jsonable(r) for r in self._raw_rows]
+
+  def drain(self) -> None:
+    """Waits until the queued rows, groups and scalars are written; raises
+    the error of a failed write (`WriteFailed`: nothing half-written)."""
+    self._background.drain()
 
   def write_summary(self, summary: Mapping[str, Any]) -> None:
+    self._background.drain()
     write_json(rundir.path_of(self.path, rundir.SUMMARY), summary)
 
   def plot(self, title: Optional[str] = None) -> Optional[str]:
@@ -598,6 +627,7 @@ class ResultsWriter:
     Returns accuracy.png's path (None: not drawn, or `figures=False`)."""
     if not self.figures:
       return None
+    self._background.drain()
     out = self._plot_accuracy(title)
     self.plot_groups()
     return out
@@ -609,6 +639,7 @@ class ResultsWriter:
     task has true clusters (an `ari` column), the final ARI and purity (the
     last evaluated round's, as in summary.json). Returns its path, or None
     when not drawn. A failure to draw is a warning, never an error."""
+    self._background.drain()
     path = rundir.path_of(self.path, rundir.GROUPS_CSV)
     if not any(_GROUP_SIZE.match(c) for c in self.columns) or not os.path.isfile(path):
       return None
@@ -638,7 +669,15 @@ class ResultsWriter:
       warnings.warn(f"accuracy.png not written: {type(e).__name__}: {e}")
       return None
 
-  def close(self) -> None:
+  def close(self, last: Optional[Callable[[], None]] = None) -> None:
+    """Closes the files and TensorBoard's writer; runs `last` (e.g. a final
+    `write_summary`), then gives the folder up. Raises the error of a
+    failed queued write once the files are closed."""
+    failed: Optional[BaseException] = None
+    try:
+      self._background.close()
+    except Exception as e:  # noqa: BLE001 - raised below, with the files closed
+      failed = e
     for f in (self._csv_file, self._jsonl, self._groups_file):
       if f is not None and not f.closed:
         try:
@@ -652,7 +691,13 @@ class ResultsWriter:
       except Exception as e:  # noqa: BLE001
         self._tb_failed(e)
       self._tb = None
-    self._release()
+    try:
+      if failed is not None:
+        raise failed
+      if last is not None:
+        last()
+    finally:
+      self._release()
 
 
 def maximized_columns(columns: Iterable[str]) -> List[str]:
@@ -677,10 +722,13 @@ def final_cluster_scores(rows: Sequence[Mapping[str, Any]]) -> Dict[str, float]:
   return {}
 
 
-def summarize(rows: List[Mapping[str, Any]], rounds: int) -> Dict[str, Any]:
+def summarize(rows: List[Mapping[str, Any]], rounds: int,
+              first_rounds: Sequence[int] = ()) -> Dict[str, Any]:
   """final/max test accuracy (and the round of the max), the final ARI and
   purity (`final_cluster_scores`), the largest `loss_ratio` and the mean
-  round time, from per-round rows."""
+  round time, from per-round rows. `first_rounds`: the rounds each process
+  of the run started with, which compiled what the others reuse: left out of
+  `mean_round_seconds` when other rounds remain."""
   evaluated = [r for r in rows if r.get("test_accuracy") is not None]
   summary: Dict[str, Any] = {"rounds": rounds, "rounds_completed": len(rows)}
   if evaluated:
@@ -700,7 +748,9 @@ def summarize(rows: List[Mapping[str, Any]], rounds: int) -> Dict[str, Any]:
   if ratios:  # the divergence rule's margin (--divergence_ratio)
     worst = max(ratios, key=lambda r: r["loss_ratio"])
     summary.update(max_loss_ratio=worst["loss_ratio"], max_loss_ratio_round=worst["round"])
-  round_seconds = [r["round_seconds"] for r in rows if r.get("round_seconds") is not None]
+  timed = [r for r in rows if r.get("round_seconds") is not None]
+  warm = [r for r in timed if r.get("round") not in set(first_rounds)]
+  round_seconds = [r["round_seconds"] for r in (warm or timed)]
   if round_seconds:
     summary["mean_round_seconds"] = float(np.mean(round_seconds))
   return summary

@@ -409,7 +409,7 @@ class Evaluator:
     self._weight = client_weights(data.num_train_samples(), self._counts)
     self._test_only = np.asarray(data.test_only())
 
-    @tf.function(reduce_retracing=True)
+    @tf.function(reduce_retracing=True, autograph=False)
     def batch_stats(x, y):
       pred = self._model(x, training=False)
       if loss == models.SEQUENCE_CE_LOGITS:  # per non-padding target character
@@ -425,7 +425,7 @@ class Evaluator:
 
     self._batch_stats = batch_stats
     self._outputs = tf.function(lambda x: self._model(x, training=False),
-                                reduce_retracing=True)
+                                reduce_retracing=True, autograph=False)
 
   def _stats(self, parts: Sequence, y: np.ndarray):
     """Per-example (correct, loss, label) of the rows of `parts` (the
@@ -451,12 +451,21 @@ class Evaluator:
     `result.client_model` is the choice either way."""
     return deployment(client_model).evaluate(self, weights)
 
-  def mean_losses(self, weights: Sequence[np.ndarray]) -> np.ndarray:
+  def mean_losses(self, weights: Sequence[np.ndarray],
+                  clients: Optional[Sequence[int]] = None) -> np.ndarray:
     """Each client's mean loss under one model's `weights` (NaN for a client
-    without data in this split)."""
-    result = self._evaluate_indices([weights], np.zeros(len(self._y), np.int64))
-    return np.where(self._counts > 0,
-                    result.per_client_loss_sum / np.maximum(self._counts, 1), np.nan)
+    without data in this split). `clients`: only these (indices), in their
+    order, each evaluated in batches of its own data alone."""
+    if clients is None:
+      result = self._evaluate_indices([weights], np.zeros(len(self._y), np.int64))
+      return np.where(self._counts > 0,
+                      result.per_client_loss_sum / np.maximum(self._counts, 1), np.nan)
+    models.set_weights(self._model, weights)
+    out = np.full(len(clients), np.nan)
+    for i, k in enumerate(clients):
+      if self._counts[k] > 0:
+        out[i] = self._stats([self._x[k]], self._y[k])[1].sum() / self._counts[k]
+    return out
 
   def _evaluate_assigned(self, weights, client_model: np.ndarray) -> EvalResult:
     """Client k tested with `weights[client_model[k]]`; test-only clients with

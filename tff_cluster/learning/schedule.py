@@ -98,7 +98,7 @@ class LocalWork:
     return self.steps if num_samples else 0
 
 
-@tf.function(reduce_retracing=True)
+@tf.function(reduce_retracing=True, autograph=False)
 def _epoch_orders(num_samples, seeds, epochs, width):
   """Row q: `epoch_order(num_samples[q], seeds[q], epochs[q])`, padded with -1
   to `width` (many clients' and epochs' orders in one call)."""

@@ -424,7 +424,7 @@ class LocalRunner(ServerSide):
     one = self._one_client(mode)
     summed_spec, result_spec, state_spec = output_specs(one, inputs)
 
-    @tf.function(jit_compile=self.jit)
+    @tf.function(jit_compile=self.jit, autograph=False)
     def round_fn(inputs: RoundInputs, count):
       # `count` (a tensor) of the `num_clients` stacked clients are trained,
       # the rest are padding (see `train_clients`), never run; None: all of
@@ -486,7 +486,7 @@ class LocalRunner(ServerSide):
     summed_spec, result_spec, state_spec = output_specs(
         self._one_client(mode, side_by_side=True), inputs)
 
-    @tf.function(jit_compile=self.jit)
+    @tf.function(jit_compile=self.jit, autograph=False)
     def round_fn(inputs: RoundInputs, order, bounds, inverse):
       num_chunks, width = order.shape
 
@@ -639,7 +639,7 @@ def split_clients(box: List[Any], count: int) -> List[Any]:
 def output_specs(one, inputs: RoundInputs):
   """The output structure (shapes, dtypes) of client function `one` on a
   round's stacked inputs, from a trace only."""
-  traced = tf.function(one).get_concrete_function(tf.constant(0), inputs)
+  traced = tf.function(one, autograph=False).get_concrete_function(tf.constant(0), inputs)
   return tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype),
                                traced.structured_outputs)
 
@@ -648,6 +648,7 @@ def server_functions(definition, mode: str):
   """(broadcast_fn, database_fn, server_fn) of `definition`'s `mode`, as
   tf.functions."""
   d = definition
-  return (tf.function(lambda state, params: d.broadcast(state, params, mode)),
-          tf.function(lambda state: d.database(state, mode)),
-          tf.function(lambda state, summed: d.server_update(state, summed, mode)))
+  return (tf.function(lambda state, params: d.broadcast(state, params, mode), autograph=False),
+          tf.function(lambda state: d.database(state, mode), autograph=False),
+          tf.function(lambda state, summed: d.server_update(state, summed, mode),
+                      autograph=False))

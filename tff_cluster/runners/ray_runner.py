@@ -142,8 +142,8 @@ class ShardHost:
             result.per_client_loss_sum, result.per_client_f1,
             np.asarray(result.client_model))
 
-  def mean_losses(self, key: str, split: str, weights):
-    return self._shards[key].evaluator(split).mean_losses(weights)
+  def mean_losses(self, key: str, split: str, weights, clients=None):
+    return self._shards[key].evaluator(split).mean_losses(weights, clients)
 
   def summaries(self, key: str, fn, clients, split: str):
     """`fn(x, y)` of each of this shard's `clients` (indices in the shard)."""
@@ -574,8 +574,26 @@ class ShardedEvaluator:
                                  correct, count, loss_sum, client_model=chosen,
                                  per_client_f1=f1, client_weight=self._weight.copy())
 
-  def mean_losses(self, weights) -> np.ndarray:
-    return np.concatenate(self._per_shard("mean_losses", weights))
+  def mean_losses(self, weights, clients=None) -> np.ndarray:
+    """Each client's mean loss under `weights` (`Evaluator.mean_losses`);
+    `clients`: only these, each asked of the actor that holds it."""
+    if clients is None:
+      return np.concatenate(self._per_shard("mean_losses", weights))
+    r = self._runner
+    clients = np.asarray(clients, np.int64)
+    ref = r._ray.put([np.asarray(a) for a in weights])  # noqa: SLF001
+    calls, places = [], []
+    for w, actor in enumerate(r._actors):  # noqa: SLF001
+      lo, hi = r._bounds[w], r._bounds[w + 1]  # noqa: SLF001
+      mine = np.flatnonzero((clients >= lo) & (clients < hi))
+      if len(mine):
+        calls.append(actor.mean_losses.remote(r._key, self._split, ref,  # noqa: SLF001
+                                              clients[mine] - lo))
+        places.append(mine)
+    out = np.full(len(clients), np.nan)
+    for mine, losses in zip(places, r._get(calls)):  # noqa: SLF001
+      out[mine] = losses
+    return out
 
 
 class ActorClientStates(ClientStateStore):

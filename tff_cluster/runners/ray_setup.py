@@ -14,6 +14,8 @@ from tff_cluster import stack
 
 # How long a call to an unreachable `--ray_address` may take before it fails.
 CONNECT_TIMEOUT_S = 30
+# Where a cluster of this machine alone (no `--ray_address`) listens.
+LOOPBACK = "127.0.0.1"
 
 
 class RayUnavailable(ValueError):
@@ -69,7 +71,13 @@ def init_kwargs(num_cpus: Optional[int] = None, address: Optional[str] = None
   if address is not None:
     kwargs["address"] = address
   else:
+    # A cluster of this machine alone: its processes bind to the loopback
+    # address, and none asks an outside host for this machine's address
+    # (Ray's processes otherwise connect a socket towards 8.8.8.8 to find it;
+    # the variable turns that off in every process Ray starts from here).
     kwargs["num_cpus"] = num_cpus
+    kwargs["_node_ip_address"] = LOOPBACK
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
   return kwargs
 
 
