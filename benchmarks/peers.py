@@ -161,7 +161,7 @@ PREFIX = "PEERS_JSON "
 FRAMEWORKS = ("ours", "pfl", "flower")
 CIFAR_IMAGE_SEED = 20240
 FIELDS = ("framework", "version", "setting", "seed", "rounds", "process_seconds",
-          "median_round_seconds", "notes")
+          "median_round_seconds", "host_share", "parts_gap", "notes")
 
 # One peer framework: its environment's folder under --peers_root, the
 # packages whose versions identify it, its script, and how to make the env.
@@ -500,6 +500,13 @@ def run_ours(fw: Framework, setting: str, seed: int, args, tmp: str, log: str
     evals = [float(r["eval_seconds"]) for r in rows if r.get("eval_seconds")]
     with open(os.path.join(out, "summary.json")) as f:
       summary = json.load(f)
+    # tff-cluster's own account (summary.json's process_time): the host side
+    # over the training (both summed over the rounds, compilation apart), and
+    # the share of the wall time measured here that no part holds.
+    parts = summary.get("process_time") or {}
+    if parts.get("training"):
+      result["host_share"] = parts["host"] / parts["training"]
+      result["parts_gap"] = (seconds - (parts["process"] - parts["unaccounted"])) / seconds
     result["notes"] = (
         f"final_test_accuracy {summary.get('final_test_accuracy', float('nan')):.4f}; "
         f"{len(evals)} evaluations, {sum(evals):.2f} s; summary total_seconds "
@@ -648,6 +655,15 @@ def write_md(path: str, rows: List[Dict[str, Any]], frameworks: Dict[str, Framew
         note += f"; {len(failed)} failed run(s), see peers.csv"
       lines.append(f"| {name} | {n} | {fmt(round_s)} | {fmt(ratio_r, 2)} | {fmt(proc_s, 1)} | "
                    f"{fmt(ratio_p, 2)} | {note} |")
+    ours = [r for r in rows if r["framework"] == "ours" and r["setting"] == setting
+            and r.get("host_share") not in ("", None)]
+    if ours:
+      shares = [float(r["host_share"]) for r in ours]
+      gaps = [abs(float(r["parts_gap"])) for r in ours]
+      lines += ["", f"tff-cluster's own account (summary.json's process_time): the host side "
+                f"{100 * min(shares):.1f}-{100 * max(shares):.1f} % of the rounds' training; "
+                f"its parts within {100 * max(gaps):.2f} % of the process's wall time "
+                "measured here."]
     lines.append("")
   lines += ["## Versions", ""]
   for name in args.frameworks:
@@ -776,6 +792,8 @@ def one_run(fw: Framework, setting: str, seed: int, data: Optional[str], args, t
   round_seconds = result.get("round_seconds") or []
   row["process_seconds"] = fmt(result.get("process_seconds"))
   row["median_round_seconds"] = fmt(median_or_none(round_seconds), 4)
+  row["host_share"] = fmt(result.get("host_share"), 4)
+  row["parts_gap"] = fmt(result.get("parts_gap"), 4)
   notes = result.get("notes", "")
   if round_seconds:
     notes = f"round 1 {round_seconds[0]:.2f} s, {len(round_seconds)} rounds timed; " + notes

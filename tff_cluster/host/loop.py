@@ -272,14 +272,12 @@ class TrainingRun:
     summary["compile_seconds"] = self.ledger.compile_seconds()
     if self.writer is not None:
       with interrupts.deferred():  # (a signal now: the run is closing anyway)
-        try:
-          self.writer.drain()  # the rows queued for the writer thread
-        except checkpoint.WriteFailed:
+        try:  # (the plots wait for the rows queued for the writer thread)
+          if not write_failed:  # (no figures on a full disk)
+            self.writer.plot(f"{self.task.name}")
+        except checkpoint.WriteFailed:  # a queued row that could not be written
           if status["completed"]:
             raise
-          write_failed = True
-        if not write_failed:  # (no figures on a full disk)
-          self.writer.plot(f"{self.task.name}")
         summary["process_time"] = self.ledger.breakdown()
         try:
           self.writer.write_summary(summary)
