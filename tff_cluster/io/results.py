@@ -609,11 +609,6 @@ class ResultsWriter:
     """The rows so far, JSON-ready (non-finite numbers as None)."""
     return [to_jsonable(r) for r in self._raw_rows]
 
-  def drain(self) -> None:
-    """Waits until the queued rows, groups and scalars are written; raises
-    the error of a failed write (`WriteFailed`: nothing half-written)."""
-    self._background.drain()
-
   def write_summary(self, summary: Mapping[str, Any]) -> None:
     self._background.drain()
     write_json(rundir.path_of(self.path, rundir.SUMMARY), summary)
