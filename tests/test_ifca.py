@@ -1,5 +1,7 @@
 """IFCA: the cluster estimate (argmin and its tie rule), per-cluster averaging, test-loss choice."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -137,6 +139,34 @@ def test_good_init_redraws_until_every_cluster_gets_its_share(monkeypatch):
   with pytest.warns(UserWarning, match="no draw in 3"):
     strict.setup()
   assert strict.host.summary["init_attempts"] == 3
+
+
+def test_the_torch_start_draws_each_kernel_and_bias_within_one_over_root_fan_in():
+  """--ifca_init_dist=torch (the authors' MNIST start): every Dense kernel and
+  bias uniform in +-1/sqrt(fan_in), K different draws, the same for the same
+  seed; Keras's start has zero biases."""
+  from tff_cluster import tasks
+  from tff_cluster.spec.task import DataOptions
+  task = tasks.get_task("synthetic_clusters")
+  data = task.load_data(DataOptions(seed=0, num_clients=10, extra={"num_clusters": 2}))
+  config = TrainingConfig(rounds=1, clients_per_round=4, local_epochs=1, batch_size=10,
+                          client_lr=0.01, seed=3)
+  task = dataclasses.replace(task, model_fn=lambda: models.mlp(60, 7, 10))
+  draw = lambda dist: registry.build_driver(  # noqa: E731
+      "ifca", task, data, config, num_groups=3, ifca_init_dist=dist)._draw(0)
+  torch, again, keras = draw("torch"), draw("torch"), draw("keras")
+  bounds = [1 / np.sqrt(60), 1 / np.sqrt(60), 1 / np.sqrt(7), 1 / np.sqrt(7)]
+  for j in range(3):
+    for w, b, k in zip(torch[j], bounds, keras[j]):
+      assert w.shape == k.shape and np.abs(w).max() <= b
+      assert w.size < 50 or np.abs(w).max() > 0.9 * b  # uniform over the whole range
+    np.testing.assert_array_equal(np.concatenate([w.ravel() for w in torch[j]]),
+                                  np.concatenate([w.ravel() for w in again[j]]))
+    assert not np.any(keras[j][1]) and np.all(torch[j][1] != 0)  # biases: zero vs drawn
+  assert not np.array_equal(torch[0][0], torch[1][0])
+  with pytest.raises(ValueError, match="LSTM"):
+    lstm = tf.keras.Sequential([tf.keras.Input((3, 2)), tf.keras.layers.LSTM(2)])
+    models.fan_in_uniform_weights(lstm, np.random.default_rng(0))
 
 
 def _two_class_task():

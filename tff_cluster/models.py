@@ -465,6 +465,34 @@ def weight_index(variables: Sequence[tf.Variable], weight) -> int:
   raise ValueError(f"weight {weight.name!r} is not among the model's weights")
 
 
+def fan_in_uniform_weights(model: tf.keras.Model, rng: np.random.Generator
+                           ) -> List[np.ndarray]:
+  """`model`'s weight list (trainable first) with every Dense and Conv2D
+  kernel and bias drawn from U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = the
+  layer's inputs per output (a Conv2D's kh * kw * in_channels): the
+  distribution of PyTorch's default `nn.Linear` / `nn.Conv2d` initialization.
+  BatchNormalization keeps its start (gamma 1, beta 0, statistics 0 and 1, as
+  PyTorch's); a model with any other layer holding weights is refused.
+  Layers are drawn in layer order, kernel then bias."""
+  variables = model_variables(model)
+  out = [v.numpy() for v in variables]
+  for layer in _all_layers(model):
+    if isinstance(layer, tf.keras.Model) or not layer.weights:
+      continue
+    if isinstance(layer, tf.keras.layers.BatchNormalization):
+      continue
+    if not isinstance(layer, (tf.keras.layers.Dense, tf.keras.layers.Conv2D)):
+      raise ValueError(f"a fan-in uniform start covers Dense, Conv2D and BatchNormalization "
+                       f"layers; model {model.name!r} has {type(layer).__name__} layer "
+                       f"{layer.name!r}")
+    shape = tuple(layer.kernel.shape)
+    bound = 1.0 / np.sqrt(float(np.prod(shape[:-1])))
+    for weight in layer.weights:
+      i = weight_index(variables, weight)
+      out[i] = rng.uniform(-bound, bound, size=out[i].shape).astype(out[i].dtype)
+  return out
+
+
 def last_dense_indices(model: tf.keras.Model) -> List[int]:
   """Indices of the weights of the model's last Dense layer: [kernel] or
   [kernel, bias]."""

@@ -225,6 +225,27 @@ def proximal_mix(coefs, anchors: Sequence[tf.Tensor]) -> Transform:
       for g, w, a in zip(grads, weights, anchors)])
 
 
+def cosine_pull(coef, direction: Sequence[tf.Tensor]) -> Transform:
+  """g <- g + coef (c / ||w|| - <c, w> w / ||w||^3), the gradient of
+  coef <c, w> / ||w|| added, w and c the trainable weights and `direction`
+  each flattened into one vector (pFedGraph's local term, its c the graph's
+  weighted sum of unit-norm neighbour models: coef sum_j a_j cos(w, w_j));
+  `coef` a scalar (a tensor: per client); nothing is added where ||w|| = 0."""
+  coef = tf.convert_to_tensor(coef, tf.float32)
+  direction = list(direction)
+
+  def update(grads, weights, *_):
+    sq = tf.add_n([tf.reduce_sum(tf.square(w)) for w in weights])
+    dot = tf.add_n([tf.reduce_sum(c * w) for c, w in zip(direction, weights)])
+    positive = sq > 0
+    norm = tf.sqrt(tf.where(positive, sq, 1.0))
+    along = tf.where(positive, coef / norm, 0.0)
+    back = tf.where(positive, coef * dot / (norm * norm * norm), 0.0)
+    return [g + along * c - back * w for g, c, w in zip(grads, direction, weights)]
+
+  return _stateless(update)
+
+
 def control_variate(point: Sequence[tf.Tensor]) -> Transform:
   """g <- g - g(point): the same batch's gradient at the trainable weights
   `point` subtracted (Mime's control variate)."""

@@ -21,6 +21,11 @@ IFCA_OPTIONS = hp.grouped(
               "HypCluster's, FedJAX).",
               choices=INIT_CHOICES),
     INIT_CLIENTS,
+    hp.HParam("ifca_init_dist", str, "keras", "Distribution of each of the K models' own "
+              "draws (random, every good_init attempt, fedavg_warm's last layers): keras "
+              "(the model's Keras initializers) or torch (every Dense and Conv2D kernel and "
+              "bias uniform in +-1/sqrt(fan_in), PyTorch's default, the authors' MNIST code).",
+              choices=("keras", "torch")),
     hp.HParam("ifca_warm_rounds", int, 20, "fedavg_warm: rounds of one-model training "
               "before round 1.", low=0, limit=hp.MAX_ROUNDS),
     hp.HParam("ifca_forced_rounds", int, 20, "fedavg_warm: first rounds whose clients are "
@@ -60,7 +65,7 @@ SPECS = (
                 {"num_groups": 2, "ifca_init": "good_init", "ifca_agg": "num_examples",
                  "ifca_loss_batches": 2},
                 {"num_groups": 3, "ifca_init": "fedavg_warm", "ifca_warm_rounds": 2,
-                 "ifca_forced_rounds": 2, "ifca_agg": "samples"},
+                 "ifca_forced_rounds": 2, "ifca_agg": "samples", "ifca_init_dist": "torch"},
                 # A FedOpt step per cluster (its state stacked [K, ...]).
                 {"num_groups": 2, "server_optimizer": "adam", "server_lr": 0.05,
                  "server_beta1": 0.5, "server_beta2": 0.9, "server_tau": 0.01})),

@@ -22,13 +22,19 @@ Round: the server broadcasts all K models. Each sampled client i
 
 Initialisation (`--ifca_init`):
   random: K independent draws of the model's initializer (seeds derived from
-    --seed);
+    --seed); with `--ifca_init_dist=torch` each Dense and Conv2D kernel and
+    bias is drawn from U(-1/sqrt(fan_in), 1/sqrt(fan_in)) instead, PyTorch's
+    default `nn.Linear` start, which the authors' rotated-MNIST code
+    (jichan3751/ifca 61e44b8, mnist/train_cluster_mnist.py `setup_models`)
+    draws K times in a row from one seed (Keras's default MLP: Glorot
+    kernels, about 2.2-2.4 times wider there, and zero biases);
   good_init: the authors' CIFAR `find_good_initializer`: redraw all K until
     every cluster is chosen by at least a fraction th of a client sample of
     the round's size (`--ifca_good_init_threshold`; the code's th is 0.35 for
     K = 2 and 0.1 for K = 4; for other K we use 0.4 / K), at most 100 draws
-    (then the best draw, with a warning). The sample is drawn for the check
-    only (the code checks the first round's participants).
+    (then the best draw, with a warning). The sample is drawn once for the
+    check (the code draws a fresh sample for each attempt, and another for
+    round 1).
   fedavg_warm: the authors' FEMNIST start: `--ifca_warm_rounds` rounds of
     FedAvg-style training of one model before round 1 (sampled clients, IFCA's
     averaging rule, fresh momentum buffers); every cluster model copies it
@@ -313,7 +319,14 @@ class IFCADriver(driver.Driver):
         + [f"group_{j}_round_clients" for j in range(num_groups)] + self.score_columns())
 
   def _draw(self, attempt: int):
-    """K independent initializations, seeded by (--seed, attempt, cluster)."""
+    """K independent initializations, seeded by (--seed, attempt, cluster):
+    the model's Keras initializers, or (`--ifca_init_dist=torch`) every Dense
+    and Conv2D kernel and bias uniform in +-1/sqrt(fan_in)."""
+    if self.options.get("ifca_init_dist", "keras") == "torch":
+      built = self.model.model_fn()
+      return [models.fan_in_uniform_weights(
+          built, seeds.generator(self.config.seed, "ifca_init_torch", attempt, j))
+          for j in range(self.k)]
     return [driver.initial_weights(
         self.model, seeds.int_seed(self.config.seed, "ifca_init", attempt, j)) for j in range(self.k)]
 
