@@ -92,3 +92,19 @@ def test_a_round_steps_each_cluster_by_its_members_mean_gradient(profile_at):
       np.testing.assert_array_equal(extra_keys, expected if profile_at == "own" else 0)
   assert (driver.host.assignment >= 0).all()
   assert np.abs(driver.host.profile).sum() > 0
+
+
+def test_under_sampling_only_the_profiled_clients_are_partitioned():
+  task = tasks.get_task("synthetic_clusters")
+  data = task.load_data(DataOptions(seed=0, num_clients=8, extra={"num_clusters": 2}))
+  config = TrainingConfig(rounds=1, clients_per_round=5, local_epochs=1, batch_size=10,
+                          client_lr=0.05, seed=0)
+  driver = registry.build_driver("cflgp", task, data, config, num_groups=2)
+  driver.setup()
+  sampled = np.array([0, 2, 3, 5, 7])
+  driver.run_round(1, sampled)
+  assert (driver.host.assignment[sampled] >= 0).all()
+  np.testing.assert_array_equal(driver.host.assignment[[1, 4, 6]], -1)
+  np.testing.assert_array_equal(driver.host.profile[[1, 4, 6]], 0.0)
+  _, index = driver.eval_models()
+  np.testing.assert_array_equal(index[[1, 4, 6]], 0)  # theta_0, the model they would train

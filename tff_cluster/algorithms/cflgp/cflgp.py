@@ -36,9 +36,14 @@ Round t (from 0; T = `--cflgp_period`, tau = `--cflgp_stop`):
    members keeps its model. (A client that moved contributes a message
    computed at its old cluster's model, as in the code.)
 
+Under partial participation (a `--clients_per_round` below every client;
+the code takes every client every round) a profile is kept for each client
+that has taken part in a partition round, and the partition is of those
+clients; the others train theta_0 until they have one.
+
 Evaluation: each client with training data is tested with its cluster's
-model; test-only clients choose their model by their own test loss (IFCA's
-protocol for test machines).
+model (theta_0 before it has a cluster); test-only clients choose their
+model by their own test loss (IFCA's protocol for test machines).
 """
 
 from __future__ import annotations
@@ -147,9 +152,11 @@ class CFLGPDefinition(Definition):
 @dataclasses.dataclass
 class CFLGPHost(HostState):
   """Each client's cluster (-1: none yet), its gradient profile (float64,
-  a row per client) and the summary's facts."""
+  a row per client), whether it has one (it took part in a partition
+  round) and the summary's facts."""
   assignment: np.ndarray
   profile: np.ndarray
+  profiled: np.ndarray
   summary: Dict[str, object]
 
 
@@ -171,7 +178,7 @@ class CFLGPDriver(driver.Driver):
     size = sum(int(np.prod(s.shape)) for s in definition.trainable_spec)
     self.host = CFLGPHost(assignment=np.full(self.data.num_clients, -1, np.int64),
                           profile=np.zeros((self.data.num_clients, size), np.float64),
-                          summary={})
+                          profiled=np.zeros(self.data.num_clients, bool), summary={})
     self.extra_columns = (["cflgp_reclustered", "cflgp_moved"] + self.group_columns(self.k)
                           + self.score_columns())
 
@@ -197,11 +204,12 @@ class CFLGPDriver(driver.Driver):
     extra_down = 0
     if cluster_now:
       extra_down = self._update_profiles(t, sampled, keys, messages, round_num)
-      first = (self.host.assignment < 0).all()
-      training = self.data.training_clients()
-      labels = spectral_labels(self.host.profile[training], self.k,
-                               None if first else self.host.assignment[training])
-      self.host.assignment[training] = labels
+      self.host.profiled[sampled] = True
+      clients = np.flatnonzero(self.host.profiled)
+      old = self.host.assignment[clients]
+      labels = spectral_labels(self.host.profile[clients], self.k,
+                               None if (old < 0).all() else old)
+      self.host.assignment[clients] = labels
     self._update_models(sampled, messages, round_num)
     row = self.training_row(out.summed, len(sampled), models_down=1.0, models_up=1.0)
     row["bytes_down"] += extra_down * self.training_row(out.summed, 1)["bytes_down"]
@@ -245,8 +253,13 @@ class CFLGPDriver(driver.Driver):
     self.state = self.runner.put_state(collections.OrderedDict(models=models))
 
   def eval_models(self):
+    """The K models; a client with training data is tested with its
+    cluster's (theta_0, the model it would train, before it has one), a
+    test-only client chooses by its test loss (-1)."""
     models = cluster_ops.unstack_models(self.runner.numpy_state(self.state)["models"], self.k)
-    return models, self.host.assignment.copy()
+    index = self.host.assignment.copy()
+    index[(index < 0) & (self.data.num_train_samples() > 0)] = 0
+    return models, index
 
   def round_eval_metrics(self, result):
     assigned = self.host.assignment
