@@ -499,6 +499,14 @@ def last_dense_indices(model: tf.keras.Model) -> List[int]:
   return dense_indices(model, last_only=True)
 
 
+def last_dense_layer(model: tf.keras.Model) -> tf.keras.layers.Layer:
+  """The model's last Dense layer (nested models' included)."""
+  dense = [layer for layer in _all_layers(model) if isinstance(layer, tf.keras.layers.Dense)]
+  if not dense:
+    raise ValueError(f"model {model.name!r} has no Dense layer")
+  return dense[-1]
+
+
 def last_dense_kernel_index(model: tf.keras.Model) -> int:
   """Index of the kernel of the model's last Dense layer (WeCFL's clustering
   feature in the authors' code)."""

@@ -64,8 +64,28 @@ class ExampleWeights(NamedTuple):
   width: int = 1
 
 
+class FeatureAlignment(NamedTuple):
+  """A pull of each example's features toward its class's target: `coef`
+  times the mean over the feature dimension of (z - targets[y])^2 is added
+  to each example's loss, z the input of the model's last Dense layer
+  (FedPAC's alignment: `nn.MSELoss` over the batch's B x d entries).
+  `targets` [classes, d]; `coef` a scalar (a tensor: per client)."""
+  targets: tf.Tensor
+  coef: tf.Tensor
+
+
+def feature_model(model: tf.keras.Model) -> tf.keras.Model:
+  """A model of the same layers (the same variables) returning (outputs,
+  the input of the last Dense layer); a subclassed model is refused."""
+  if not models.is_layer_graph(model):
+    raise ValueError(f"features need a functional or Sequential model; {type(model).__name__} "
+                     "is subclassed")
+  last = models.last_dense_layer(model)
+  return tf.keras.Model(model.inputs, [model.outputs[0], last.input])
+
+
 def sgd_step(model: tf.keras.Model, loss: str, batch, lr, optimizer, opt_state,
-             weight_fn=None):
+             weight_fn=None, alignment=None):
   """One local step on the batch `(x, y, mask)` (`mask`: None, or 1.0/0.0 per
   row, the real examples) with the bound client optimizer `optimizer`
   (`optimizers.Chain`, see `optimizers`).
@@ -73,7 +93,9 @@ def sgd_step(model: tf.keras.Model, loss: str, batch, lr, optimizer, opt_state,
   g = the gradient of the batch's mean loss over its real examples; the
   optimizer's transforms turn it into the new trainable weights (for plain
   SGD w <- w - lr g), which are assigned to the model. `weight_fn(x, y)`
-  (None: 1) weighs each example's loss (`ExampleWeights`).
+  (None: 1) weighs each example's loss (`ExampleWeights`); `alignment`
+  (None, or (the model's `feature_model`, a `FeatureAlignment`)) adds its
+  feature term to each example's loss.
 
   Returns (batch loss x batch size, batch size, new optimizer state).
   """
@@ -81,10 +103,17 @@ def sgd_step(model: tf.keras.Model, loss: str, batch, lr, optimizer, opt_state,
   trainable = model.trainable_variables
   weights = None if weight_fn is None else tf.stop_gradient(weight_fn(x, y))
   with tf.GradientTape() as tape:
-    predictions = model(x, training=True)
+    if alignment is None:
+      predictions = model(x, training=True)
+    else:
+      predictions, z = alignment[0](x, training=True)
     per_example = models.per_example_loss(loss, y, predictions)
     if weights is not None:
       per_example = per_example * weights
+    if alignment is not None:
+      term = alignment[1]
+      per_example = per_example + term.coef * tf.reduce_mean(
+          tf.square(z - tf.gather(term.targets, tf.cast(y, tf.int32))), axis=-1)
     if mask is None:
       count = tf.cast(tf.shape(per_example)[0], tf.float32)
       batch_loss = tf.reduce_mean(per_example)
@@ -189,6 +218,33 @@ class _Trainer:
     _assign(self._variables, start)
     return start_optimizer(optimizer, start[:self._num_trainable], opt_state)
 
+  def _features(self):
+    """The model's `feature_model`, made when first needed."""
+    if getattr(self, "_feature_model", None) is None:
+      self._feature_model = feature_model(self.model)
+    return self._feature_model
+
+  def _alignment(self, alignment: Optional[FeatureAlignment]):
+    return None if alignment is None else (self._features(), alignment)
+
+  def _feature_batch(self, x, y, mask, num_classes: int):
+    """(per-class sums of the features [C, d], of their squared norms [C],
+    counts [C]) of the batch's real examples (inference mode)."""
+    z = self._features()(x, training=False)[1]
+    onehot = tf.one_hot(tf.cast(y, tf.int32), num_classes, dtype=z.dtype)
+    if mask is not None:
+      onehot = onehot * mask[:, None]
+    return (tf.matmul(onehot, z, transpose_a=True),
+            tf.linalg.matvec(onehot, tf.reduce_sum(tf.square(z), axis=-1), transpose_a=True),
+            tf.reduce_sum(onehot, axis=0))
+
+  def feature_sums(self, weights, data, num_classes: int, max_batches: int = 0):
+    """(per-class sums of the features (the last Dense layer's input) [C, d],
+    of their squared norms [C], counts [C]) at `weights` over the real
+    examples of the first `max_batches` batches of `data` (0: all),
+    inference mode."""
+    raise NotImplementedError
+
   def _finish(self, start, num_examples, loss_sum, opt_state) -> TrainResult:
     delta = [var - s for var, s in zip(self._variables, start)]
     return TrainResult(delta, num_examples, loss_sum, opt_state)
@@ -215,12 +271,13 @@ class _Trainer:
         self.frozen_losses(example_weights.frozen, x, y), y)
 
   def train(self, start, data, lr, optimizer=None, opt_state=None,
-            example_weights: Optional[ExampleWeights] = None) -> TrainResult:
+            example_weights: Optional[ExampleWeights] = None,
+            alignment: Optional[FeatureAlignment] = None) -> TrainResult:
     """Local steps from the weights `start` over `data` at learning rate `lr`
     with the client optimizer `optimizer` (a chain or transform of
     `optimizers`; None: plain SGD), its state starting at `opt_state` (None:
     the optimizer's `init` at the start); `example_weights` weighs each
-    example's loss."""
+    example's loss; `alignment` adds a feature term to it."""
     raise NotImplementedError
 
   def example_sums(self, example_weights: ExampleWeights, data, max_batches: int = 0):
@@ -271,16 +328,17 @@ class DatasetTrainer(_Trainer):
   """Local SGD over a `tf.data.Dataset` of `{'x', 'y'}` batches (TFF runner)."""
 
   def train(self, start, data, lr, optimizer=None, opt_state=None,
-            example_weights=None) -> TrainResult:
+            example_weights=None, alignment=None) -> TrainResult:
     start = list(start)
     lr = tf.cast(lr, tf.float32)
     opt, state = self._start(start, optimizer, opt_state)
     weight_fn = self._weight_fn(example_weights)
+    align = self._alignment(alignment)
 
     def step(carry, batch):
       num_examples, loss_sum, state = carry
       loss_x_n, n, state = sgd_step(self.model, self.loss_kind, (batch["x"], batch["y"], None),
-                                    lr, opt, state, weight_fn)
+                                    lr, opt, state, weight_fn, align)
       return num_examples + n, loss_sum + loss_x_n, state
 
     num_examples, loss_sum, state = data.reduce(
@@ -307,6 +365,19 @@ class DatasetTrainer(_Trainer):
       return carry[0] + loss_sum, carry[1] + count
 
     return data.reduce((tf.constant(0.0), tf.constant(0.0)), add)
+
+  def feature_sums(self, weights, data, num_classes: int, max_batches: int = 0):
+    _assign(self._variables, weights)
+    if max_batches:
+      data = data.take(max_batches)
+    d = self._features().outputs[1].shape[-1]
+
+    def add(carry, batch):
+      out = self._feature_batch(batch["x"], batch["y"], None, num_classes)
+      return tuple(a + b for a, b in zip(carry, out))
+
+    return data.reduce((tf.zeros([num_classes, d]), tf.zeros([num_classes]),
+                        tf.zeros([num_classes])), add)
 
   def gradient(self, weights, data, max_batches: int = 1):
     _assign(self._variables, weights)
@@ -358,16 +429,17 @@ class PaddedTrainer(_Trainer):
     return schedule.gather_rows(self._x, rows), tf.gather(self._y, rows), mask
 
   def train(self, start, data: schedule.PaddedBatches, lr, optimizer=None,
-            opt_state=None, example_weights=None) -> TrainResult:
+            opt_state=None, example_weights=None, alignment=None) -> TrainResult:
     start = list(start)
     lr = tf.cast(lr, tf.float32)
     opt, state = self._start(start, optimizer, opt_state)
     self._seed(data)
     weight_fn = self._weight_fn(example_weights)
+    align = self._alignment(alignment)
 
     def step(x, y, mask, num_examples, loss_sum, state):
       loss_x_n, n, state = sgd_step(self.model, self.loss_kind, (x, y, mask), lr, opt, state,
-                                    weight_fn)
+                                    weight_fn, align)
       return num_examples + n, loss_sum + loss_x_n, state
 
     num_examples, loss_sum, state = self._batches(
@@ -414,6 +486,19 @@ class PaddedTrainer(_Trainer):
       return loss_sum + batch_loss, count + n
 
     return self._batches(data, limit, step, (tf.constant(0.0), tf.constant(0.0)))
+
+  def feature_sums(self, weights, data: schedule.PaddedBatches, num_classes: int,
+                   max_batches: int = 0):
+    _assign(self._variables, weights)
+    limit = data.num_steps if not max_batches else tf.minimum(data.num_steps, max_batches)
+    d = self._features().outputs[1].shape[-1]
+
+    def step(x, y, mask, *carry):
+      out = self._feature_batch(x, y, mask, num_classes)
+      return tuple(a + b for a, b in zip(carry, out))
+
+    return self._batches(data, limit, step, (tf.zeros([num_classes, d]),
+                                             tf.zeros([num_classes]), tf.zeros([num_classes])))
 
   def example_sums(self, example_weights, data: schedule.PaddedBatches, max_batches: int = 0):
     limit = data.num_steps if not max_batches else tf.minimum(data.num_steps, max_batches)
