@@ -55,6 +55,9 @@ LATER_MODES = ("cfl", "flhc", "fedsoft")
 # FedProx's or IFCA's clients and return the per-client results (updates,
 # losses, keys) that FedAvg's, FedGroup's, IFCA's and CFL-MGD's cases check.
 PARALLEL_CASES = tiered(CASES, lambda c: test_runners.representative(c[0]))
+# Algorithms whose local steps need the model's features (FedPAC's
+# alignment): side by side is refused.
+SEQUENTIAL_ONLY = ("fedpac",)
 
 
 @pytest.mark.slow
@@ -63,6 +66,11 @@ def test_parallel_clients_give_the_sequential_numbers(algo, solver, cluster_data
   """Identical assignments and accuracies, losses and weights within rtol
   1e-4 / atol 1e-6 (the runner parity tolerance)."""
   rounds = test_runners.ROUNDS if algo in LATER_MODES or exhaustive() else 2
+  if algo in SEQUENTIAL_ONLY:  # refused before any round, in one line
+    with pytest.raises(ValueError, match="one client after another; valid: "
+                       "--client_batching=sequential"):
+      _run(cluster_data, algo, solver, "parallel", tmp_path, rounds=rounds)
+    return
   sequential = _run(cluster_data, algo, solver, "sequential", tmp_path, rounds=rounds)
   parallel = _run(cluster_data, algo, solver, "parallel", tmp_path, rounds=rounds)
   test_runners.assert_same_run(sequential, parallel, test_runners.PARITY_CASES[algo][0].get(
@@ -446,7 +454,8 @@ KERAS3_ALGOS = ("fedavg", "fedem", "apfl", "fedrep", "perfedavg")
 KERAS3_RUN_CASES = tiered([
     ("lstm" if algo in ADAM_OR_NO_BATCHNORM else "conv_batchnorm_lstm_dropout", algo, 0,
      solver)
-    for algo, solver in CASES], lambda c: c[1] in KERAS3_ALGOS) + [
+    for algo, solver in CASES if algo not in SEQUENTIAL_ONLY],
+    lambda c: c[1] in KERAS3_ALGOS) + [
     ("cnn_batchnorm_dropout", "ifca", 1, "steps_momentum_persist_decay"),
     ("cnn_batchnorm_dropout", "cfl_mgd", 1, "epochs")]
 

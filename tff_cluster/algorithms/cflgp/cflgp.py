@@ -163,6 +163,9 @@ class CFLGPHost(HostState):
 class CFLGPDriver(driver.Driver):
   """Steps 2-3 of the module docstring on the host, in numpy."""
 
+  individual_updates = ("its host partitions the clients by their individual gradients and "
+                        "averages each cluster's")
+
   @classmethod
   def check(cls, context: driver.Context) -> None:
     super().check(context)

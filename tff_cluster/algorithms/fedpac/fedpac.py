@@ -227,6 +227,9 @@ class FedPACDriver(personal.PersonalDriver):
   the classifier), mode `body` (the run's local work of the aligned feature
   extractor), then the classifiers' combination on the host (step 4)."""
 
+  individual_updates = ("its host combines each client's classifier with the others' by "
+                        "weights read from each client's feature statistics")
+
   @classmethod
   def check(cls, context: driver.Context) -> None:
     super().check(context)

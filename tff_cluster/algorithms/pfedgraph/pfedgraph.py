@@ -183,6 +183,9 @@ class PFedGraphDriver(personal.PersonalDriver):
   """The graph step between rounds (steps 2-4 of the module docstring) on
   the host, in numpy: the code's QP and weighted sums are host-side too."""
 
+  individual_updates = ("its host weighs each client's model by its similarity to the "
+                        "others' and sends each client a sum of them")
+
   def __init__(self, context: driver.Context, definition: PFedGraphDefinition):
     super().__init__(context, definition)
     options = context.options
