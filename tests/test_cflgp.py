@@ -1,8 +1,6 @@
 """CFL-GP: the profile's weight schedule, the label matching, the SVD-then-k-means
 partition, and a round's per-cluster gradient step by hand."""
 
-import collections
-
 import numpy as np
 import pytest
 
