@@ -731,16 +731,19 @@ def test_clustered_catalogue_gives_each_clustered_algorithm_the_true_clusters():
   from tff_cluster import registry
   k = {"synthetic_clusters": 5, "rotated_mnist": 4, "fmnist_clusterwise_dir": 10}
   cells = _table_cells(clustered_catalogue)
-  assert len(cells) == 72
+  assert len(cells) == 84  # 72, then CFL-GP's, pFedGraph's and FedPAC's 4 each
+  unclustered = ("fedavg", "stocfl", "pfedgraph", "fedpac")  # no K to give
   for (algo, task, seed), cell in cells.items():
     flags = dict(cell.flags)
-    assert flags.get("num_groups") == (None if algo in ("fedavg", "stocfl") else k[task])
+    assert flags.get("num_groups") == (None if algo in unclustered else k[task])
     assert (flags.get("client_momentum") == 0.0) == bool(registry.ALGORITHMS[algo].own_momentum)
     assert seed in clustered_catalogue.TASKS[task]["seeds"]
     if algo == "fedsoft":  # K: the round's clients over the clusters
       assert flags["fedsoft_k"] == flags["clients_per_round"] // k[task]
   assert not [c for c in cells if c[1] == "fmnist_clusterwise_dir"
               and c[0] in ("fedem", "fedrc", "fedsoft")]
+  assert not [c for c in cells if c[1] == "rotated_mnist"
+              and c[0] in ("pfedgraph", "cflgp", "fedpac")]
 
 
 def test_a_tables_overrides_edit_its_sweep_files_keys():
@@ -777,7 +780,7 @@ def test_personalized_baselines_cells_are_settings_the_cli_accepts():
   num_groups = {"mnist_workers": 4, "fmnist_clientwise_class": 5, "femnist": 5}
   clustered = ("fedgroup", "hypcluster", "flhc")
   cells = _table_cells(personalized_baselines)
-  assert len(cells) == 95
+  assert len(cells) == 103  # 95, then pFedGraph's and FedPAC's 4 each
   for (algo, task, seed), cell in cells.items():
     flags = cell.argv()
     run_experiment.FLAGS.unparse_flags()
