@@ -562,7 +562,10 @@ def test_gpu_hlo_round_grouped_cnn_prototype_equals_the_sequential_round():
       [schedule.client_seed(0, 1, int(k)) for k in sampled], steps)
   x = np.concatenate([data.train[c][0] for c in data.client_ids])
   y = np.concatenate([data.train[c][1] for c in data.client_ids])
-  update, weight, loss_sum, _, n = tf.function(gpu_hlo_round.grouped_round, autograph=False)(
+  # Compiled as the export compiles it: outside XLA, TF's CPU kernel for a
+  # grouped convolution's filter gradient (Conv2DBackpropFilter) refuses groups.
+  update, weight, loss_sum, _, n = tf.function(
+      gpu_hlo_round.grouped_round, jit_compile=True, autograph=False)(
       start, x, y, batches.indices, batches.sizes, batches.num_steps, np.float32(0.1),
       np.int32(0), False)
   assert float(weight) == float(out.summed["weight"]) == float(sizes[sampled].sum())

@@ -25,8 +25,13 @@ SPECS = (
         "fedpac", "FedPAC: a shared feature extractor aligned to global class prototypes, "
         "classifiers combined per client by a quadratic programme", f"{__name__}.fedpac",
         host="FedPACDriver", hparams=FEDPAC_OPTIONS,
-        # An MLP: a feature extractor to align (MCLR's is empty).
-        parity=({"_model": "mlp", "fedpac_lambda": 5.0, "fedpac_head_lr": 0.05},
+        # An MLP: a feature extractor to align (MCLR's is empty). `_weights_atol`:
+        # the ray runner adds its shards' class-feature sums in another order, and
+        # the quadratic programme's weights carry that float32 rounding into the
+        # personal heads (1.6e-6 in 1 of 320 weights after 3 rounds); rows are held
+        # at the usual tolerance.
+        parity=({"_model": "mlp", "fedpac_lambda": 5.0, "fedpac_head_lr": 0.05,
+                 "_weights_atol": 1e-5},
                 {"_model": "mlp", "fedpac_head_epochs": 2, "fedpac_head_lr": 0.02,
                  "fedpac_collaborate": False, "fedpac_weight_decay": 0.0})),
 )
