@@ -408,6 +408,11 @@ class Driver:
   def summary(self) -> Dict[str, Any]:
     return {}
 
+  def by_client(self, groups) -> Dict[str, int]:
+    """summary.json's form of a per-client group (or cluster) array:
+    {client id: group}, in the data's client order."""
+    return {cid: int(g) for cid, g in zip(self.data.client_ids, groups)}
+
 
 class Diverged(RuntimeError):
   """A non-finite loss, update or model in round `round_num` (0 = set-up), or

@@ -271,8 +271,7 @@ class CFLGPDriver(driver.Driver):
 
   def summary(self):
     out = dict(self.host.summary)
-    out["final_assignment"] = {cid: int(g) for cid, g in
-                               zip(self.data.client_ids, self.host.assignment)}
+    out["final_assignment"] = self.by_client(self.host.assignment)
     out["num_groups"] = self.k
     return out
 

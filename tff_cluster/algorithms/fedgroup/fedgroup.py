@@ -520,8 +520,7 @@ class FedGroupDriver(driver.Driver):
   def summary(self):
     assignment = self.host.assignment
     out = dict(self.host.summary)
-    out["final_assignment"] = {cid: int(g) for cid, g in
-                               zip(self.data.client_ids, assignment)}
+    out["final_assignment"] = self.by_client(assignment)
     out["group_sizes"] = [int((assignment == j).sum()) for j in range(self.m)]
     out["num_groups"] = self.m
     # The final ARI and purity: summary.json's `ari`, `purity`, from the rows

@@ -480,8 +480,7 @@ class IFCADriver(driver.Driver):
 
   def summary(self):
     out = dict(self.host.summary)
-    out["last_training_cluster"] = {cid: int(g) for cid, g in
-                                    zip(self.data.client_ids, self.host.assignment)}
+    out["last_training_cluster"] = self.by_client(self.host.assignment)
     out["num_groups"] = self.k
     return out
 

@@ -270,8 +270,7 @@ class StoCFLDriver(driver.Driver):
 
   def summary(self):
     out = dict(self.host.summary)
-    out["final_clusters"] = {cid: int(c) for cid, c in
-                             zip(self.data.client_ids, self.host.cluster_of)}
+    out["final_clusters"] = self.by_client(self.host.cluster_of)
     out["stocfl_merges"] = self.host.merges
     return out
 
