@@ -34,7 +34,7 @@
 #   PHASE  default: all six (quick: today).
 #
 # The CI tier runs one slice of the exhaustive-only cases: TFF_CLUSTER_SLICE
-# if set, else int(commit[:8], 16) % 4 of the checkout's commit (printed).
+# if set, else int(commit[:8], 16) % 8 of the checkout's commit (printed).
 # Environments are built from uv.lock with uv (installed with pip when
 # missing): .venv-tff, .venv-py3.X (today's stack, with the legacy-keras, ray
 # and tfds extras: tests/test_tfds.py runs there); .venv-colab and .venv-pip
@@ -76,7 +76,7 @@ done
 if [ -z "${TFF_CLUSTER_SLICE:-}" ]; then
   commit=$(git rev-parse HEAD 2>/dev/null || true)
   if [ -n "$commit" ]; then
-    TFF_CLUSTER_SLICE=$(( 16#${commit:0:8} % 4 ))
+    TFF_CLUSTER_SLICE=$(( 16#${commit:0:8} % 8 ))
     slice_from="commit ${commit:0:8}"
   else
     TFF_CLUSTER_SLICE=0
@@ -85,12 +85,12 @@ if [ -z "${TFF_CLUSTER_SLICE:-}" ]; then
 else
   slice_from="TFF_CLUSTER_SLICE"
 fi
-case $TFF_CLUSTER_SLICE in 0|1|2|3) ;;
-  *) echo "scripts/test.sh: error: TFF_CLUSTER_SLICE=$TFF_CLUSTER_SLICE; valid: 0..3" >&2; exit 2 ;;
+case $TFF_CLUSTER_SLICE in 0|1|2|3|4|5|6|7) ;;
+  *) echo "scripts/test.sh: error: TFF_CLUSTER_SLICE=$TFF_CLUSTER_SLICE; valid: 0..7" >&2; exit 2 ;;
 esac
 export TFF_CLUSTER_SLICE
 case $TIER in
-  ci) echo "tier ci: exhaustive-only cases of slice $TFF_CLUSTER_SLICE of 4 ($slice_from)" ;;
+  ci) echo "tier ci: exhaustive-only cases of slice $TFF_CLUSTER_SLICE of 8 ($slice_from)" ;;
   quick) echo "tier quick: no test marked slow, no exhaustive-only case" ;;
   exhaustive) echo "tier exhaustive: every case" ;;
 esac
@@ -298,6 +298,6 @@ for path in sorted(glob.glob(sys.argv[1] + "/*.xml")):
     passed += tests - fail - skip; failed += fail; skipped += skip
 print(f"total: {passed} passed, {failed} failed, {skipped} skipped")
 EOF
-echo "tier $TIER$([ "$TIER" = ci ] && echo ", slice $TFF_CLUSTER_SLICE of 4 ($slice_from)"); the slowest tests (scripts/test_durations.py .test-reports: the whole table):"
+echo "tier $TIER$([ "$TIER" = ci ] && echo ", slice $TFF_CLUSTER_SLICE of 8 ($slice_from)"); the slowest tests (scripts/test_durations.py .test-reports: the whole table):"
 python3 scripts/test_durations.py "$REPORTS" --top 10 | sed -n '/^phase  *test  /,/^$/p'
 exit $failed

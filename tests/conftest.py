@@ -59,7 +59,7 @@ def shared_data(name: str) -> pathlib.Path:
 # share of every such test.
 
 TIERS = ("quick", "ci", "exhaustive")
-SLICES = 4
+SLICES = 8
 EXHAUSTIVE_ONLY = pytest.mark.exhaustive_only
 
 

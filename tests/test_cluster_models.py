@@ -214,6 +214,8 @@ def test_wecfl_ari_on_fmnist_clusterwise_dir_k10_seed0():
   for r in (1, 2):
     driver.run_round(r, np.arange(data.num_clients))
     scores.append(clustering.adjusted_rand_index(data.true_clusters, driver.host.assignment))
+    if scores[-1] >= 0.95:  # (round 2 only where round 1 falls short)
+      break
   assert max(scores) >= 0.95, scores
 
 
