@@ -56,8 +56,9 @@ LATER_MODES = ("cfl", "flhc", "fedsoft")
 # losses, keys) that FedAvg's, FedGroup's, IFCA's and CFL-MGD's cases check.
 PARALLEL_CASES = tiered(CASES, lambda c: test_runners.representative(c[0]))
 # Algorithms whose local steps need the model's features (FedPAC's
-# alignment): side by side is refused.
-SEQUENTIAL_ONLY = ("fedpac",)
+# alignment) or record each step's loss (FedGWC's trajectories): side by side
+# is refused.
+SEQUENTIAL_ONLY = ("fedpac", "fedgwc")
 
 
 @pytest.mark.slow

@@ -156,11 +156,11 @@ def representative(algo):
   return algo not in SAME_CLIENTS + HOST_STEPS_ONLY
 
 
-# Algorithms whose local optimizer starts afresh every round (pFedGraph's and
-# FedPAC's, as their authors' code builds a new SGD each round) or that take
+# Algorithms whose local optimizer starts afresh every round (pFedGraph's,
+# FedPAC's and FedGWC's, as their authors' code builds a new SGD each round) or that take
 # one gradient (CFL-GP's default): the persisted-momentum solver case runs
 # the client code the epochs case runs, so CI keeps the first solver only.
-FRESH_SOLVER = ("cflgp", "pfedgraph", "fedpac")
+FRESH_SOLVER = ("cflgp", "pfedgraph", "fedpac", "fedgwc")
 
 
 def _parity_params():

@@ -42,6 +42,10 @@ from tff_cluster.learning import trainers
 ALIGNMENT_SIDE_BY_SIDE = ("a feature-alignment term runs one client after another; valid: "
                           "--client_batching=sequential")
 
+# Why a recorded loss trajectory is refused here (FedGWC's clients).
+TRAJECTORY_SIDE_BY_SIDE = ("per-step loss trajectories run one client after another; valid: "
+                           "--client_batching=sequential")
+
 
 class UnsupportedModel(ValueError):
   """The model cannot be written as a function of its weights here."""
@@ -419,9 +423,12 @@ class FunctionalTrainer:
     return self._loop(data, limit, body, (tf.zeros([example_weights.width]), tf.constant(0.0)))
 
   def train(self, start, data: schedule.PaddedBatches, lr, optimizer=None,
-            opt_state=None, example_weights=None, alignment=None) -> trainers.TrainResult:
+            opt_state=None, example_weights=None, alignment=None,
+            trajectory: int = 0) -> trainers.TrainResult:
     if alignment is not None:
       raise ValueError(ALIGNMENT_SIDE_BY_SIDE)
+    if trajectory:
+      raise ValueError(TRAJECTORY_SIDE_BY_SIDE)
     start = [tf.convert_to_tensor(w) for w in start]
     nt = self.model.num_trainable
     lr = tf.cast(lr, tf.float32)

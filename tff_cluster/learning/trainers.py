@@ -37,11 +37,15 @@ class TrainResult(NamedTuple):
   """delta: w_final - w_start per weight (trainable first); num_examples,
   loss_sum: float32 (loss_sum = sum over batches of the batch's mean loss x
   its size, each taken before that batch's step); opt_state: the client
-  optimizer's final state (`optimizers.Chain`'s structure)."""
+  optimizer's final state (`optimizers.Chain`'s structure); step_losses:
+  with `train(..., trajectory=T)`, [T] float32, step t's batch mean loss
+  (before its step; 0 for steps the client does not take: it takes
+  `LocalWork.num_steps` of its data), else None."""
   delta: List[tf.Tensor]
   num_examples: tf.Tensor
   loss_sum: tf.Tensor
   opt_state: Any
+  step_losses: Any = None
 
   @property
   def velocity(self) -> Optional[List[tf.Tensor]]:
@@ -195,6 +199,18 @@ def _mixed_gradient_at(model, loss: str, x, y, mask, point, other, alpha):
   return grads[0], grads[1]
 
 
+def empty_trajectory(length: int) -> tf.Tensor:
+  """[length] zeros: a trajectory before its steps (`TrainResult.step_losses`)."""
+  return tf.zeros([int(length)], tf.float32)
+
+
+def record_step(losses: tf.Tensor, k, batch_loss) -> tf.Tensor:
+  """`losses` with step k's batch mean loss at index k (none past its end)."""
+  if losses.shape[0] == 0:
+    return losses
+  return tf.where(tf.range(tf.shape(losses)[0]) == k, tf.cast(batch_loss, tf.float32), losses)
+
+
 def start_optimizer(optimizer, trainable_start, opt_state=None):
   """(the client optimizer bound to the start, its state): `opt_state` as
   given, or the optimizer's initial state. `optimizer` None is plain SGD."""
@@ -245,9 +261,9 @@ class _Trainer:
     inference mode."""
     raise NotImplementedError
 
-  def _finish(self, start, num_examples, loss_sum, opt_state) -> TrainResult:
+  def _finish(self, start, num_examples, loss_sum, opt_state, step_losses=None) -> TrainResult:
     delta = [var - s for var, s in zip(self._variables, start)]
-    return TrainResult(delta, num_examples, loss_sum, opt_state)
+    return TrainResult(delta, num_examples, loss_sum, opt_state, step_losses)
 
   def predict(self, weights, x):
     """The model's outputs (logits) at `weights` on inputs `x` (inference mode)."""
@@ -272,12 +288,14 @@ class _Trainer:
 
   def train(self, start, data, lr, optimizer=None, opt_state=None,
             example_weights: Optional[ExampleWeights] = None,
-            alignment: Optional[FeatureAlignment] = None) -> TrainResult:
+            alignment: Optional[FeatureAlignment] = None,
+            trajectory: int = 0) -> TrainResult:
     """Local steps from the weights `start` over `data` at learning rate `lr`
     with the client optimizer `optimizer` (a chain or transform of
     `optimizers`; None: plain SGD), its state starting at `opt_state` (None:
     the optimizer's `init` at the start); `example_weights` weighs each
-    example's loss; `alignment` adds a feature term to it."""
+    example's loss; `alignment` adds a feature term to it; `trajectory` > 0
+    records the first that many steps' batch losses (`TrainResult`)."""
     raise NotImplementedError
 
   def example_sums(self, example_weights: ExampleWeights, data, max_batches: int = 0):
@@ -328,7 +346,7 @@ class DatasetTrainer(_Trainer):
   """Local SGD over a `tf.data.Dataset` of `{'x', 'y'}` batches (TFF runner)."""
 
   def train(self, start, data, lr, optimizer=None, opt_state=None,
-            example_weights=None, alignment=None) -> TrainResult:
+            example_weights=None, alignment=None, trajectory: int = 0) -> TrainResult:
     start = list(start)
     lr = tf.cast(lr, tf.float32)
     opt, state = self._start(start, optimizer, opt_state)
@@ -336,14 +354,16 @@ class DatasetTrainer(_Trainer):
     align = self._alignment(alignment)
 
     def step(carry, batch):
-      num_examples, loss_sum, state = carry
+      num_examples, loss_sum, state, k, losses = carry
       loss_x_n, n, state = sgd_step(self.model, self.loss_kind, (batch["x"], batch["y"], None),
                                     lr, opt, state, weight_fn, align)
-      return num_examples + n, loss_sum + loss_x_n, state
+      return (num_examples + n, loss_sum + loss_x_n, state, k + 1,
+              record_step(losses, k, loss_x_n / n))
 
-    num_examples, loss_sum, state = data.reduce(
-        (tf.constant(0.0), tf.constant(0.0), state), step)
-    return self._finish(start, num_examples, loss_sum, state)
+    num_examples, loss_sum, state, _, losses = data.reduce(
+        (tf.constant(0.0), tf.constant(0.0), state, tf.constant(0), empty_trajectory(trajectory)),
+        step)
+    return self._finish(start, num_examples, loss_sum, state, losses if trajectory else None)
 
   def example_sums(self, example_weights, data, max_batches: int = 0):
     if max_batches:
@@ -429,7 +449,8 @@ class PaddedTrainer(_Trainer):
     return schedule.gather_rows(self._x, rows), tf.gather(self._y, rows), mask
 
   def train(self, start, data: schedule.PaddedBatches, lr, optimizer=None,
-            opt_state=None, example_weights=None, alignment=None) -> TrainResult:
+            opt_state=None, example_weights=None, alignment=None,
+            trajectory: int = 0) -> TrainResult:
     start = list(start)
     lr = tf.cast(lr, tf.float32)
     opt, state = self._start(start, optimizer, opt_state)
@@ -437,14 +458,17 @@ class PaddedTrainer(_Trainer):
     weight_fn = self._weight_fn(example_weights)
     align = self._alignment(alignment)
 
-    def step(x, y, mask, num_examples, loss_sum, state):
+    def step(x, y, mask, num_examples, loss_sum, state, k, losses):
       loss_x_n, n, state = sgd_step(self.model, self.loss_kind, (x, y, mask), lr, opt, state,
                                     weight_fn, align)
-      return num_examples + n, loss_sum + loss_x_n, state
+      return (num_examples + n, loss_sum + loss_x_n, state, k + 1,
+              record_step(losses, k, loss_x_n / n))
 
-    num_examples, loss_sum, state = self._batches(
-        data, data.num_steps, step, (tf.constant(0.0), tf.constant(0.0), state))
-    return self._finish(start, num_examples, loss_sum, state)
+    num_examples, loss_sum, state, _, losses = self._batches(
+        data, data.num_steps, step,
+        (tf.constant(0.0), tf.constant(0.0), state, tf.constant(0),
+         empty_trajectory(trajectory)))
+    return self._finish(start, num_examples, loss_sum, state, losses if trajectory else None)
 
   def _batches(self, data: schedule.PaddedBatches, limit, step, init):
     """`carry = step(x, y, mask, *carry)` over batches 0..limit-1: their rows
