@@ -211,3 +211,39 @@ def test_no_free_slot_no_split():
   row = driver.run_round(1, np.arange(4))
   assert row["fedgwc_split"] == 0 and row["num_clusters"] == 1
   assert driver.host.mse[0] == 1.0  # tried: no candidate, the code's reset
+
+
+def test_the_host_steps_equal_the_authors_code_on_the_same_inputs():
+  """tests/data/fedgwc_authors.json: the authors' `ServerFedGWC` methods
+  (davedleo/FedGWC 24d0716) run unmodified on fixed inputs in float64
+  (benchmarks/crosscheck/fedgwc_authors.py): the rewards, two updates of an
+  8-client interaction matrix, its affinity at two gammas, and the split of
+  a two-block matrix."""
+  import json
+  import pathlib
+  ref = json.loads((pathlib.Path(__file__).parent / "data" / "fedgwc_authors.json").read_text())
+  inputs = ref["inputs"]
+  losses, sizes = np.array(inputs["losses"]), np.array(inputs["n"], np.float64)
+  np.testing.assert_allclose(fedgwc.gaussian_rewards(losses, sizes), ref["rewards"], rtol=1e-12)
+  k, m = inputs["K"], inputs["m"]
+  matrix, mse = np.ones((k, k)) / k ** 2, inputs["mse0"]
+  calls = [(inputs["indices_call1"], losses, sizes),
+           (inputs["indices_call2"], np.array(inputs["losses_call2"]),
+            np.array(inputs["n_call2"], np.float64))]
+  for (rows, l, n), want in zip(calls, ref["update_W"]):
+    alpha = m / k
+    change = fedgwc.update_interaction(matrix, np.array(rows), fedgwc.gaussian_rewards(l, n),
+                                       alpha)
+    mse = (1 - alpha) * mse + alpha * change
+    np.testing.assert_allclose(matrix, want["W"], rtol=1e-12, atol=1e-15)
+    assert mse == pytest.approx(want["mse"], rel=1e-12)
+  for gamma in inputs["gammas_P"]:
+    np.testing.assert_allclose(fedgwc.affinity(matrix, gamma), ref["P"][str(gamma)],
+                               rtol=1e-10, atol=1e-14)
+  split = ref["find_best_clusters"]
+  a = fedgwc.affinity(np.array(inputs["M12"]), split["gamma"])
+  n, labels, score = fedgwc.best_split(a, split["candidate_n"], split["seed"])
+  assert n == split["n_clusters"]
+  theirs = np.array(split["labels"])
+  assert all(len(set(theirs[labels == j])) == 1 for j in range(n))  # the same partition
+  assert score == pytest.approx(split["davies_bouldin"], rel=1e-9)

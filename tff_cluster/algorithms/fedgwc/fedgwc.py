@@ -97,12 +97,16 @@ def affinity(block: np.ndarray, gamma: float) -> np.ndarray:
   normalised over all its entries; A_ii = 0."""
   x = np.asarray(block, np.float64).T
   x = (x - x.min()) / max(x.max() - x.min(), SCALE_GUARD)
-  sq = (x * x).sum(1)
-  full = np.maximum(sq[:, None] + sq[None, :] - 2.0 * x @ x.T, 0.0)
-  diag = np.diag(x)
-  # Leave out coordinates i and j: (X_ii - X_ji)^2 + (X_ij - X_jj)^2.
-  own = (diag[:, None] - x.T) ** 2 + (x - diag[None, :]) ** 2
-  d2 = np.maximum(full - own, 0.0)
+  size = len(x)
+  d2 = np.empty((size, size))
+  every = np.arange(size)
+  for i in range(size):
+    # Differences taken directly (not through inner products, which cancel
+    # where rows are close), coordinates i and j zeroed.
+    diff = (x[i][None, :] - x) ** 2
+    diff[:, i] = 0.0
+    diff[every, every] = 0.0
+    d2[i] = diff.sum(axis=1)
   out = np.exp(-gamma * d2)
   np.fill_diagonal(out, 0.0)
   return out
