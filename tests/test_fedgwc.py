@@ -85,7 +85,8 @@ def test_two_blocks_split_in_two_and_a_uniform_matrix_not_at_all():
   assert score == pytest.approx(davies_bouldin_score(emb, y))
   # No structure: no candidate scores below 1 (or its labels are one cluster).
   flat = fedgwc.affinity(np.full((11, 11), 0.1) + 1e-9 * rng.uniform(size=(11, 11)), 0.1)
-  assert fedgwc.best_split(flat, [2, 3], 0)[0] == 1
+  n, labels, lowest = fedgwc.best_split(flat, [2, 3], 0)
+  assert n == 1 and labels is None and (lowest is None or lowest >= 1.0)
 
 
 def _mlp():
@@ -211,6 +212,8 @@ def test_no_free_slot_no_split():
   row = driver.run_round(1, np.arange(4))
   assert row["fedgwc_split"] == 0 and row["num_clusters"] == 1
   assert driver.host.mse[0] == 1.0  # tried: no candidate, the code's reset
+  assert driver.summary()["fedgwc_kept"] == [
+      {"round": 1, "slot": 0, "lowest_davies_bouldin": None}]
 
 
 def test_the_host_steps_equal_the_authors_code_on_the_same_inputs():

@@ -115,13 +115,14 @@ def affinity(block: np.ndarray, gamma: float) -> np.ndarray:
 def best_split(a: np.ndarray, candidates, seed: int):
   """(n, labels, Davies-Bouldin index) of the candidate n with the lowest
   index below `DB_LIMIT` (ties: the first), labels renumbered 0..n-1 in
-  order of their values; (1, None, None) when none is below it. A candidate
-  whose labels are one cluster is passed over."""
+  order of their values; when none is below it (1, None, the lowest index
+  seen, None if none). A candidate whose labels are one cluster is passed
+  over."""
   from sklearn.cluster import SpectralClustering
   from sklearn.manifold import SpectralEmbedding
   from sklearn.metrics import davies_bouldin_score
   best = (1, None, None)
-  limit = DB_LIMIT
+  limit, lowest = DB_LIMIT, None
   for n in candidates:
     with warnings.catch_warnings():
       warnings.simplefilter("ignore", UserWarning)  # (a graph not fully connected)
@@ -134,9 +135,10 @@ def best_split(a: np.ndarray, candidates, seed: int):
     if len(values) < 2:
       continue
     score = float(davies_bouldin_score(embedded, labels))
+    lowest = score if lowest is None else min(lowest, score)
     if score < limit:
       best, limit = (len(values), np.searchsorted(values, labels), score), score
-  return best
+  return best if best[0] > 1 else (1, None, lowest)
 
 
 class FedGWCDefinition(Definition):
@@ -221,7 +223,7 @@ class FedGWCDriver(driver.Driver):
     self.host = FedGWCHost(assignment=assignment, active=active,
                            mse=np.full(self.k, MSE_START), patience=np.zeros(self.k, np.int64),
                            interaction=np.full((n, n), 1.0 / n ** 2),
-                           summary={"fedgwc_splits": []})
+                           summary={"fedgwc_splits": [], "fedgwc_kept": []})
     self.extra_columns = (["num_clusters", "fedgwc_split", "fedgwc_patience"]
                           + self.group_columns(self.k) + self.score_columns())
 
@@ -291,6 +293,8 @@ class FedGWCDriver(driver.Driver):
     n, labels, score = best_split(a, range(2, top + 1), int(self.config.seed))
     if n == 1:
       host.mse[s] = MSE_START
+      host.summary["fedgwc_kept"].append({"round": int(round_num), "slot": int(s),
+                                          "lowest_davies_bouldin": score})
       return 0
     parts = [s] + free[:n - 1]
     for label, slot in enumerate(parts):
