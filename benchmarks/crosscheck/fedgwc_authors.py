@@ -51,11 +51,12 @@ import io
 import json
 import os
 import re
-import subprocess
 import sys
 from collections import OrderedDict
 
 import numpy as np
+
+import _mirror  # (this folder: the script's own)
 
 MIRROR = os.environ.get("FEDGWC_MIRROR", "/work/.mirror/davedleo+FedGWC/repo")
 COMMIT = "24d0716b8f68450529be4d9325a8a373645b3308"
@@ -89,13 +90,8 @@ def make_M12():
 
 
 def extract_ref():
-    d = os.path.join(REF, "agents")
-    os.makedirs(d, exist_ok=True)
-    for f in ("__init__.py", "servers.py"):
-        src = subprocess.run(["git", "-C", MIRROR, "show", f"{COMMIT}:agents/{f}"],
-                             check=True, capture_output=True).stdout
-        with open(os.path.join(d, f), "wb") as fh:
-            fh.write(src)
+    _mirror.extract(MIRROR, COMMIT, {f"agents/{f}": os.path.join(REF, "agents", f)
+                                     for f in ("__init__.py", "servers.py")})
     if REF not in sys.path:
         sys.path.insert(0, REF)
 

@@ -26,6 +26,8 @@ import sys
 
 import numpy as np
 
+import _mirror  # (this folder: the script's own)
+
 MIRROR = "/work/.mirror/MediaBrain-SJTU+pFedGraph/repo"
 COMMIT = "4f5f17c45d88745be642f834ffc60c1604f019f4"
 REF = "/tmp/rules/ref"
@@ -74,14 +76,10 @@ def fed_avg_freqs(ids):
 
 
 def extract_ref():
-    for fw, sub in (("tf", "tensorflow"), ("torch", "pytorch")):
-        d = os.path.join(REF, fw, "pfedgraph_cosine")
-        os.makedirs(d, exist_ok=True)
-        for f in ("utils.py", "__init__.py"):
-            txt = subprocess.run(["git", "-C", MIRROR, "show", f"{COMMIT}:{sub}/pfedgraph_cosine/{f}"],
-                                 check=True, capture_output=True).stdout
-            with open(os.path.join(d, f), "wb") as fh:
-                fh.write(txt)
+    _mirror.extract(MIRROR, COMMIT, {f"{sub}/pfedgraph_cosine/{f}":
+                                     os.path.join(REF, fw, "pfedgraph_cosine", f)
+                                     for fw, sub in (("tf", "tensorflow"), ("torch", "pytorch"))
+                                     for f in ("utils.py", "__init__.py")})
 
 
 class SolverRecorder:

@@ -63,6 +63,7 @@ from typing import Any, List, NamedTuple, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
+from tff_cluster.core import cluster_ops
 from tff_cluster.learning import trainers
 from tff_cluster.learning import optimizers
 
@@ -245,3 +246,30 @@ class Definition:
 def flat_norm(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
   """Euclidean norm of a list of tensors taken as one vector."""
   return tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(t)) for t in tensors]))
+
+
+class HostModelsDefinition(Definition):
+  """K models stacked in the server state (`models`, [K, ...] per weight):
+  a client receives its key's row and the round's learning rate, and sends
+  back what `client_work` (a subclass's) returns; the models change on the
+  host only (its driver puts the new state), never in `server_update`."""
+
+  def __init__(self, weights_spec, num_trainable: int, num_models: int,
+               solver: LocalSolver = LocalSolver()):
+    super().__init__(weights_spec, num_trainable, solver)
+    self.k = int(num_models)
+
+  def initial_state(self, initial_weights):
+    return collections.OrderedDict(models=cluster_ops.stack_models(initial_weights, self.k))
+
+  def num_keys(self, mode):
+    return self.k
+
+  def database(self, state, mode):
+    return list(state["models"])
+
+  def broadcast(self, state, params, mode):
+    return collections.OrderedDict(lr=params["lr"])
+
+  def server_update(self, state, summed, mode):
+    return collections.OrderedDict(models=list(state["models"]))

@@ -58,7 +58,7 @@ import tensorflow as tf
 
 from tff_cluster import clustering, seeds
 from tff_cluster.core import cluster_ops
-from tff_cluster.core.definition import ClientOutput, Definition, LocalSolver
+from tff_cluster.core.definition import ClientOutput, HostModelsDefinition
 from tff_cluster.host import driver
 from tff_cluster.host.state import HostState
 
@@ -105,29 +105,12 @@ def spectral_labels(profiles: np.ndarray, k: int, old: Optional[np.ndarray]) -> 
   return labels if old is None else match_labels(labels, old, k)
 
 
-class CFLGPDefinition(Definition):
+class CFLGPDefinition(HostModelsDefinition):
   """The clients' side: each receives its key's row of the K models (its
   cluster) and returns its message (`result["message"]`); the server state
   changes only on the host (step 3 of the module docstring)."""
 
   modes = ("gradient", "model")
-
-  def __init__(self, weights_spec, num_trainable: int, num_clusters: int, *,
-               solver: LocalSolver = LocalSolver()):
-    super().__init__(weights_spec, num_trainable, solver)
-    self.k = int(num_clusters)
-
-  def initial_state(self, initial_weights):
-    return collections.OrderedDict(models=cluster_ops.stack_models(initial_weights, self.k))
-
-  def num_keys(self, mode):
-    return self.k
-
-  def database(self, state, mode):
-    return list(state["models"])
-
-  def broadcast(self, state, params, mode):
-    return collections.OrderedDict(lr=params["lr"])
 
   def client_state_spec(self, mode):
     return super().client_state_spec(mode) if mode == "model" else None
@@ -144,9 +127,6 @@ class CFLGPDefinition(Definition):
     summed = collections.OrderedDict(loss_sum=out.loss_sum, num_examples=out.num_examples,
                                      num_clients=tf.constant(1.0))
     return ClientOutput(summed, collections.OrderedDict(message=list(out.delta)), new_state)
-
-  def server_update(self, state, summed, mode):
-    return collections.OrderedDict(models=list(state["models"]))
 
 
 @dataclasses.dataclass

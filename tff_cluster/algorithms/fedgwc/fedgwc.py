@@ -58,7 +58,7 @@ import tensorflow as tf
 
 from tff_cluster import seeds
 from tff_cluster.core import cluster_ops
-from tff_cluster.core.definition import ClientOutput, Definition, LocalSolver
+from tff_cluster.core.definition import ClientOutput, HostModelsDefinition, LocalSolver
 from tff_cluster.host import driver
 from tff_cluster.host.state import HostState
 from tff_cluster.learning import optimizers
@@ -141,7 +141,7 @@ def best_split(a: np.ndarray, candidates, seed: int):
   return best if best[0] > 1 else (1, None, lowest)
 
 
-class FedGWCDefinition(Definition):
+class FedGWCDefinition(HostModelsDefinition):
   """The clients' side: each trains its key's row of the K models (its
   cluster) and returns its update (`result["message"]`, every weight) and
   its loss trajectory (`result["step_losses"]`, [T]); the models change
@@ -149,22 +149,9 @@ class FedGWCDefinition(Definition):
 
   def __init__(self, weights_spec, num_trainable: int, num_clusters: int, trajectory: int,
                weight_decay: float, *, solver: LocalSolver = LocalSolver()):
-    super().__init__(weights_spec, num_trainable, solver)
-    self.k = int(num_clusters)
+    super().__init__(weights_spec, num_trainable, num_clusters, solver)
     self.trajectory = int(trajectory)
     self.weight_decay = float(weight_decay)
-
-  def initial_state(self, initial_weights):
-    return collections.OrderedDict(models=cluster_ops.stack_models(initial_weights, self.k))
-
-  def num_keys(self, mode):
-    return self.k
-
-  def database(self, state, mode):
-    return list(state["models"])
-
-  def broadcast(self, state, params, mode):
-    return collections.OrderedDict(lr=params["lr"])
 
   def client_state_spec(self, mode):
     return None  # a fresh optimizer every round (the code's)
@@ -178,9 +165,6 @@ class FedGWCDefinition(Definition):
                                      num_clients=tf.constant(1.0))
     return ClientOutput(summed, collections.OrderedDict(message=list(out.delta),
                                                         step_losses=out.step_losses), None)
-
-  def server_update(self, state, summed, mode):
-    return collections.OrderedDict(models=list(state["models"]))
 
 
 @dataclasses.dataclass
