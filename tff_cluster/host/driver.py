@@ -25,6 +25,7 @@ from tff_cluster import models
 from tff_cluster.data.federated import FederatedData, materialize
 from tff_cluster.learning.evaluation import Evaluator, deployment
 from tff_cluster.host.model_spec import ModelSpec
+from tff_cluster.core import cluster_ops
 from tff_cluster.core.definition import LocalSolver
 from tff_cluster.spec.options import Options
 from tff_cluster.host import privacy
@@ -412,6 +413,41 @@ class Driver:
     """summary.json's form of a per-client group (or cluster) array:
     {client id: group}, in the data's client order."""
     return {cid: int(g) for cid, g in zip(self.data.client_ids, groups)}
+
+
+class HostModelsDriver(Driver):
+  """The driver of a `core.definition.HostModelsDefinition`: K =
+  `--num_groups` models whose rounds the host computes (CFL-GP, FedGWC); its
+  host state holds each client's cluster (`assignment`, -1: none) and the
+  summary's facts (`summary`). Each client is tested with its cluster's model
+  (`eval_models`: a test-only client, -1, chooses by its own test loss)."""
+
+  @classmethod
+  def check(cls, context: Context) -> None:
+    super().check(context)
+    check_num_groups(context.options.num_groups, context.data)
+
+  def __init__(self, context: Context, definition):
+    super().__init__(context, definition)
+    self.k = int(context.options.num_groups)
+
+  def host_models(self) -> List[List[np.ndarray]]:
+    """The K models, a weight list each."""
+    return cluster_ops.unstack_models(self.runner.numpy_state(self.state)["models"], self.k)
+
+  def eval_models(self):
+    return self.host_models(), self.host.assignment.copy()
+
+  def round_eval_metrics(self, result):
+    assigned = self.host.assignment
+    return {**self.group_metrics(result, self.k, np.asarray(result.client_model), assigned),
+            **self.cluster_scores(assigned)}
+
+  def summary(self):
+    out = dict(self.host.summary)
+    out["final_assignment"] = self.by_client(self.host.assignment)
+    out["num_groups"] = self.k
+    return out
 
 
 class Diverged(RuntimeError):

@@ -57,7 +57,6 @@ import numpy as np
 import tensorflow as tf
 
 from tff_cluster import clustering, seeds
-from tff_cluster.core import cluster_ops
 from tff_cluster.core.definition import ClientOutput, HostModelsDefinition
 from tff_cluster.host import driver
 from tff_cluster.host.state import HostState
@@ -140,21 +139,15 @@ class CFLGPHost(HostState):
   summary: Dict[str, object]
 
 
-class CFLGPDriver(driver.Driver):
+class CFLGPDriver(driver.HostModelsDriver):
   """Steps 2-3 of the module docstring on the host, in numpy."""
 
   individual_updates = ("its host partitions the clients by their individual gradients and "
                         "averages each cluster's")
 
-  @classmethod
-  def check(cls, context: driver.Context) -> None:
-    super().check(context)
-    driver.check_num_groups(context.options.num_groups, context.data)
-
   def __init__(self, context: driver.Context, definition: CFLGPDefinition):
     super().__init__(context, definition)
     options = context.options
-    self.k = int(options.num_groups)
     self.period, self.stop = int(options.cflgp_period), int(options.cflgp_stop)
     self.mode = options.cflgp_protocol
     self.profile_at = options.cflgp_profile_at
@@ -239,21 +232,9 @@ class CFLGPDriver(driver.Driver):
     """The K models; a client with training data is tested with its
     cluster's (theta_0, the model it would train, before it has one), a
     test-only client chooses by its test loss (-1)."""
-    models = cluster_ops.unstack_models(self.runner.numpy_state(self.state)["models"], self.k)
-    index = self.host.assignment.copy()
+    models, index = super().eval_models()
     index[(index < 0) & (self.data.num_train_samples() > 0)] = 0
     return models, index
-
-  def round_eval_metrics(self, result):
-    assigned = self.host.assignment
-    return {**self.group_metrics(result, self.k, np.asarray(result.client_model), assigned),
-            **self.cluster_scores(assigned)}
-
-  def summary(self):
-    out = dict(self.host.summary)
-    out["final_assignment"] = self.by_client(self.host.assignment)
-    out["num_groups"] = self.k
-    return out
 
 
 def definition(context: driver.Context) -> CFLGPDefinition:

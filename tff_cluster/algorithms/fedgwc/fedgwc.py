@@ -51,13 +51,12 @@ from __future__ import annotations
 import collections
 import dataclasses
 import warnings
-from typing import Dict, List, Optional
+from typing import Dict
 
 import numpy as np
 import tensorflow as tf
 
 from tff_cluster import seeds
-from tff_cluster.core import cluster_ops
 from tff_cluster.core.definition import ClientOutput, HostModelsDefinition, LocalSolver
 from tff_cluster.host import driver
 from tff_cluster.host.state import HostState
@@ -180,22 +179,16 @@ class FedGWCHost(HostState):
   summary: Dict[str, object]
 
 
-class FedGWCDriver(driver.Driver):
+class FedGWCDriver(driver.HostModelsDriver):
   """Steps 1-4 of the module docstring: the sampling per cluster, the
   averages, the interaction matrix and the splits on the host, in numpy."""
 
   individual_updates = ("its host averages each cluster's individual updates and reads "
                         "each client's loss trajectory")
 
-  @classmethod
-  def check(cls, context: driver.Context) -> None:
-    super().check(context)
-    driver.check_num_groups(context.options.num_groups, context.data)
-
   def __init__(self, context: driver.Context, definition: FedGWCDefinition):
     super().__init__(context, definition)
     options = context.options
-    self.k = int(options.num_groups)
     self.gamma, self.eps = float(options.fedgwc_gamma), float(options.fedgwc_eps)
     self.max_split = int(options.fedgwc_max_split)
     self.m = int(self.config.clients_per_round)
@@ -292,21 +285,8 @@ class FedGWCDriver(driver.Driver):
          "sizes": [int((labels == j).sum()) for j in range(n)], "davies_bouldin": score})
     return 1
 
-  def eval_models(self):
-    """The K models; a client with training data is tested with its
-    cluster's, a test-only client chooses by its test loss (-1)."""
-    models = cluster_ops.unstack_models(self.runner.numpy_state(self.state)["models"], self.k)
-    return models, self.host.assignment.copy()
-
-  def round_eval_metrics(self, result):
-    assigned = self.host.assignment
-    return {**self.group_metrics(result, self.k, np.asarray(result.client_model), assigned),
-            **self.cluster_scores(assigned)}
-
   def summary(self):
-    out = dict(self.host.summary)
-    out["final_assignment"] = self.by_client(self.host.assignment)
-    out["num_groups"] = self.k
+    out = super().summary()
     out["num_clusters"] = int(self.host.active.sum())
     return out
 
