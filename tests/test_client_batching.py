@@ -514,3 +514,23 @@ def test_a_gpu_chunk_is_held_to_the_card_less_what_tf_holds(monkeypatch):
 
   monkeypatch.setattr(local_runner.subprocess, "run", missing)
   assert local_runner.available_memory("/GPU:0") is None
+
+
+@pytest.mark.parametrize("algo", ["fedavg", *SEQUENTIAL_ONLY])
+def test_auto_runs_one_client_after_another_where_side_by_side_is_refused(algo, cluster_data,
+                                                                          monkeypatch):
+  """Where `auto` would choose side by side (a GPU's rule, forced here), an
+  algorithm whose clients the side-by-side trainer cannot run (its
+  definition's `sequential_only`) runs them one after another instead."""
+  from tff_cluster import registry
+  from tff_cluster.host.driver import TrainingConfig
+  from tff_cluster.runners.config import RunnerConfig
+  monkeypatch.setattr(local_runner, "auto_side_by_side", lambda model, device: True)
+  task, data = cluster_data
+  options = {k: v for k, v in test_runners.PARITY_CASES[algo][0].items() if not k.startswith("_")}
+  config = TrainingConfig(rounds=1, clients_per_round=4, local_epochs=1, batch_size=10,
+                          client_lr=0.02, seed=0,
+                          runner=RunnerConfig("local", client_batching="auto"))
+  driver = registry.build_driver(algo, task, data, config, **options)
+  expected = "sequential" if algo in SEQUENTIAL_ONLY else "parallel"
+  assert driver.runner.client_batching == expected

@@ -136,6 +136,10 @@ class Definition:
   # (`individual_updates`, a phrase), and refuses every aggregator but mean.
   aggregation_slot: bool = False
   individual_updates: str = ""
+  # A definition whose client code the side-by-side trainer cannot run says
+  # why (`--client_batching=parallel` is refused; `auto` runs it one client
+  # after another wherever it would choose side by side).
+  sequential_only: str = ""
 
   def __init__(self, weights_spec: Sequence[tf.TensorSpec], num_trainable: int,
                solver: LocalSolver = LocalSolver()):

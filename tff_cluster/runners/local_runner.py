@@ -334,6 +334,7 @@ class LocalRunner(ServerSide):
       check_map_headroom()
     self._forward, forward_error = None, None
     if client_batching == "parallel" or (client_batching == "auto" and
+                                         not getattr(definition, "sequential_only", "") and
                                          auto_side_by_side(self._model, self.device)):
       try:
         with tf.device(self.device):

@@ -146,6 +146,8 @@ class FedGWCDefinition(HostModelsDefinition):
   its loss trajectory (`result["step_losses"]`, [T]); the models change
   only on the host (steps 2 and 4 of the module docstring)."""
 
+  sequential_only = "its clients record each step's loss"
+
   def __init__(self, weights_spec, num_trainable: int, num_clusters: int, trajectory: int,
                weight_decay: float, *, solver: LocalSolver = LocalSolver()):
     super().__init__(weights_spec, num_trainable, num_clusters, solver)

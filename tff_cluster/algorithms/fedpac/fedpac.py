@@ -150,6 +150,8 @@ class FedPACDefinition(personal.SplitDefinition):
   extractor, then the class sums of its features). Server state adds
   `prototypes` [C, d] and `proto_counts` [C] (0: no prototype)."""
 
+  sequential_only = "its local steps align the model's features"
+
   def __init__(self, weights_spec, num_trainable: int, *, indices, initial_weights,
                num_classes: int, feature_dim: int, lam: float, head_lr: float,
                weight_decay: float, solver: LocalSolver = LocalSolver()):
