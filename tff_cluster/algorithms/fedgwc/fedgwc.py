@@ -243,7 +243,7 @@ class FedGWCDriver(driver.HostModelsDriver):
         models[i][s] = (models[i][s] + mean).astype(models[i].dtype)
       members = self._members(s)
       if len(members) > self.m:
-        split += self._interact(round_num, s, members, rows, results, models)
+        split += self._interact(round_num, s, members, rows, n, results, models)
     self.state = self.runner.put_state(collections.OrderedDict(models=models))
     row = self.training_row(out.summed, len(clients), models_down=1.0, models_up=1.0)
     row["num_clusters"] = int(host.active.sum())
@@ -251,15 +251,15 @@ class FedGWCDriver(driver.HostModelsDriver):
     row["fedgwc_patience"] = int(host.patience[host.active].max())
     return row
 
-  def _interact(self, round_num, s, members, rows, results, models) -> int:
-    """Step 3 for cluster `s` and, when its patience is up, step 4; returns
-    1 if it split."""
+  def _interact(self, round_num, s, members, rows, sizes, results, models) -> int:
+    """Step 3 for cluster `s` (its sampled clients `rows`, their training
+    samples `sizes`) and, when its patience is up, step 4; returns 1 if it
+    split."""
     host = self.host
     work = self.config.local_work
-    sizes = self.data.num_train_samples()
-    steps = min(work.num_steps(int(sizes[c])) for c in rows)
+    steps = min(work.num_steps(int(n)) for n in sizes)
     losses = np.stack([np.asarray(r["step_losses"], np.float64)[:steps] for r in results])
-    rewards = gaussian_rewards(losses, sizes[rows])
+    rewards = gaussian_rewards(losses, sizes)
     alpha = self.m / len(members)
     change = update_interaction(host.interaction, rows, rewards, alpha)
     host.mse[s] = (1.0 - alpha) * host.mse[s] + alpha * change
