@@ -58,7 +58,7 @@ PARALLEL_CASES = tiered(CASES, lambda c: test_runners.representative(c[0]))
 # Algorithms whose local steps need the model's features (FedPAC's
 # alignment) or record each step's loss (FedGWC's trajectories): side by side
 # is refused.
-SEQUENTIAL_ONLY = ("fedpac", "fedgwc")
+SEQUENTIAL_ONLY = ("fedpac", "fedgwc", "hcflplus")
 
 
 @pytest.mark.slow

@@ -160,7 +160,7 @@ def representative(algo):
 # FedPAC's and FedGWC's, as their authors' code builds a new SGD each round) or that take
 # one gradient (CFL-GP's default): the persisted-momentum solver case runs
 # the client code the epochs case runs, so CI keeps the first solver only.
-FRESH_SOLVER = ("cflgp", "pfedgraph", "fedpac", "fedgwc")
+FRESH_SOLVER = ("cflgp", "pfedgraph", "fedpac", "fedgwc", "hcflplus")
 
 
 def _parity_params():

@@ -27,6 +27,7 @@ STREAMS: Dict[str, Tuple[int, int]] = {
     "ifca_init": (17, 2),                # IFCA: (attempt, cluster) initial model seeds
     "ifca_init_torch": (41, 2),          # IFCA: (attempt, cluster) fan-in uniform draws
     "fedgwc_sample": (43, 2),            # FedGWC: (round, slot) a cluster's clients
+    "hcflplus_head": (47, 1),            # HCFL+: cluster m's initial head
     "ifca_forced": (19, 0),              # IFCA: fedavg_warm's forced groups
     "fedem_init": (23, 1),               # FedEM / FedRC: component m's initial model
     "wecfl_kmeans": (29, 1),             # WeCFL / FeSEM: round r's K-Means seed

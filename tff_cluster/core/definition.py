@@ -140,6 +140,10 @@ class Definition:
   # why (`--client_batching=parallel` is refused; `auto` runs it one client
   # after another wherever it would choose side by side).
   sequential_only: str = ""
+  # A definition whose client code reads each example's row in the client's
+  # data (per-example state: `trainers.ExampleWeights.rows`) sets it; the
+  # runners then give each batch its rows.
+  example_rows: bool = False
 
   def __init__(self, weights_spec: Sequence[tf.TensorSpec], num_trainable: int,
                solver: LocalSolver = LocalSolver()):

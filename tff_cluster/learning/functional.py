@@ -46,6 +46,18 @@ ALIGNMENT_SIDE_BY_SIDE = ("a feature-alignment term runs one client after anothe
 TRAJECTORY_SIDE_BY_SIDE = ("per-step loss trajectories run one client after another; valid: "
                            "--client_batching=sequential")
 
+# Why per-example state and losses through several heads are refused here
+# (HCFL+'s clients).
+HEADS_SIDE_BY_SIDE = ("per-example weights kept between rounds and losses through several "
+                      "heads run one client after another; valid: --client_batching=sequential")
+
+
+def _refuse_heads(example_weights=None, mixture=None) -> None:
+  if mixture is not None or (example_weights is not None and (
+      getattr(example_weights, "rows", False) or getattr(example_weights, "heads", None)
+      is not None)):
+    raise ValueError(HEADS_SIDE_BY_SIDE)
+
 
 class UnsupportedModel(ValueError):
   """The model cannot be written as a function of its weights here."""
@@ -413,7 +425,11 @@ class FunctionalTrainer:
     return tf.stop_gradient(example_weights.fn(
         self.frozen_losses(example_weights.frozen, x, y), y))
 
+  def example_table(self, example_weights, data, num_rows: int):
+    raise ValueError(HEADS_SIDE_BY_SIDE)
+
   def example_sums(self, example_weights, data: schedule.PaddedBatches, max_batches: int = 0):
+    _refuse_heads(example_weights)
     limit = data.num_steps if not max_batches else tf.minimum(data.num_steps, max_batches)
 
     def body(x, y, mask, sums, count):
@@ -424,11 +440,12 @@ class FunctionalTrainer:
 
   def train(self, start, data: schedule.PaddedBatches, lr, optimizer=None,
             opt_state=None, example_weights=None, alignment=None,
-            trajectory: int = 0) -> trainers.TrainResult:
+            trajectory: int = 0, mixture=None) -> trainers.TrainResult:
     if alignment is not None:
       raise ValueError(ALIGNMENT_SIDE_BY_SIDE)
     if trajectory:
       raise ValueError(TRAJECTORY_SIDE_BY_SIDE)
+    _refuse_heads(example_weights, mixture)
     start = [tf.convert_to_tensor(w) for w in start]
     nt = self.model.num_trainable
     lr = tf.cast(lr, tf.float32)

@@ -123,11 +123,13 @@ def epoch_order(num_samples: int, seed: int, epoch) -> tf.Tensor:
 
 
 def client_dataset(x: np.ndarray, y: np.ndarray, batch_size: int, epochs: int,
-                   seed: int, steps: Optional[int] = None) -> tf.data.Dataset:
+                   seed: int, steps: Optional[int] = None,
+                   rows: bool = False) -> tf.data.Dataset:
   """A client's batches as a `tf.data.Dataset` (see `LocalWork`).
 
   `epochs` passes, reshuffled each pass; with `steps`, only the first `steps`
-  batches of as many passes as they need.
+  batches of as many passes as they need. `rows`: each batch also carries
+  `i`, its examples' rows in `x` (int64).
   """
   n = len(y)
   xs = tf.constant(compact.decode(x))
@@ -135,8 +137,10 @@ def client_dataset(x: np.ndarray, y: np.ndarray, batch_size: int, epochs: int,
 
   def one_epoch(epoch):
     order = epoch_order(n, seed, epoch)
-    return tf.data.Dataset.from_tensor_slices(collections.OrderedDict(
-        x=tf.gather(xs, order), y=tf.gather(ys, order))).batch(batch_size)
+    items = collections.OrderedDict(x=tf.gather(xs, order), y=tf.gather(ys, order))
+    if rows:
+      items["i"] = order
+    return tf.data.Dataset.from_tensor_slices(items).batch(batch_size)
 
   if steps is not None:
     epochs = LocalWork(batch_size, steps=steps).num_epochs(n)
@@ -144,9 +148,9 @@ def client_dataset(x: np.ndarray, y: np.ndarray, batch_size: int, epochs: int,
   return dataset.take(steps) if steps is not None else dataset
 
 
-def work_dataset(x: np.ndarray, y: np.ndarray, work: LocalWork, seed: int
-                 ) -> tf.data.Dataset:
-  return client_dataset(x, y, work.batch_size, work.epochs, seed, steps=work.steps)
+def work_dataset(x: np.ndarray, y: np.ndarray, work: LocalWork, seed: int,
+                 rows: bool = False) -> tf.data.Dataset:
+  return client_dataset(x, y, work.batch_size, work.epochs, seed, steps=work.steps, rows=rows)
 
 
 class PaddedBatches(NamedTuple):
@@ -161,11 +165,15 @@ class PaddedBatches(NamedTuple):
   seed: int64 scalar, the client's round seed (`client_seed`: the one its
     shuffles come from), which also seeds its Dropout masks; None where not
     given.
+  offset: int64 scalar, the client's first row in the runner's arrays
+    (`indices` - offset: the rows in the client's data); None where not
+    given.
   """
   indices: tf.Tensor
   sizes: tf.Tensor
   num_steps: tf.Tensor
   seed: Optional[tf.Tensor] = None
+  offset: Optional[tf.Tensor] = None
 
 
 def padded_batches(num_samples: int, offset: int, work: LocalWork, seed: int,
@@ -179,7 +187,7 @@ def padded_batches(num_samples: int, offset: int, work: LocalWork, seed: int,
   total = steps if total_steps is None else total_steps
   stacked = stacked_padded_batches([num_samples], [offset], work, [seed], total)
   return PaddedBatches(stacked.indices[0], stacked.sizes[0], stacked.num_steps[0],
-                       stacked.seed[0])
+                       stacked.seed[0], stacked.offset[0])
 
 
 def stacked_padded_batches(num_samples: Sequence[int], offsets: Sequence[int],
@@ -218,7 +226,7 @@ def stacked_padded_batches(num_samples: Sequence[int], offsets: Sequence[int],
     indices[c, :s] = padded.reshape(e * per_epoch, b)[:s]
     sizes[c, :s] = np.tile(epoch_sizes, e)[:s]
   return PaddedBatches(indices, sizes, np.asarray(steps, np.int32),
-                       np.asarray(seeds, np.int64))
+                       np.asarray(seeds, np.int64), np.asarray(offsets, np.int64))
 
 
 # Index batches whose rows are gathered together: one gather of BLOCK batches

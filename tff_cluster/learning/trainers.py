@@ -66,6 +66,25 @@ class ExampleWeights(NamedTuple):
   frozen: Sequence[Sequence[tf.Tensor]]
   fn: Callable
   width: int = 1
+  # `heads` (kernels [F, d, C], biases [F, C]): the F losses are those of one
+  # model, `frozen`'s single weight list, through F heads in place of its last
+  # Dense layer (HCFL+'s shared extractor and cluster heads). `rows`: `fn`
+  # also takes each example's row in the client's training data, int32 [b]
+  # (per-example state kept between rounds); the trainers' data must carry
+  # them (a definition's `example_rows`).
+  heads: Any = None
+  rows: bool = False
+
+
+class HeadMixture(NamedTuple):
+  """A local step's loss through F heads at once (HCFL+'s extractor phase):
+  each example's loss is sum_f w_f l(head_f(z)), z the input of the model's
+  last Dense layer, head_f that layer with `kernels[f]` [d, C] and
+  `biases[f]` [C] (its activation kept); the weights w [F, b] are
+  `weights`' (an `ExampleWeights`, `fn` of the frozen losses)."""
+  kernels: tf.Tensor
+  biases: tf.Tensor
+  weights: ExampleWeights
 
 
 class FeatureAlignment(NamedTuple):
@@ -88,8 +107,20 @@ def feature_model(model: tf.keras.Model) -> tf.keras.Model:
   return tf.keras.Model(model.inputs, [model.outputs[0], last.input])
 
 
+def head_losses(features: tf.keras.Model, loss: str, x, y, kernels, biases,
+                training: bool) -> tf.Tensor:
+  """[F, b]: each example's loss through each head (`HeadMixture`):
+  `features` is the model's `feature_model`."""
+  z = features(x, training=training)[1]
+  last = models.last_dense_layer(features)
+  logits = tf.einsum("bd,fdc->fbc", z, kernels) + biases[:, None, :]
+  outputs = last.activation(logits) if last.activation is not None else logits
+  return tf.stack([models.per_example_loss(loss, y, outputs[f])
+                   for f in range(outputs.shape[0])])
+
+
 def sgd_step(model: tf.keras.Model, loss: str, batch, lr, optimizer, opt_state,
-             weight_fn=None, alignment=None):
+             weight_fn=None, alignment=None, mixture=None):
   """One local step on the batch `(x, y, mask)` (`mask`: None, or 1.0/0.0 per
   row, the real examples) with the bound client optimizer `optimizer`
   (`optimizers.Chain`, see `optimizers`).
@@ -99,7 +130,9 @@ def sgd_step(model: tf.keras.Model, loss: str, batch, lr, optimizer, opt_state,
   SGD w <- w - lr g), which are assigned to the model. `weight_fn(x, y)`
   (None: 1) weighs each example's loss (`ExampleWeights`); `alignment`
   (None, or (the model's `feature_model`, a `FeatureAlignment`)) adds its
-  feature term to each example's loss.
+  feature term to each example's loss; `mixture` (None, or (the model's
+  `feature_model`, a `HeadMixture`)) takes each example's loss through its
+  heads, weighted by `weight_fn`'s [F, b].
 
   Returns (batch loss x batch size, batch size, new optimizer state).
   """
@@ -107,12 +140,17 @@ def sgd_step(model: tf.keras.Model, loss: str, batch, lr, optimizer, opt_state,
   trainable = model.trainable_variables
   weights = None if weight_fn is None else tf.stop_gradient(weight_fn(x, y))
   with tf.GradientTape() as tape:
-    if alignment is None:
-      predictions = model(x, training=True)
+    if mixture is not None:
+      heads = mixture[1]
+      per_example = tf.reduce_sum(weights * head_losses(
+          mixture[0], loss, x, y, heads.kernels, heads.biases, training=True), axis=0)
     else:
-      predictions, z = alignment[0](x, training=True)
-    per_example = models.per_example_loss(loss, y, predictions)
-    if weights is not None:
+      if alignment is None:
+        predictions = model(x, training=True)
+      else:
+        predictions, z = alignment[0](x, training=True)
+      per_example = models.per_example_loss(loss, y, predictions)
+    if weights is not None and mixture is None:
       per_example = per_example * weights
     if alignment is not None:
       term = alignment[1]
@@ -124,7 +162,11 @@ def sgd_step(model: tf.keras.Model, loss: str, batch, lr, optimizer, opt_state,
     else:
       count = tf.reduce_sum(mask)
       batch_loss = tf.reduce_sum(per_example * mask) / count
-  grads = dense(tape.gradient(batch_loss, trainable))
+  if mixture is None:
+    grads = dense(tape.gradient(batch_loss, trainable))
+  else:  # the model's own head is not in the loss: a zero gradient
+    grads = [tf.zeros(v.shape, v.dtype) if g is None else g
+             for g, v in zip(dense(tape.gradient(batch_loss, trainable)), trainable)]
   new_weights, new_state = optimizer.update(
       grads, opt_state, trainable, lr, optimizers.GradientAt(
           lambda point: _gradient_at(model, loss, x, y, mask, point, weights),
@@ -270,32 +312,61 @@ class _Trainer:
     _assign(self._variables, weights)
     return self.model(x, training=False)
 
-  def frozen_losses(self, frozen, x, y):
+  def frozen_losses(self, frozen, x, y, heads=None):
     """[F, b]: the per-example losses of the F weight lists `frozen` on the
-    batch (inference mode); the model's variables are put back as they were."""
+    batch (inference mode), or with `heads` of `frozen`'s one weight list
+    through each head (`ExampleWeights.heads`); the model's variables are put
+    back as they were."""
     out = []
     with _put_back(self._variables):
+      if heads is not None:
+        _assign(self._variables, frozen[0])
+        return head_losses(self._features(), self.loss_kind, x, y, heads[0], heads[1],
+                           training=False)
       for weights in frozen:
         _assign(self._variables, weights)
         out.append(models.per_example_loss(self.loss_kind, y, self.model(x, training=False)))
     return tf.stack(out)
 
-  def _weight_fn(self, example_weights: Optional[ExampleWeights]):
+  def _weight_fn(self, example_weights: Optional[ExampleWeights], rows=None):
+    """(x, y) -> the batch's example weights; `rows` the batch's rows in the
+    client's data where `example_weights.rows` asks for them."""
     if example_weights is None:
       return None
-    return lambda x, y: example_weights.fn(
-        self.frozen_losses(example_weights.frozen, x, y), y)
+    if example_weights.rows and rows is None:
+      raise ValueError("these example weights read each example's row; the client's "
+                       "data carries none (the definition's example_rows is not set)")
+
+    def fn(x, y):
+      losses = self.frozen_losses(example_weights.frozen, x, y, example_weights.heads)
+      if example_weights.rows:
+        return example_weights.fn(losses, y, rows)
+      return example_weights.fn(losses, y)
+    return fn
+
+  def _mixture(self, mixture: Optional[HeadMixture]):
+    return None if mixture is None else (self._features(), mixture)
 
   def train(self, start, data, lr, optimizer=None, opt_state=None,
             example_weights: Optional[ExampleWeights] = None,
             alignment: Optional[FeatureAlignment] = None,
-            trajectory: int = 0) -> TrainResult:
+            trajectory: int = 0, mixture: Optional[HeadMixture] = None) -> TrainResult:
     """Local steps from the weights `start` over `data` at learning rate `lr`
     with the client optimizer `optimizer` (a chain or transform of
     `optimizers`; None: plain SGD), its state starting at `opt_state` (None:
     the optimizer's `init` at the start); `example_weights` weighs each
     example's loss; `alignment` adds a feature term to it; `trajectory` > 0
-    records the first that many steps' batch losses (`TrainResult`)."""
+    records the first that many steps' batch losses (`TrainResult`);
+    `mixture` takes each example's loss through several heads (its weights
+    then `mixture.weights`, not `example_weights`)."""
+    raise NotImplementedError
+
+  def example_table(self, example_weights: ExampleWeights, data, num_rows: int):
+    """[num_rows, width]: row r holds `example_weights.fn(losses, y, rows)`'s
+    column of the example in row r of the client's data, for every example
+    the round's batches visit (the frozen models give each the same value
+    on every visit), zeros for the others; `example_weights.rows` must be
+    set."""
     raise NotImplementedError
 
   def example_sums(self, example_weights: ExampleWeights, data, max_batches: int = 0):
@@ -304,8 +375,8 @@ class _Trainer:
     examples)."""
     raise NotImplementedError
 
-  def _sum_batch(self, example_weights: ExampleWeights, x, y, mask):
-    values = example_weights.fn(self.frozen_losses(example_weights.frozen, x, y), y)
+  def _sum_batch(self, example_weights: ExampleWeights, x, y, mask, rows=None):
+    values = self._weight_fn(example_weights, rows)(x, y)
     if mask is None:
       return tf.reduce_sum(values, axis=-1), tf.cast(tf.shape(y)[0], tf.float32)
     return tf.reduce_sum(values * mask, axis=-1), tf.reduce_sum(mask)
@@ -346,17 +417,20 @@ class DatasetTrainer(_Trainer):
   """Local SGD over a `tf.data.Dataset` of `{'x', 'y'}` batches (TFF runner)."""
 
   def train(self, start, data, lr, optimizer=None, opt_state=None,
-            example_weights=None, alignment=None, trajectory: int = 0) -> TrainResult:
+            example_weights=None, alignment=None, trajectory: int = 0,
+            mixture=None) -> TrainResult:
     start = list(start)
     lr = tf.cast(lr, tf.float32)
     opt, state = self._start(start, optimizer, opt_state)
-    weight_fn = self._weight_fn(example_weights)
+    weighting = example_weights if mixture is None else mixture.weights
     align = self._alignment(alignment)
+    mix = self._mixture(mixture)
 
     def step(carry, batch):
       num_examples, loss_sum, state, k, losses = carry
+      weight_fn = self._weight_fn(weighting, batch.get("i"))
       loss_x_n, n, state = sgd_step(self.model, self.loss_kind, (batch["x"], batch["y"], None),
-                                    lr, opt, state, weight_fn, align)
+                                    lr, opt, state, weight_fn, align, mix)
       return (num_examples + n, loss_sum + loss_x_n, state, k + 1,
               record_step(losses, k, loss_x_n / n))
 
@@ -370,10 +444,19 @@ class DatasetTrainer(_Trainer):
       data = data.take(max_batches)
 
     def add(carry, batch):
-      sums, count = self._sum_batch(example_weights, batch["x"], batch["y"], None)
+      sums, count = self._sum_batch(example_weights, batch["x"], batch["y"], None,
+                                    batch.get("i"))
       return carry[0] + sums, carry[1] + count
 
     return data.reduce((tf.zeros([example_weights.width]), tf.constant(0.0)), add)
+
+  def example_table(self, example_weights, data, num_rows: int):
+    def add(table, batch):
+      rows = tf.cast(batch["i"], tf.int32)
+      values = self._weight_fn(example_weights, rows)(batch["x"], batch["y"])
+      return tf.tensor_scatter_nd_update(table, rows[:, None], tf.transpose(values))
+
+    return data.reduce(tf.zeros([int(num_rows), example_weights.width]), add)
 
   def loss(self, weights, data, max_batches: int = 0):
     _assign(self._variables, weights)
@@ -450,37 +533,52 @@ class PaddedTrainer(_Trainer):
 
   def train(self, start, data: schedule.PaddedBatches, lr, optimizer=None,
             opt_state=None, example_weights=None, alignment=None,
-            trajectory: int = 0) -> TrainResult:
+            trajectory: int = 0, mixture=None) -> TrainResult:
     start = list(start)
     lr = tf.cast(lr, tf.float32)
     opt, state = self._start(start, optimizer, opt_state)
     self._seed(data)
-    weight_fn = self._weight_fn(example_weights)
+    weighting = example_weights if mixture is None else mixture.weights
     align = self._alignment(alignment)
+    mix = self._mixture(mixture)
 
-    def step(x, y, mask, num_examples, loss_sum, state, k, losses):
+    def step(i, x, y, mask, num_examples, loss_sum, state, k, losses):
+      weight_fn = self._weight_fn(weighting, self._rows(data, i, weighting))
       loss_x_n, n, state = sgd_step(self.model, self.loss_kind, (x, y, mask), lr, opt, state,
-                                    weight_fn, align)
+                                    weight_fn, align, mix)
       return (num_examples + n, loss_sum + loss_x_n, state, k + 1,
               record_step(losses, k, loss_x_n / n))
 
     num_examples, loss_sum, state, _, losses = self._batches(
         data, data.num_steps, step,
         (tf.constant(0.0), tf.constant(0.0), state, tf.constant(0),
-         empty_trajectory(trajectory)))
+         empty_trajectory(trajectory)), with_index=True)
     return self._finish(start, num_examples, loss_sum, state, losses if trajectory else None)
 
-  def _batches(self, data: schedule.PaddedBatches, limit, step, init):
-    """`carry = step(x, y, mask, *carry)` over batches 0..limit-1: their rows
-    gathered in blocks (`schedule.batch_loop`), or, with `exact_batches`, each batch
-    sliced to its real size (mask None)."""
+  def _rows(self, data: schedule.PaddedBatches, i, example_weights):
+    """Batch i's rows in the client's data (`ExampleWeights.rows`), or None."""
+    if example_weights is None or not example_weights.rows:
+      return None
+    if data.offset is None:
+      raise ValueError("these example weights read each example's row; the batches carry "
+                       "no offset")
+    rows = data.indices[i] - tf.cast(data.offset, data.indices.dtype)
+    if self._exact:
+      rows = rows[:data.sizes[i]]
+    return tf.cast(rows, tf.int32)
+
+  def _batches(self, data: schedule.PaddedBatches, limit, step, init, with_index=False):
+    """`carry = step(x, y, mask, *carry)` (with `with_index`: `step(i, x, y,
+    mask, *carry)`) over batches 0..limit-1: their rows gathered in blocks
+    (`schedule.batch_loop`), or, with `exact_batches`, each batch sliced to
+    its real size (mask None)."""
+    call = step if with_index else (lambda i, x, y, mask, *carry: step(x, y, mask, *carry))
     if not self._exact:
-      return schedule.batch_loop(self._x, self._y, data, limit,
-                        lambda i, x, y, mask, *carry: step(x, y, mask, *carry), init)
+      return schedule.batch_loop(self._x, self._y, data, limit, call, init)
 
     def body(i, *carry):
       x, y, mask = self._batch(data, i)
-      return (i + 1,) + tuple(step(x, y, mask, *carry))
+      return (i + 1,) + tuple(call(i, x, y, mask, *carry))
 
     # The padded length bounds the loop: a static bound, so one compiled loop
     # serves every client.
@@ -527,12 +625,27 @@ class PaddedTrainer(_Trainer):
   def example_sums(self, example_weights, data: schedule.PaddedBatches, max_batches: int = 0):
     limit = data.num_steps if not max_batches else tf.minimum(data.num_steps, max_batches)
 
-    def step(x, y, mask, sums, count):
-      s, n = self._sum_batch(example_weights, x, y, mask)
+    def step(i, x, y, mask, sums, count):
+      s, n = self._sum_batch(example_weights, x, y, mask,
+                             self._rows(data, i, example_weights))
       return sums + s, count + n
 
     return self._batches(data, limit, step,
-                         (tf.zeros([example_weights.width]), tf.constant(0.0)))
+                         (tf.zeros([example_weights.width]), tf.constant(0.0)),
+                         with_index=True)
+
+  def example_table(self, example_weights, data: schedule.PaddedBatches, num_rows: int):
+    def step(i, x, y, mask, table):
+      rows = self._rows(data, i, example_weights)
+      values = tf.transpose(self._weight_fn(example_weights, rows)(x, y))  # [b, width]
+      if mask is not None:  # padded slots (row 0 again) write to the spare last row
+        rows = tf.where(mask > 0, rows, tf.fill(tf.shape(rows), int(num_rows)))
+      return (tf.tensor_scatter_nd_update(table, rows[:, None], values),)
+
+    table = self._batches(data, data.num_steps, step,
+                          (tf.zeros([int(num_rows) + 1, example_weights.width]),),
+                          with_index=True)[0]
+    return table[:int(num_rows)]
 
 
 # ---------------------------------------------------------------------------

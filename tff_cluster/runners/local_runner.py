@@ -235,6 +235,7 @@ class RoundInputs(NamedTuple):
   seeds: Any
   x: Any
   y: Any
+  offsets: Any = None  # each client's first row in x, y (int64)
 
 
 def _input_spec(data) -> Optional[tf.TensorSpec]:
@@ -409,7 +410,8 @@ class LocalRunner(ServerSide):
           lambda t: tf.gather(t, c), inputs.client_states)
       data = schedule.PaddedBatches(
           tf.gather(inputs.indices, c), tf.gather(inputs.sizes, c),
-          tf.gather(inputs.num_steps, c), tf.gather(inputs.seeds, c))
+          tf.gather(inputs.num_steps, c), tf.gather(inputs.seeds, c),
+          None if inputs.offsets is None else tf.gather(inputs.offsets, c))
       out = d.client_work(trainer, selected, inputs.received, client_state, data, mode,
                           **({"key": key} if keyed else {}))
       return out.summed, out.result, () if out.state is None else out.state
@@ -593,7 +595,8 @@ class LocalRunner(ServerSide):
       received = broadcast_fn(state, round_params(lr))
       database = database_fn(state) if d.num_keys(mode) else None
       inputs = RoundInputs(database, key_array, received, stacked_states, batches.indices,
-                           batches.sizes, batches.num_steps, batches.seed, self._x, self._y)
+                           batches.sizes, batches.num_steps, batches.seed, self._x, self._y,
+                           batches.offset if d.example_rows else None)
       if self.client_batching == "parallel" and count:
         # Only the first `count` clients are trained (the rest pad a shard).
         order, bounds = chunk_plan(batches.num_steps[:count],

@@ -368,7 +368,7 @@ class TffRunner(Runner):
     self._seed = seed
     first = data.client_ids[0]
     self._element_spec = schedule.client_dataset(
-        *data.train[first], 1, 1, 0).element_spec
+        *data.train[first], 1, 1, 0, rows=definition.example_rows).element_spec
     # Built now, not on first use: tracing a Keras model inside a TFF
     # computation invalidates Keras models made earlier outside it (such as
     # the evaluator's), so every computation is traced before those exist.
@@ -413,7 +413,8 @@ class TffRunner(Runner):
     for k in clients:
       x, y = self.data.train[self.data.client_ids[k]]
       out.append(schedule.work_dataset(
-          x, y, work, schedule.client_seed(self._seed, round_num, int(k))))
+          x, y, work, schedule.client_seed(self._seed, round_num, int(k)),
+          rows=self.definition.example_rows))
     return out
 
   def run(self, mode: str, state, clients: Sequence[int], round_num: int,
