@@ -73,7 +73,7 @@ TASKS = {task: _cells.task_cut(PARTS[0].data, task) for task in PARTS[0].data["t
 ALGOS = tuple(PARTS[0].data["algos"])
 # Mixture methods: each client predicts with its own mixture weights, so the
 # test-only clients, never trained, keep the initial ones.
-MIXTURE = ("fedem", "fedrc")
+MIXTURE = ("fedem", "fedrc", "hcflplus")
 
 
 def rotated_note(algo: str) -> str:

@@ -4,6 +4,8 @@ written out step by step (both trainers), and a driver's round that splits
 and removes."""
 
 import collections
+import json
+import pathlib
 
 import numpy as np
 import pytest
@@ -87,6 +89,78 @@ def test_a_split_halves_a_column_and_a_removal_renormalises():
   np.testing.assert_allclose(prior[0], [0.8, 0.2])
   np.testing.assert_allclose(prior[1], [0.5, 0.5])  # floored at 1e-8: uniform
   np.testing.assert_allclose(prior[2], [0.5, 0.5])  # not in use
+
+
+# ---------------------------------------------------------------------------
+# The authors' code on the same inputs (tests/data/hcflplus_authors.json, from
+# benchmarks/crosscheck/hcflplus_authors.py: LINs-lab/FedRC at ce79229, its
+# FedIASAggregator and FedRC_SW run unmodified in float64).
+
+AUTHORS = json.loads((pathlib.Path(__file__).parent / "data" / "hcflplus_authors.json").read_text())
+
+
+def test_the_distances_are_the_authors_proto_sim_cs():
+  fixture = AUTHORS["distances"]
+  np.testing.assert_allclose(hcflplus.pair_distances(np.array(fixture["messages"])),
+                             fixture["matrix"], rtol=0, atol=1e-12)
+
+
+def test_the_e_step_and_the_weights_are_the_authors_fedrc_sw():
+  fixture = AUTHORS["e_step"]
+  given = {k: np.array(v, np.float64) for k, v in fixture["inputs"].items()
+           if isinstance(v, list)}
+  score = -given["losses"] - np.log(given["labels_weights"])  # [K, n]
+  gamma = hcflplus.e_step(given["sample_learner_weights"], score).numpy()
+  post = hcflplus.e_step(given["learners_weights"][:, None], score).numpy()
+  np.testing.assert_allclose(gamma, fixture["samples_weights"], rtol=0, atol=1e-12)
+  np.testing.assert_allclose(post, fixture["new_samples_weights"], rtol=0, atol=1e-12)
+  pi = post.mean(axis=1)
+  np.testing.assert_allclose(pi, fixture["learners_weights"], rtol=0, atol=1e-12)
+  omega = hcflplus.next_prior(gamma.T, pi, fixture["mu"])  # rows: examples
+  np.testing.assert_allclose(omega.T, fixture["sample_learner_weights"], rtol=0, atol=1e-12)
+  # The label masses (the code's labels_learner_weights): gamma summed per label.
+  targets = np.array(fixture["inputs"]["targets"], int)
+  masses = np.stack([gamma[:, targets == c].sum(axis=1) for c in range(4)], axis=1)
+  np.testing.assert_allclose(masses, fixture["labels_learner_weights"], rtol=0, atol=1e-12)
+
+
+def test_a_split_and_a_removal_leave_the_authors_weights():
+  fixture = AUTHORS["add_remove"]
+  omega = np.zeros((7, 4))  # slots: the code's three clusters, then the new one
+  omega[:, :3] = np.array(fixture["inputs"]["sample_learner_weights"]).T
+  added = fixture["after_add_learner_1"]
+  omega = hcflplus.halve(omega, 1, 3)
+  np.testing.assert_allclose(omega.T, added["sample_learner_weights"], rtol=0, atol=1e-12)
+  # The split resets pi to uniform (SplitLearnersEnsemble.add_learner).
+  np.testing.assert_allclose(added["learners_weights"], np.full(4, 0.25), rtol=0, atol=1e-12)
+  removed = fixture["after_remove_learner_0"]
+  omega = hcflplus.drop(omega, 0)
+  np.testing.assert_allclose(omega[:, 1:].T, removed["sample_learner_weights"], rtol=0,
+                             atol=1e-12)
+  np.testing.assert_allclose(hcflplus.drop(np.full(4, 0.25), 0)[1:],
+                             removed["learners_weights"], rtol=0, atol=1e-12)
+
+
+def test_the_split_is_the_authors_mix():
+  fixture = AUTHORS["split"]
+  run = fixture["authors_run"]
+  updates = np.array(fixture["inputs"]["updates"])  # [clients, clusters, F]
+  pi = np.array(fixture["inputs"]["learners_weights"])
+  picked = np.argmax(pi, axis=1)
+  np.testing.assert_array_equal(picked, [run["clients_cluster_indicies"][str(i)]
+                                         for i in range(6)])
+  distances = hcflplus.pair_distances(updates)
+  np.testing.assert_allclose(distances, run["similarities"], rtol=0, atol=1e-12)
+  members = {m: np.flatnonzero(picked == m) for m in range(3)}
+  m, rows, block, go = hcflplus.split_choice(distances, pi, members, [0, 1, 2], 0.05)
+  assert m == run["chosen_cluster"] and go == run["split"]
+  assert list(rows) == run["members"]
+  np.testing.assert_allclose(block, run["weighted_matrix"], rtol=0, atol=1e-12)
+  assert block.max() == pytest.approx(run["min_sim"], abs=1e-12)
+  assert block.mean() == pytest.approx(run["mean"], abs=1e-12)
+  labels = hcflplus.two_parts(block)
+  np.testing.assert_array_equal(labels, fixture["sklearn_metric_precomputed"]["labels"])
+  assert [c for c in range(3) if not len(members[c])] == run["decide_removes"]
 
 
 # ---------------------------------------------------------------------------
@@ -280,3 +354,21 @@ def test_a_round_splits_the_cluster_and_removes_the_unpicked_one():
   # A client never sampled starts with the same weights.
   np.testing.assert_allclose(host.fresh_pi, active / active.sum())
   assert driver.summary()["hcflplus_splits"][0]["new_slot"] == 2
+
+
+def test_a_model_not_ending_in_a_dense_layer_is_refused_in_one_line():
+  task = tasks.get_task("synthetic_clusters")
+  data = task.load_data(DataOptions(seed=0, num_clients=8, extra={"num_clusters": 2}))
+  config = TrainingConfig(rounds=1, clients_per_round=4, local_steps=1, local_epochs=None,
+                          batch_size=10, client_lr=0.05, seed=0)
+
+  def softmax_after():
+    return tf.keras.Sequential([tf.keras.Input((60,)), tf.keras.layers.Dense(10),
+                                tf.keras.layers.Dense(10), tf.keras.layers.Softmax()])
+
+  import dataclasses
+  with pytest.raises(ValueError, match="ends in a Dense layer with use_bias=True"):
+    registry.build_driver("hcflplus", dataclasses.replace(task, model_fn=softmax_after), data,
+                          config, num_groups=2)
+  with pytest.raises(ValueError, match=r"invalid --hcflplus_init=3; valid: 1..--num_groups \(2\)"):
+    registry.build_driver("hcflplus", task, data, config, num_groups=2, hcflplus_init=3)

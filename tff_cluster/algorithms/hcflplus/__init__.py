@@ -31,7 +31,6 @@ SPECS = (
                   "example's weights fitted by EM with an intra-client prior, clusters split "
                   "by their clients' distances and removed when no client picks them",
                   f"{__name__}.hcflplus", host="HCFLPlusDriver", hparams=HCFLPLUS_OPTIONS,
-                  own_momentum="its heads and extractor train with fresh optimizers each round",
                   # A margin every round passes: a split (and a removal when a cluster
                   # is no client's pick) in every round until the slots are full.
                   parity=({"num_groups": 3, "hcflplus_init": 2, "hcflplus_tol": 0.0},

@@ -97,6 +97,19 @@ def row_distance(x: np.ndarray, y: np.ndarray) -> float:
   return out
 
 
+def e_step(prior, score):
+  """softmax over the clusters (axis 0) of log prior + score: gamma with each
+  example's omega [S, b] as the prior, gamma~ with pi [S, 1] (the code's
+  `FedRC_SW.update_sample_weights`); score = -loss (- log P_m(y))."""
+  return tf.nn.softmax(tf.math.log(prior) + score, axis=0)
+
+
+def next_prior(gamma, pi, mu):
+  """Each example's next omega, mu gamma + (1 - mu) pi (rows: examples; the
+  code's `update_learners_weights`)."""
+  return mu * gamma + (1.0 - mu) * pi[None]
+
+
 def pair_distances(rows: np.ndarray) -> np.ndarray:
   """[m, m]: `row_distance` of every pair of the m clients' rows [m, R, F],
   at once."""
@@ -272,12 +285,10 @@ class HCFLPlusDefinition(Definition):
       return out
 
     def gamma(losses, y, rows):  # [S, b]
-      prior = tf.math.log(tf.transpose(tf.gather(omega, rows)))
-      return tf.nn.softmax(prior + score(losses, y), axis=0)
+      return e_step(tf.transpose(tf.gather(omega, rows)), score(losses, y))
 
-    def posterior(losses, y):  # gamma~ [S, b], then its label masses
-      g = tf.nn.softmax(tf.math.log(pi)[:, None] + score(losses, y), axis=0)
-      return g
+    def posterior(losses, y):  # gamma~ [S, b]
+      return e_step(pi[:, None], score(losses, y))
 
     def sums(losses, y, rows):  # [S + S * C, b]: gamma~, then gamma in y's column
       onehot = tf.one_hot(tf.cast(tf.reshape(y, [-1]), tf.int32), c)  # [b, C]
@@ -291,7 +302,7 @@ class HCFLPlusDefinition(Definition):
     table = trainer.example_table(ExampleWeights(frozen, gamma, s, heads=heads, rows=True),
                                   data, self.rows)
     visited = tf.reduce_sum(table, axis=1, keepdims=True) > 0
-    new_omega = tf.where(visited, self.mu * table + (1.0 - self.mu) * new_pi[None], omega)
+    new_omega = tf.where(visited, next_prior(table, new_pi, self.mu), omega)
     if self.distance == "prototypes":
       feature, _, counts = trainer.feature_sums(frozen[0], data, c)
       means = feature / tf.maximum(counts, 1.0)[:, None]
