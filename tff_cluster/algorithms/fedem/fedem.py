@@ -130,7 +130,36 @@ class FedEMHost(HostState):
   summary: Dict[str, object]
 
 
-class FedEMDriver(driver.Driver):
+def hard_mixture(pi: np.ndarray, sampled: np.ndarray) -> np.ndarray:
+  """Each sampled client's weights one-hot at its largest (the authors'
+  --hard_cluster); a client never sampled keeps its weights."""
+  hard = np.eye(pi.shape[1])[np.argmax(pi, axis=1)]
+  return np.where(np.asarray(sampled)[:, None], hard, pi)
+
+
+class MixtureReport:
+  """What a driver with each client's mixture weights (`host.pi`,
+  `host.sampled`, `host.summary`, K = `self.k`) reports: the dominant
+  component, its group metrics and ARI, the summary's final mixture."""
+
+  def dominant(self) -> np.ndarray:
+    """argmax_m pi_k,m of the clients sampled so far, -1 for the others."""
+    return np.where(self.host.sampled, np.argmax(self.host.pi, axis=1), -1)
+
+  def round_eval_metrics(self, result):
+    dominant = self.dominant()
+    return {**self.group_metrics(result, self.k, dominant, dominant),
+            **self.cluster_scores(dominant)}
+
+  def summary(self):
+    out = dict(self.host.summary)
+    out["final_mixture"] = {cid: [float(v) for v in p]
+                            for cid, p in zip(self.data.client_ids, self.host.pi)}
+    out["num_groups"] = self.k
+    return out
+
+
+class FedEMDriver(MixtureReport, driver.Driver):
   """M component models; each client's mixture weights (see the module docstring)."""
   label_per_example = "tests each client with a mixture of its models' outputs"
 
@@ -169,22 +198,6 @@ class FedEMDriver(driver.Driver):
 
   def eval_models(self):
     return self._models(), evaluation.Mixture(self.mixture())
-
-  def dominant(self) -> np.ndarray:
-    """argmax_m pi_k,m of the clients sampled so far, -1 for the others."""
-    return np.where(self.host.sampled, np.argmax(self.host.pi, axis=1), -1)
-
-  def round_eval_metrics(self, result):
-    dominant = self.dominant()
-    return {**self.group_metrics(result, self.k, dominant, dominant),
-            **self.cluster_scores(dominant)}
-
-  def summary(self):
-    out = dict(self.host.summary)
-    out["final_mixture"] = {cid: [float(v) for v in p]
-                            for cid, p in zip(self.data.client_ids, self.host.pi)}
-    out["num_groups"] = self.k
-    return out
 
 
 def definition(context: driver.Context) -> FedEMDefinition:

@@ -121,10 +121,7 @@ class FedRCDriver(fedem.FedEMDriver):
 
   def mixture(self):
     pi = self.host.pi.copy()
-    if self.predict == "hard":
-      hard = np.eye(self.k)[np.argmax(pi, axis=1)]
-      pi = np.where(self.host.sampled[:, None], hard, pi)
-    return pi
+    return fedem.hard_mixture(pi, self.host.sampled) if self.predict == "hard" else pi
 
 
 def definition(context: driver.Context) -> FedRCDefinition:

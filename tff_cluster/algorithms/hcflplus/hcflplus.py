@@ -73,6 +73,8 @@ import tensorflow as tf
 
 from tff_cluster import models as model_lib
 from tff_cluster import seeds
+from tff_cluster.algorithms.fedem import fedem
+from tff_cluster.algorithms.fedrc import fedrc
 from tff_cluster.core.definition import ClientOutput, Definition, LocalSolver
 from tff_cluster.host import driver
 from tff_cluster.host.state import HostState
@@ -80,7 +82,6 @@ from tff_cluster.learning import evaluation, optimizers
 from tff_cluster.learning import trainers
 from tff_cluster.learning.trainers import ExampleWeights, HeadMixture
 
-PRIOR_FLOOR = 1e-8  # the label prior's floor (the code's)
 DEFAULT_INIT = 3  # clusters at the start (the code's --n_learners)
 
 
@@ -188,10 +189,10 @@ def _normalised(w):
 
 
 def label_prior(masses: np.ndarray, active: np.ndarray) -> np.ndarray:
-  """P [S, C] from the clients' label masses [N, S, C]: summed, clamped at
-  >= 1e-8, normalised over the labels (uniform in an inactive slot)."""
-  p = np.maximum(np.asarray(masses, np.float64).sum(axis=0), PRIOR_FLOOR)
-  p = p / p.sum(axis=1, keepdims=True)
+  """P [S, C] from the clients' label masses [N, S, C]: FedRC's (summed,
+  clamped at >= 1e-8, normalised over the labels), uniform in a slot not in
+  use."""
+  p = fedrc.label_prior(masses)
   p[~np.asarray(active, bool)] = 1.0 / p.shape[1]
   return p
 
@@ -374,7 +375,7 @@ class HCFLPlusHost(HostState):
   summary: Dict[str, object]
 
 
-class HCFLPlusDriver(driver.Driver):
+class HCFLPlusDriver(fedem.MixtureReport, driver.Driver):
   """Steps 5-7 of the module docstring on the host, in numpy; the
   clients' weights changed by a split or a removal in the runner's store."""
 
@@ -553,25 +554,12 @@ class HCFLPlusDriver(driver.Driver):
     return weights, evaluation.Mixture(self.mixture())
 
   def mixture(self) -> np.ndarray:
+    """[clients, S]: the weights each client predicts with."""
     pi = self.host.pi.copy()
-    if self.predict == "hard":
-      hard = np.eye(self.k)[np.argmax(pi, axis=1)]
-      pi = np.where(self.host.sampled[:, None], hard, pi)
-    return pi
-
-  def dominant(self) -> np.ndarray:
-    return np.where(self.host.sampled, np.argmax(self.host.pi, axis=1), -1)
-
-  def round_eval_metrics(self, result):
-    dominant = self.dominant()
-    return {**self.group_metrics(result, self.k, dominant, dominant),
-            **self.cluster_scores(dominant)}
+    return fedem.hard_mixture(pi, self.host.sampled) if self.predict == "hard" else pi
 
   def summary(self):
-    out = dict(self.host.summary)
-    out["final_mixture"] = {cid: [float(v) for v in p]
-                            for cid, p in zip(self.data.client_ids, self.host.pi)}
-    out["num_groups"] = self.k
+    out = super().summary()
     out["num_clusters"] = len(self.host.order)
     return out
 
