@@ -33,8 +33,8 @@ Round t, each sampled client k (the round's models frozen for steps 1-2):
      <- their unweighted mean; the host: P_m(c) = sum over the clients of
      their latest L[m, c], clamped at >= 1e-8, normalised over c.
 Then, on the host (`aggregator.py` `FedIASAggregator.mix`):
-  5. each sampled client's cluster c_k = argmax_m pi_k,m (first on ties) and
-     its message are kept (never cleared); d(k, l) for each pair of the
+  5. each sampled client's cluster c_k = argmax_m pi_k,m (first on ties) is
+     kept (never cleared); d(k, l) for each pair of the
      round's clients: the largest over rows r of 1 - cos(u_k,r, u_l,r), rows
      whose sum is 0 skipped, the last row excluded (the code's
      `proto_sim_cs`); u = the client's head updates, one row per cluster in
@@ -224,11 +224,6 @@ class HCFLPlusDefinition(Definition):
     flags[[self.kernel_i, self.bias_i]] = True
     self._head_opt = optimizers.chain(optimizers.mask(flags), self.local_step)
     self._body_opt = optimizers.chain(optimizers.mask(~flags), self.local_step)
-    self.width = self.s * (int(np.prod(self.weights_spec[self.kernel_i].shape)) + self.c)
-
-  def message_rows(self) -> int:
-    """Rows of a client's message (step 5): S head updates, or C + 1 feature means."""
-    return self.s if self.distance == "updates" else self.c + 1
 
   def initial_state(self, initial_weights):
     """`initial_weights`: (the shared weights, kernels [S, d, C], biases [S,
@@ -308,25 +303,21 @@ class HCFLPlusDefinition(Definition):
       feature, _, counts = trainer.feature_sums(frozen[0], data, c)
       means = feature / tf.maximum(counts, 1.0)[:, None]
       overall = tf.reduce_sum(feature, 0, keepdims=True) / tf.maximum(tf.reduce_sum(counts), 1.)
-      message = tf.concat([means, overall], 0)
+      prototypes = tf.concat([means, overall], 0)
 
     # Step 3: each active cluster's head, then the extractor.
     new_kernels, new_biases = [], []
-    loss_sum, num_examples = tf.constant(0.0), tf.constant(0.0)
     for m in range(s):
       def train_head(m=m):
         out = trainer.train(self._with_head(body, kernels[m], biases[m]), data, received["lr"],
                             self._head_opt, example_weights=ExampleWeights(
                                 frozen, lambda l, y, r, m=m: gamma(l, y, r)[m], heads=heads,
                                 rows=True))
-        return (kernels[m] + out.delta[self.kernel_i], biases[m] + out.delta[self.bias_i],
-                out.loss_sum, out.num_examples)
-      k_m, b_m, l_m, n_m = tf.cond(received["active"][m] > 0, train_head,
-                                   lambda m=m: (kernels[m], biases[m], 0.0, 0.0))
+        return kernels[m] + out.delta[self.kernel_i], biases[m] + out.delta[self.bias_i]
+      k_m, b_m = tf.cond(received["active"][m] > 0, train_head,
+                         lambda m=m: (kernels[m], biases[m]))
       new_kernels.append(k_m)
       new_biases.append(b_m)
-      loss_sum += l_m
-      num_examples = tf.maximum(num_examples, n_m)
     new_kernels, new_biases = tf.stack(new_kernels), tf.stack(new_biases)
     out = trainer.train(frozen[0], data, received["lr"], self._body_opt,
                         mixture=HeadMixture(new_kernels, new_biases, ExampleWeights(
@@ -342,7 +333,7 @@ class HCFLPlusDefinition(Definition):
     result = collections.OrderedDict(pi=new_pi, label_mass=label_mass, d_kernel=d_kernels,
                                      d_bias=d_biases)
     if self.distance == "prototypes":
-      result["prototypes"] = message
+      result["prototypes"] = prototypes
     new_state = collections.OrderedDict(pi=new_pi, omega=new_omega, weight=n)
     return ClientOutput(summed, result, new_state)
 
@@ -446,7 +437,7 @@ class HCFLPlusDriver(fedem.MixtureReport, driver.Driver):
     host.sampled[sampled] = True
     host.label_mass[sampled] = np.stack([np.asarray(r["label_mass"], np.float64)
                                          for r in out.results])
-    # Step 5: the round's clusters and messages; the round's pairs' distances.
+    # Step 5: the round's clusters; the distances of the round's pairs.
     host.cluster[sampled] = np.argmax(pis, axis=1)
     host.distances[np.ix_(sampled, sampled)] = pair_distances(
         np.stack([self._rows(r) for r in out.results]))
