@@ -328,6 +328,9 @@ def test_a_round_splits_the_cluster_and_removes_the_unpicked_one():
   unpicked = [c for c in (0, 1) if not (picked == c).any()]
   assert go and row["hcflplus_split"] == 1
   assert row["hcflplus_removed"] == len(unpicked)
+  # Bytes: each client receives and sends the extractor (none: MCLR) and the
+  # round's two heads, 60 x 10 + 10 floats each, both ways.
+  assert row["bytes_down"] == row["bytes_up"] == 8 * 2 * 610 * 4
   assert host.order == [c for c in (0, 1) if c not in unpicked] + [2]
   # The new heads: each part's n-weighted mean of its local heads m.
   labels = hcflplus.two_parts(block)

@@ -428,6 +428,8 @@ class HCFLPlusDriver(fedem.MixtureReport, driver.Driver):
     host, d = self.host, self.definition
     sampled = np.asarray(sampled)
     received = self.runner.numpy_state(self.state)
+    # Each way a client moves the extractor and the round's heads.
+    models = self.moved_models(len(host.order))
     out = self.train_clients("train", self.state, sampled, round_num)
     state = collections.OrderedDict(self.runner.numpy_state(out.state))
     for name in ("kernels", "biases"):
@@ -455,11 +457,17 @@ class HCFLPlusDriver(fedem.MixtureReport, driver.Driver):
     state["log_prior"] = np.log(label_prior(host.label_mass, state["active"] > 0)
                                 ).astype(np.float32)
     self.state = self.runner.put_state(state)
-    row = self.training_row(out.summed, len(sampled), models_down=1.0, models_up=1.0)
+    row = self.training_row(out.summed, len(sampled), models_down=models, models_up=models)
     row["num_clusters"] = len(host.order)
     row["hcflplus_split"] = 0 if split is None else 1
     row["hcflplus_removed"] = len(remove)
     return row
+
+  def moved_models(self, clusters: int) -> float:
+    """The extractor and `clusters` heads, in models (`training_row`'s unit)."""
+    d = self.definition
+    head = sum(int(np.prod(d.weights_spec[i].shape)) for i in (d.kernel_i, d.bias_i))
+    return (self.num_params + (clusters - 1) * head) / self.num_params
 
   def _rows(self, result) -> np.ndarray:
     """A client's rows as step 5 compares them: its clusters' head updates
