@@ -734,7 +734,7 @@ def test_clustered_catalogue_gives_each_clustered_algorithm_the_true_clusters():
   from tff_cluster import registry
   k = {"synthetic_clusters": 5, "rotated_mnist": 4, "fmnist_clusterwise_dir": 10}
   cells = _table_cells(clustered_catalogue)
-  assert len(cells) == 89  # 72, then CFL-GP's, pFedGraph's and FedPAC's 4 each, FedGWC's 5
+  assert len(cells) == 94  # 72, then CFL-GP's, pFedGraph's and FedPAC's 4 each, FedGWC's and HCFL+'s 5
   unclustered = ("fedavg", "stocfl", "pfedgraph", "fedpac")  # no K to give
   for (algo, task, seed), cell in cells.items():
     flags = dict(cell.flags)
