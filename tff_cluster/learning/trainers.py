@@ -167,13 +167,22 @@ def sgd_step(model: tf.keras.Model, loss: str, batch, lr, optimizer, opt_state,
   else:  # the model's own head is not in the loss: a zero gradient
     grads = [tf.zeros(v.shape, v.dtype) if g is None else g
              for g, v in zip(dense(tape.gradient(batch_loss, trainable)), trainable)]
-  new_weights, new_state = optimizer.update(
-      grads, opt_state, trainable, lr, optimizers.GradientAt(
-          lambda point: _gradient_at(model, loss, x, y, mask, point, weights),
-          lambda point, other, alpha: _mixed_gradient_at(model, loss, x, y, mask, point,
-                                                         other, alpha)))
+  if mixture is None:
+    gradient_at = optimizers.GradientAt(
+        lambda point: _gradient_at(model, loss, x, y, mask, point, weights),
+        lambda point, other, alpha: _mixed_gradient_at(model, loss, x, y, mask, point,
+                                                       other, alpha))
+  else:
+    gradient_at = optimizers.GradientAt(_no_gradient_at, _no_gradient_at)
+  new_weights, new_state = optimizer.update(grads, opt_state, trainable, lr, gradient_at)
   _assign(trainable, new_weights)
   return batch_loss * count, count, new_state
+
+
+def _no_gradient_at(*_):
+  raise ValueError("a local step that takes gradients at other points (pFedMe's, APFL's, "
+                   "Per-FedAvg's) does not run with losses through several heads; valid: "
+                   "SGD or heavy-ball momentum")
 
 
 def _gradient_at(model, loss: str, x, y, mask, point, weights=None):
