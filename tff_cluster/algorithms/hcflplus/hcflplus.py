@@ -85,19 +85,6 @@ from tff_cluster.learning.trainers import ExampleWeights, HeadMixture
 DEFAULT_INIT = 3  # clusters at the start (the code's --n_learners)
 
 
-def row_distance(x: np.ndarray, y: np.ndarray) -> float:
-  """The code's `proto_sim_cs`: the largest 1 - cos(x_r, y_r) over the rows
-  r but the last, a row skipped where either row sums to 0 (0 if none is
-  left)."""
-  out = 0.0
-  for r in range(len(x) - 1):
-    a, b = np.asarray(x[r], np.float64), np.asarray(y[r], np.float64)
-    if np.sum(a) == 0 or np.sum(b) == 0:
-      continue
-    out = max(out, 1.0 - float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b))))
-  return out
-
-
 def e_step(prior, score):
   """softmax over the clusters (axis 0) of log prior + score: gamma with each
   example's omega [S, b] as the prior, gamma~ with pi [S, 1] (the code's
@@ -112,8 +99,9 @@ def next_prior(gamma, pi, mu):
 
 
 def pair_distances(rows: np.ndarray) -> np.ndarray:
-  """[m, m]: `row_distance` of every pair of the m clients' rows [m, R, F],
-  at once."""
+  """[m, m]: the code's `proto_sim_cs` of every pair of the m clients' rows
+  [m, R, F]: the largest 1 - cos(x_r, y_r) over the rows r but the last, a
+  row skipped where either client's sums to 0 (0 if none is left)."""
   rows = np.asarray(rows, np.float64)
   m = len(rows)
   out = np.zeros((m, m))
