@@ -55,7 +55,7 @@ def test_the_distance_is_the_largest_row_distance_but_the_last_rows():
   assert row_distance(x[:1], -x[:1]) == 0.0
   # A row summing to 0 though not zero is skipped (the code's test is the sum).
   assert row_distance(np.array([[1.0, -1.0], [0, 1]]),
-                               np.array([[-1.0, 1.0], [0, 1]])) == 0.0
+                      np.array([[-1.0, 1.0], [0, 1]])) == 0.0
 
 
 def test_the_split_takes_the_cluster_of_the_largest_weighted_distance():
