@@ -441,7 +441,7 @@ class _FakeRay:
     return self.initialized
 
   def init(self, **kwargs):
-    del kwargs
+    self.kwargs = kwargs
     if self.signum is not None:
       os.kill(os.getpid(), self.signum)
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
@@ -494,6 +494,39 @@ def test_starting_ray_keeps_the_runs_stop_signal_handlers(fake_ray):
   ray_runner.connect(1, None)
   for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
     assert signal.getsignal(sig) is run_handler, sig
+
+
+def test_without_an_address_a_run_starts_its_own_ray_not_one_left_on_the_machine(
+    fake_ray, monkeypatch):
+  """`ray.init()` with no address joins the cluster named in Ray's address
+  file (a `ray start --head`'s, or a test cluster's that was killed before
+  it removed the file; CI met one and refused our num_cpus); the run's
+  arguments make Ray start a new instance, as Ray itself resolves them."""
+  from ray._private import services
+  _, use = fake_ray
+  monkeypatch.delenv("RAY_ADDRESS", raising=False)
+  monkeypatch.setattr(services, "find_bootstrap_address", lambda temp_dir: "127.0.0.1:9")
+  assert services.get_ray_address_from_environment(None, None) == "127.0.0.1:9"
+  fake = _FakeRay()
+  use(fake)
+  ray_runner.connect(2, None)
+  assert fake.kwargs["num_cpus"] == 2
+  assert services.canonicalize_bootstrap_address(fake.kwargs["address"]) is None
+
+
+def test_ray_address_in_the_environment_is_joined_and_named_when_it_fails(fake_ray, monkeypatch):
+  """Without --ray_address, Ray's RAY_ADDRESS (a Ray job's) is the cluster to
+  join: checked first, and the one line names where the address came from."""
+  _, use = fake_ray
+  fake = _FakeRay()
+  use(fake)
+  monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:9")
+  with pytest.raises(ray_runner.RayUnavailable,
+                     match=r"^RAY_ADDRESS=127\.0\.0\.1:9: no Ray cluster answers there"):
+    ray_runner.connect(2, None)
+  assert not fake.initialized
+  with pytest.raises(ray_runner.RayUnavailable, match=r"^--ray_address=127\.0\.0\.1:8: "):
+    ray_runner.connect(2, "127.0.0.1:8")  # the flag over the environment
 
 
 def test_a_sigterm_rays_handler_takes_closes_the_run_as_interrupted(fake_ray):

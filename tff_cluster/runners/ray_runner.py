@@ -53,7 +53,8 @@ from tff_cluster.learning import schedule
 from tff_cluster.data.federated import FederatedData, LazyFederatedData
 from tff_cluster.runners import local_runner
 from tff_cluster.runners.ray_setup import (  # noqa: F401  (re-exported)
-    CONNECT_TIMEOUT_S, RayUnavailable, check_reachable, import_ray, init_kwargs, loopback_only)
+    CONNECT_TIMEOUT_S, RayUnavailable, address_from_environment, check_reachable, given, import_ray,
+    init_kwargs, loopback_only)
 from tff_cluster.runners.base import (ClientStateStore, RoundOutput, WorkerLost, check_keys,
                                       client_summary, combine_clients, to_numpy)
 
@@ -219,9 +220,10 @@ def connect(num_workers: int, address: Optional[str]) -> _Pool:
   """The pool of this process's Ray instance, starting or joining Ray."""
   global _POOL
   ray = import_ray()
+  address = address_from_environment(address)
   if _POOL is not None and ray.is_initialized():
     if address is not None and _POOL.address not in (None, address):
-      raise RayUnavailable(f"--ray_address={address}: this process is already connected "
+      raise RayUnavailable(f"{given(address)}: this process is already connected "
                            f"to the Ray cluster at {_POOL.address}")
     return _POOL
   pool = _Pool()
@@ -242,7 +244,9 @@ def connect(num_workers: int, address: Optional[str]) -> _Pool:
       interrupts.note(signal.SIGTERM)
       raise _signal_exit(signal.SIGTERM) from None
     except (ConnectionError, TimeoutError, RuntimeError, ValueError) as e:
-      raise RayUnavailable(f"--ray_address={address}: cannot connect to a Ray cluster "
+      what = ("cannot start a Ray instance on this machine" if address is None
+              else f"{given(address)}: cannot connect to a Ray cluster")
+      raise RayUnavailable(f"{what} "
                            f"({str(e).splitlines()[0] if str(e) else type(e).__name__})"
                            ) from None
     pool.owns_ray = True

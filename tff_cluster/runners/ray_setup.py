@@ -75,10 +75,27 @@ def init_kwargs(num_cpus: Optional[int] = None, address: Optional[str] = None
     # address, and none asks an outside host for this machine's address
     # (Ray's processes otherwise connect a socket towards 8.8.8.8 to find it;
     # the variable turns that off in every process Ray starts from here).
+    # "local": a new instance even where Ray would join another (the address
+    # file a `ray start` or a killed test cluster left in Ray's temporary
+    # folder, read by `ray.init()` with no address).
+    kwargs["address"] = "local"
     kwargs["num_cpus"] = num_cpus
     kwargs["_node_ip_address"] = LOOPBACK
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
   return kwargs
+
+
+def address_from_environment(address: Optional[str]) -> Optional[str]:
+  """`address`, else Ray's RAY_ADDRESS where set (Ray's convention: a program
+  started on a cluster, a Ray job's, joins it), else None (a Ray instance of
+  this machine alone)."""
+  return address if address is not None else (os.environ.get("RAY_ADDRESS") or None)
+
+
+def given(address: str) -> str:
+  """How the user gave `address`: the flag, or RAY_ADDRESS."""
+  from_env = os.environ.get("RAY_ADDRESS") == address
+  return f"RAY_ADDRESS={address}" if from_env else f"--ray_address={address}"
 
 
 def check_reachable(address: str) -> None:
@@ -89,11 +106,11 @@ def check_reachable(address: str) -> None:
   import socket
   host, _, port = address.rpartition(":")
   if not host or not port.isdigit():
-    raise RayUnavailable(f"invalid --ray_address={address}; valid: HOST:PORT of a Ray "
+    raise RayUnavailable(f"invalid {given(address)}; valid: HOST:PORT of a Ray "
                          "head (ray start --head), or auto")
   try:
     with socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S):
       pass
   except OSError as e:
-    raise RayUnavailable(f"--ray_address={address}: no Ray cluster answers there "
+    raise RayUnavailable(f"{given(address)}: no Ray cluster answers there "
                          f"({e.strerror or type(e).__name__})") from None

@@ -317,8 +317,9 @@ RAY_WORKERS = HParam("ray_workers", int, None, "ray runner: the number of actors
                      "CPU count, at most one per client).", low=1, limit=MAX_WORKERS,
                      group="runner")
 RAY_ADDRESS = HParam("ray_address", str, None, "ray runner: HOST:PORT of a running Ray "
-                     "cluster's head (ray start --head), or auto (default: a Ray instance "
-                     "started on this machine for the run and stopped after it).",
+                     "cluster's head (ray start --head), or auto (default: RAY_ADDRESS where set, "
+                     "else a Ray instance started on this machine for the run and stopped "
+                     "after it).",
                      group="runner")
 TFF_WORKERS = HParam("tff_workers", str, None, "tff runner: HOST:PORT[,HOST:PORT...] of TFF "
                      "workers (python -m tff_cluster.runners.tff.worker --port=P on each host) to split "
