@@ -71,15 +71,15 @@ def init_kwargs(num_cpus: Optional[int] = None, address: Optional[str] = None
   if address is not None:
     kwargs["address"] = address
   else:
+    # A new instance ("local") even where `ray.init()` with no address would
+    # join another: the one named in the address file that a `ray start`, or
+    # a test cluster killed before it stopped, left in Ray's temporary folder.
+    kwargs["address"] = "local"
+    kwargs["num_cpus"] = num_cpus
     # A cluster of this machine alone: its processes bind to the loopback
     # address, and none asks an outside host for this machine's address
     # (Ray's processes otherwise connect a socket towards 8.8.8.8 to find it;
     # the variable turns that off in every process Ray starts from here).
-    # "local": a new instance even where Ray would join another (the address
-    # file a `ray start` or a killed test cluster left in Ray's temporary
-    # folder, read by `ray.init()` with no address).
-    kwargs["address"] = "local"
-    kwargs["num_cpus"] = num_cpus
     kwargs["_node_ip_address"] = LOOPBACK
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
   return kwargs
