@@ -152,6 +152,22 @@ def test_side_by_side_loops_are_converted_once(monkeypatch):
     np.testing.assert_array_equal(a.numpy().view(np.uint8), b.numpy().view(np.uint8))
 
 
+def test_one_client_at_a_time_traces_the_client_once(cluster_data, tmp_path, monkeypatch):
+  """The sequential round traces its client function once: the trace that
+  gives the outputs' specs is the one its loop calls (two before; each
+  trace of a client is most of a short run's start)."""
+  traces = []
+  one_client = local_runner.LocalRunner._one_client
+
+  def counted(self, mode, *args, **kwargs):
+    one = one_client(self, mode, *args, **kwargs)
+    return lambda *a, **k: (traces.append(mode), one(*a, **k))[1]
+
+  monkeypatch.setattr(local_runner.LocalRunner, "_one_client", counted)
+  _run(cluster_data, "fedavg", "epochs", "sequential", tmp_path, rounds=2)
+  assert traces == ["train"], traces
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("settings", [
     dict(momentum=0.0), dict(momentum=0.9, mu=0.3), dict(momentum=0.5, nesterov=True),
