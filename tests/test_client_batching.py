@@ -491,8 +491,10 @@ ADAM_OR_NO_BATCHNORM = ("mime", "fedsoft")
 # APFL's output-mixing forward (two forwards, two Dropout draws) and
 # Per-FedAvg's meta-steps (three batches a step), run side by side in CI
 # with the parity model (CASES above) and with these layers in the slices
-# (CI's time: 58-72 s each on CI's 2 cores, most of it the side-by-side
-# round's trace through tf.vectorized_map). The others' steps are one of these
+# (CI's time: 58-83 s each on CI's 2 cores before a loop's values entered
+# the vectorizer each client's own, `schedule.per_client`, about half since:
+# FedGroup's case here 68.8 -> 33.0 s; most of it the side-by-side round's
+# trace through tf.vectorized_map). The others' steps are one of these
 # or add a term on the trainable weights only (FedProx, pFedMo, FedGroup's
 # modes, Mime's server statistics, FedSoft's Adam, Ditto's and pFedMe's
 # personal models: their side-by-side runs are in CASES); FedPer, LG-FedAvg
