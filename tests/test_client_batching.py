@@ -154,8 +154,8 @@ def test_side_by_side_loops_are_converted_once(monkeypatch):
 
 def test_one_client_at_a_time_traces_the_client_once(cluster_data, tmp_path, monkeypatch):
   """The sequential round traces its client function once: the trace that
-  gives the outputs' specs is the one its loop calls (two before; each
-  trace of a client is most of a short run's start)."""
+  gives the outputs' specs is the one its loop calls (two before; the
+  second was 33 of 222 s in the local resume tests)."""
   traces = []
   one_client = local_runner.LocalRunner._one_client
 
@@ -491,7 +491,7 @@ ADAM_OR_NO_BATCHNORM = ("mime", "fedsoft")
 # APFL's output-mixing forward (two forwards, two Dropout draws) and
 # Per-FedAvg's meta-steps (three batches a step), run side by side in CI
 # with the parity model (CASES above) and with these layers in the slices
-# (CI's time: 58-83 s each on CI's 2 cores before a loop's values entered
+# (CI's time: 58-83 s each on 2 cores before a loop's values entered
 # the vectorizer each client's own, `schedule.per_client`, about half since:
 # FedGroup's case here 68.8 -> 33.0 s; most of it the side-by-side round's
 # trace through tf.vectorized_map). The others' steps are one of these
