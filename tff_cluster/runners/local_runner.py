@@ -490,7 +490,7 @@ class LocalRunner(ServerSide):
     if key in self._rounds:
       return self._rounds[key]
     summed_spec, result_spec, state_spec = output_specs(
-        self._one_client(mode, side_by_side=True), inputs)
+        tf.function(self._one_client(mode, side_by_side=True), autograph=False), inputs)
 
     @tf.function(jit_compile=self.jit, autograph=False)
     def round_fn(inputs: RoundInputs, order, bounds, inverse):
@@ -644,10 +644,8 @@ def split_clients(box: List[Any], count: int) -> List[Any]:
 
 
 def output_specs(one, inputs: RoundInputs):
-  """The output structure (shapes, dtypes) of client function `one` on a
-  round's stacked inputs, from a trace only."""
-  if not hasattr(one, "get_concrete_function"):  # not yet a tf.function
-    one = tf.function(one, autograph=False)
+  """The output structure (shapes, dtypes) of client function `one` (a
+  `tf.function`) on a round's stacked inputs, from its trace."""
   traced = one.get_concrete_function(tf.constant(0), inputs)
   return tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype),
                                traced.structured_outputs)
